@@ -1,0 +1,55 @@
+//! The reference path: f64 accumulation everywhere, multi-threaded over rows where it pays.
+//! It mirrors `gpu/` file for file.
+
+mod segment_reduce;
+mod token_stats;
+mod vocab_divergence;
+
+pub use segment_reduce::segment_reduce;
+pub use token_stats::{k3_from_log_ratio, token_stats};
+pub use vocab_divergence::vocab_divergence;
+
+use crate::batch::{Logits, Segments};
+use crate::engine::{Engine, SegmentStats, TokenStats, VocabStats};
+use crate::error::Result;
+
+/// The CPU reference engine.
+#[derive(Clone, Debug, Default)]
+pub struct CpuEngine;
+
+impl CpuEngine {
+    /// A new CPU engine (uses rayon's global pool).
+    pub fn new() -> Self {
+        CpuEngine
+    }
+}
+
+impl Engine for CpuEngine {
+    fn name(&self) -> String {
+        format!("cpu ({} threads, f64)", rayon::current_num_threads())
+    }
+
+    fn token_stats(
+        &self,
+        rollout_log_prob: &[f64],
+        train_log_prob: &[f64],
+        mask: &[bool],
+    ) -> Result<TokenStats> {
+        Ok(token_stats(rollout_log_prob, train_log_prob, mask))
+    }
+
+    fn segment_reduce(&self, values: &[&[f64]], segments: &Segments) -> Result<Vec<SegmentStats>> {
+        Ok(values.iter().map(|v| segment_reduce(v, segments)).collect())
+    }
+
+    fn vocab_divergence(
+        &self,
+        rollout: &Logits,
+        train: &Logits,
+        responses: Option<&[i64]>,
+        mask: &[bool],
+        temperature: f64,
+    ) -> Result<VocabStats> {
+        vocab_divergence(rollout, train, responses, mask, temperature)
+    }
+}

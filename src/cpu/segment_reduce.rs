@@ -1,0 +1,68 @@
+//! Segmented per-sequence reductions, f64.
+
+use crate::batch::Segments;
+use crate::engine::SegmentStats;
+
+/// Sum, mean, max, min, argmax and count of `values` over the valid slots of each sequence.
+/// See [`SegmentStats`] for the definitions on empty sequences.
+pub fn segment_reduce(values: &[f64], segments: &Segments) -> SegmentStats {
+    let s = segments.len();
+    let mut out = SegmentStats {
+        sum: vec![0.0; s],
+        mean: vec![0.0; s],
+        max: vec![0.0; s],
+        min: vec![0.0; s],
+        argmax: vec![-1; s],
+        count: vec![0; s],
+    };
+    for (k, &(a, b)) in segments.ranges.iter().enumerate() {
+        let mut sum = 0.0;
+        let mut max = f64::NEG_INFINITY;
+        let mut min = f64::INFINITY;
+        let mut arg = -1i64;
+        let mut n = 0u32;
+        for i in a..b {
+            if !segments.mask[i] {
+                continue;
+            }
+            let v = values[i];
+            sum += v;
+            if v > max {
+                max = v;
+                arg = (i - a) as i64;
+            }
+            min = min.min(v);
+            n += 1;
+        }
+        if n > 0 {
+            out.sum[k] = sum;
+            out.mean[k] = sum / n as f64;
+            out.max[k] = max;
+            out.min[k] = min;
+            out.argmax[k] = arg;
+            out.count[k] = n;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reduces_and_defines_empty() {
+        let seg = Segments {
+            ranges: vec![(0, 3), (3, 3), (3, 6)],
+            mask: vec![true, true, false, false, false, true],
+        };
+        let v = [1.0, 3.0, f64::NAN, 9.0, 9.0, -2.0];
+        let r = segment_reduce(&v, &seg);
+        assert_eq!(r.sum, vec![4.0, 0.0, -2.0]);
+        assert_eq!(r.mean, vec![2.0, 0.0, -2.0]);
+        assert_eq!(r.max, vec![3.0, 0.0, -2.0]);
+        assert_eq!(r.min, vec![1.0, 0.0, -2.0]);
+        assert_eq!(r.argmax, vec![1, -1, 2]);
+        assert_eq!(r.count, vec![2, 0, 1]);
+    }
+}

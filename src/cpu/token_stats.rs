@@ -1,0 +1,86 @@
+//! Per-token estimators (SPEC §1), f64.
+
+use crate::engine::{TokenStats, SAFETY_BOUND};
+
+/// `expm1(x) − x`, accurate to the last bits for every x (series for small |x|).
+pub fn k3_from_log_ratio(x: f64) -> f64 {
+    if x.abs() < 0.1 {
+        // x²/2 + x³/6 + … ; 12 terms reach full f64 precision for |x| < 0.1.
+        let mut term = x * x / 2.0;
+        let mut sum = term;
+        for n in 3..=14 {
+            term *= x / n as f64;
+            sum += term;
+        }
+        sum
+    } else {
+        x.exp_m1() - x
+    }
+}
+
+/// Per-token estimators; invalid slots hold 0 (their inputs are never read).
+pub fn token_stats(rollout: &[f64], train: &[f64], mask: &[bool]) -> TokenStats {
+    let n = mask.len();
+    let mut s = TokenStats {
+        log_ratio: vec![0.0; n],
+        rho: vec![0.0; n],
+        k1: vec![0.0; n],
+        k2: vec![0.0; n],
+        k3: vec![0.0; n],
+        abs: vec![0.0; n],
+        ser: vec![0.0; n],
+    };
+    for i in 0..n {
+        if !mask[i] {
+            continue;
+        }
+        let lr = train[i] - rollout[i];
+        let c = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND);
+        s.log_ratio[i] = lr;
+        s.rho[i] = c.exp();
+        s.k1[i] = -c;
+        s.k2[i] = 0.5 * c * c;
+        s.k3[i] = k3_from_log_ratio(c);
+        s.abs[i] = c.abs();
+        s.ser[i] = c.exp_m1().abs();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k3_matches_closed_form() {
+        for &x in &[1e-8f64, -1e-6, 1e-3, -0.05, 0.0999, 0.1, -0.5, 3.0, -20.0] {
+            let want = x.exp_m1() - x;
+            let got = k3_from_log_ratio(x);
+            assert!(got >= 0.0);
+            if x.abs() > 1e-3 {
+                assert!(
+                    (got - want).abs() <= 1e-13 * want.abs(),
+                    "x={x} got={got} want={want}"
+                );
+            }
+        }
+        // second-order behaviour near 0
+        let x = 1e-6;
+        assert!((k3_from_log_ratio(x) / (x * x / 2.0) - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn clamps_like_verl_and_ignores_padding() {
+        let s = token_stats(
+            &[0.0, f64::NAN, 0.0],
+            &[30.0, 1.0, -1.0],
+            &[true, false, true],
+        );
+        assert_eq!(s.log_ratio, vec![30.0, 0.0, -1.0]);
+        assert_eq!(s.k1[0], -20.0);
+        assert_eq!(s.k2[0], 200.0);
+        assert_eq!(s.rho[0], 20f64.exp());
+        assert_eq!(s.k1[1], 0.0);
+        assert!((s.ser[2] - (1.0 - (-1f64).exp())).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,77 @@
+//! The crate's one error type.
+
+use std::fmt;
+
+/// Everything that can go wrong in trmask.
+///
+/// [`Error::is_user_error`] tells bad input or usage (CLI exit code 2) from
+/// failures of the machine (exit code 1).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A tensor of the batch is missing, malformed or inconsistent. `tensor` names it.
+    InvalidInput { tensor: String, problem: String },
+    /// A configuration key or value makes no sense. `key` names it.
+    InvalidConfig { key: String, problem: String },
+    /// A file could not be read or written, or is truncated / not in the expected format.
+    File { path: String, problem: String },
+    /// No GPU adapter could be found or opened.
+    NoAdapter(String),
+    /// The GPU reported an error (device lost, out of memory, validation).
+    Gpu(String),
+    /// A WGSL shader failed to compile; `kernel` names the variant.
+    ShaderCompile { kernel: String, message: String },
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidInput`].
+    pub fn input(tensor: impl Into<String>, problem: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            tensor: tensor.into(),
+            problem: problem.into(),
+        }
+    }
+    /// Shorthand for [`Error::InvalidConfig`].
+    pub fn config(key: impl Into<String>, problem: impl Into<String>) -> Self {
+        Error::InvalidConfig {
+            key: key.into(),
+            problem: problem.into(),
+        }
+    }
+    /// Shorthand for [`Error::File`].
+    pub fn file(path: impl Into<String>, problem: impl Into<String>) -> Self {
+        Error::File {
+            path: path.into(),
+            problem: problem.into(),
+        }
+    }
+    /// True for errors caused by the caller's input or configuration (CLI exit code 2).
+    pub fn is_user_error(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidInput { .. } | Error::InvalidConfig { .. } | Error::File { .. }
+        )
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidInput { tensor, problem } => {
+                write!(f, "invalid input `{tensor}`: {problem}")
+            }
+            Error::InvalidConfig { key, problem } => write!(f, "invalid config `{key}`: {problem}"),
+            Error::File { path, problem } => write!(f, "{path}: {problem}"),
+            Error::NoAdapter(m) => write!(f, "no GPU adapter: {m}"),
+            Error::Gpu(m) => write!(f, "GPU error: {m}"),
+            Error::ShaderCompile { kernel, message } => {
+                write!(f, "shader `{kernel}` failed to compile: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The crate's result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
