@@ -3,10 +3,12 @@
 
 mod segment_reduce;
 mod token_stats;
+mod topk_divergence;
 mod vocab_divergence;
 
 pub use segment_reduce::segment_reduce;
 pub use token_stats::{k3_from_log_ratio, token_stats};
+pub use topk_divergence::{topk_divergence, topk_row, TopkRow};
 pub use vocab_divergence::vocab_divergence;
 
 use crate::batch::{Logits, Segments};
