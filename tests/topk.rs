@@ -83,12 +83,19 @@ impl Real {
         let a = self.row(&self.rollout, r);
         let m = a.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let arg = a.iter().position(|&x| x == m).unwrap();
-        let rest: f64 = a
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != arg)
-            .map(|(_, &x)| (x - m).exp())
-            .sum();
+        // Compensated sum: the tails 1 − Σ_S μ need the normaliser to ~1 ulp.
+        let (mut rest, mut c) = (0.0f64, 0.0f64);
+        for (_, &x) in a.iter().enumerate().filter(|&(i, _)| i != arg) {
+            let e = (x - m).exp();
+            let t = rest + e;
+            c += if rest.abs() >= e {
+                (rest - t) + e
+            } else {
+                (e - t) + rest
+            };
+            rest = t;
+        }
+        let rest = rest + c;
         a.iter().map(|&x| (x - m) - rest.ln_1p()).collect()
     }
     /// Top-k ids of the rollout logits (ties by smaller id) and their log-probs.

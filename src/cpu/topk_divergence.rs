@@ -68,6 +68,21 @@ pub fn topk_row(rollout_lp: &[f64], train_lp: &[f64], y: usize, vocab: usize) ->
     }
 }
 
+/// Σ of `terms` with Neumaier's compensation (error ≈ 1 ulp of the result, any length).
+pub fn neumaier_sum(terms: impl Iterator<Item = f64>) -> f64 {
+    let (mut s, mut c) = (0.0f64, 0.0f64);
+    for x in terms {
+        let t = s + x;
+        c += if s.abs() >= x.abs() {
+            (s - t) + x
+        } else {
+            (x - t) + s
+        };
+        s = t;
+    }
+    s + c
+}
+
 /// The trainer's log-probs at `ids` from one row of logits divided by the temperature
 /// (`inv_t = 1/τ`): one pass for the max, one for `Σ exp`, with the max term factored out.
 fn gather_log_probs(
@@ -93,12 +108,14 @@ fn gather_log_probs(
     if arg == usize::MAX {
         return Err("every entry is -inf".into());
     }
-    let rest: f64 = buf
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != arg)
-        .map(|(_, &x)| (x - m).exp())
-        .sum();
+    // Compensated (Neumaier) sum: a plain sum of 150k terms drifts by ~1e-14 relative, which
+    // would show up as absolute error in the tail 1 − Σ_S π.
+    let rest = neumaier_sum(
+        buf.iter()
+            .enumerate()
+            .filter(|&(i, _)| i != arg)
+            .map(|(_, &x)| (x - m).exp()),
+    );
     // x − lse with the max factored out: exactly −ln1p(rest) at the mode.
     let l1p = rest.ln_1p();
     for (o, &id) in out.iter_mut().zip(ids) {
