@@ -360,25 +360,44 @@ impl Context {
         Ok(())
     }
 
+    /// Runs `f` inside out-of-memory and validation error scopes: a wgpu error raised by `f`
+    /// comes back as [`Error::Gpu`] instead of reaching the uncaptured-error handler (whose
+    /// default panics on a caller's device shared through [`Context::from_wgpu`]).
+    pub fn scoped<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let r = f();
+        let verr = pollster::block_on(validation.pop());
+        let oerr = pollster::block_on(oom.pop());
+        match verr.or(oerr) {
+            Some(e) => Err(Error::Gpu(e.to_string())),
+            None => r,
+        }
+    }
+
     /// A storage buffer holding `data` (length rounded up to 4 bytes).
     pub fn upload(&self, data: &[u8]) -> Result<GpuBuffer> {
-        let buf = self
-            .pool
-            .get(&self.device, BufferKind::Storage, data.len() as u64)?;
-        if data.len().is_multiple_of(4) {
-            self.queue.write_buffer(buf.raw(), 0, data);
-        } else {
-            let mut padded = data.to_vec();
-            padded.resize(data.len().div_ceil(4) * 4, 0);
-            self.queue.write_buffer(buf.raw(), 0, &padded);
-        }
-        Ok(buf)
+        self.scoped(|| {
+            let buf = self
+                .pool
+                .get(&self.device, BufferKind::Storage, data.len() as u64)?;
+            if data.len().is_multiple_of(4) {
+                self.queue.write_buffer(buf.raw(), 0, data);
+            } else {
+                let mut padded = data.to_vec();
+                padded.resize(data.len().div_ceil(4) * 4, 0);
+                self.queue.write_buffer(buf.raw(), 0, &padded);
+            }
+            Ok(buf)
+        })
     }
 
     /// An uninitialised storage buffer of `bytes` bytes (for kernel outputs).
     pub fn output(&self, bytes: u64) -> Result<GpuBuffer> {
-        self.pool
-            .get(&self.device, BufferKind::Storage, bytes.div_ceil(4) * 4)
+        self.scoped(|| {
+            self.pool
+                .get(&self.device, BufferKind::Storage, bytes.div_ceil(4) * 4)
+        })
     }
 
     fn take_uncaptured(&self) -> Option<String> {

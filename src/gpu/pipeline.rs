@@ -224,6 +224,23 @@ fn scope_error(device: &wgpu::Device, scope: wgpu::ErrorScopeGuard) -> Option<St
     pollster::block_on(scope.pop()).map(|e| e.to_string())
 }
 
+/// Compiles WGSL into a shader module; errors (inside a validation scope) become
+/// [`Error::ShaderCompile`] naming `label`.
+pub fn compile(device: &wgpu::Device, label: &str, source: &str) -> Result<wgpu::ShaderModule> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    });
+    if let Some(message) = scope_error(device, scope) {
+        return Err(Error::ShaderCompile {
+            kernel: label.to_string(),
+            message,
+        });
+    }
+    Ok(module)
+}
+
 impl PipelineCache {
     /// The kernel for `key`, built on first use (outside any lock; a concurrent duplicate build
     /// is discarded). Compile errors come back as [`Error::ShaderCompile`].
@@ -244,18 +261,7 @@ impl PipelineCache {
         if let Some(m) = self.modules.read().ok().and_then(|m| m.get(&mkey).cloned()) {
             return Ok(m);
         }
-        let src = shader_source(key);
-        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(key.op.spec().name),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
-        if let Some(message) = scope_error(device, scope) {
-            return Err(Error::ShaderCompile {
-                kernel: key.label(),
-                message,
-            });
-        }
+        let module = compile(device, &key.label(), &shader_source(key))?;
         if let Ok(mut m) = self.modules.write() {
             m.entry(mkey).or_insert_with(|| module.clone());
         }
