@@ -28,8 +28,10 @@ pub mod batch;
 pub mod cpu;
 pub mod engine;
 pub mod error;
+pub mod gpu;
 pub mod topk;
 
 pub use batch::{Batch, DType, Layout, Logits, Segments};
 pub use engine::{Engine, SegmentStats, TokenStats, VocabStats, SAFETY_BOUND};
 pub use error::{Error, Result};
+pub use gpu::GpuEngine;
