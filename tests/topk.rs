@@ -664,3 +664,257 @@ fn real_small_masks() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// GPU vs the f64 reference (skipped without an adapter unless TRMASK_REQUIRE_GPU=1).
+
+mod common;
+
+use common::{gpu, gpu_small_chunks, seed, Rng};
+
+/// `|gpu − cpu| ≤ rtol·|cpu| + atol` (equal values, ±inf included, always pass); panics naming
+/// the worst index and the seed.
+fn assert_close_seeded(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64, seed: u64) {
+    let mut worst: Option<(usize, f64)> = None;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if g == w {
+            continue;
+        }
+        let excess = (g - w).abs() / (rtol * w.abs() + atol);
+        let excess = if excess.is_nan() {
+            f64::INFINITY
+        } else {
+            excess
+        };
+        if excess > 1.0 && worst.is_none_or(|(_, e)| excess > e) {
+            worst = Some((i, excess));
+        }
+    }
+    if let Some((i, e)) = worst {
+        panic!(
+            "{what}: index {i}: gpu {:e} vs cpu {:e} ({e:.3}x tolerance; seed {seed})",
+            got[i], want[i]
+        );
+    }
+}
+
+const GPU_RTOL: f64 = 2e-3;
+const GPU_ATOL: f64 = 2e-7;
+const GPU_DDOT_ATOL: f64 = 2e-7 + 1e-6;
+
+fn compare_gpu(what: &str, g: &TopkStats, c: &TopkStats, seed: u64) {
+    assert_eq!(g.support_size, c.support_size, "{what}: support sizes");
+    let fields: [(&str, &Vec<f64>, &Vec<f64>, f64); 7] = [
+        ("topk_kl", &g.topk_kl, &c.topk_kl, GPU_ATOL),
+        ("topk_tv", &g.topk_tv, &c.topk_tv, GPU_ATOL),
+        (
+            "ddot_aggregated",
+            &g.ddot_aggregated,
+            &c.ddot_aggregated,
+            GPU_DDOT_ATOL,
+        ),
+        (
+            "ddot_uniform",
+            &g.ddot_uniform,
+            &c.ddot_uniform,
+            GPU_DDOT_ATOL,
+        ),
+        ("rollout_tail", &g.rollout_tail, &c.rollout_tail, GPU_ATOL),
+        ("train_tail", &g.train_tail, &c.train_tail, GPU_ATOL),
+        ("prob_diff", &g.prob_diff, &c.prob_diff, GPU_ATOL),
+    ];
+    for (name, a, b, atol) in fields {
+        assert_close_seeded(&format!("{what} {name}"), a, b, GPU_RTOL, atol, seed);
+    }
+}
+
+/// Rounds f32 logits to a 16-bit dtype; returns the stored bytes.
+fn to_dtype_bytes(vals: &[f32], dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::F32 => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F16 => vals
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        DType::BF16 => vals
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+    }
+}
+
+#[test]
+fn gpu_real_small_matches_reference() {
+    let Some(engine) = gpu() else { return };
+    let real = load();
+    let trainer_f32: Vec<f32> = real.trainer.iter().map(|&x| x as f32).collect();
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let bytes = to_dtype_bytes(&trainer_f32, dtype);
+        for (k, support) in [
+            (20, TopkSupport::Union),
+            (3, TopkSupport::Union),
+            (3, TopkSupport::ReplaceKth),
+        ] {
+            let batch = real
+                .batch(k)
+                .with_logits(
+                    "old_logits",
+                    Logits::from_bytes(bytes.clone(), dtype, real.n, real.v).unwrap(),
+                )
+                .unwrap();
+            let tr = TrainerTopk::from_batch(&batch, 1.0).unwrap();
+            let c = topk_divergence(&batch, support, tr).unwrap();
+            let g = engine.topk_divergence(&batch, support, tr).unwrap();
+            compare_gpu(
+                &format!("real-small {dtype:?} K={k} {support:?}"),
+                &g,
+                &c,
+                0,
+            );
+        }
+    }
+}
+
+/// A random padded batch: V, K, temperature, −inf trainer logits, logits up to ±`scale`,
+/// empty and all-masked rows, garbage (NaN, bad ids) in the padding.
+fn random_batch(rng: &mut Rng, b: usize, t: usize, v: usize, k: usize, scale: f64) -> Batch {
+    let slots = b * t;
+    let mut mask = vec![0.0; slots];
+    for r in 0..b {
+        let len = if r % 4 == 0 { 0 } else { rng.below(t + 1) };
+        mask[r * t..r * t + len].iter_mut().for_each(|m| *m = 1.0);
+    }
+    let mut train = vec![f32::NAN; slots * v];
+    let mut ids = vec![-3i64; slots * k];
+    let mut lps = vec![f64::NAN; slots * k];
+    let mut y = vec![i64::MAX; slots];
+    let mut roll_y = vec![f64::NAN; slots];
+    for s in (0..slots).filter(|&s| mask[s] == 1.0) {
+        // Trainer logits; the rollout's are a perturbation of them.
+        let sharp = rng.range(0.05, 1.0) * scale;
+        let b_row: Vec<f64> = (0..v).map(|_| rng.range(-1.0, 1.0) * sharp).collect();
+        let noise = 10f64.powf(rng.range(-4.0, -0.5));
+        let a: Vec<f64> = b_row
+            .iter()
+            .map(|&x| x + rng.range(-1.0, 1.0) * noise * (1.0 + x.abs() * 0.01))
+            .collect();
+        for (i, &x) in b_row.iter().enumerate() {
+            train[s * v + i] = if v > 2 && rng.bool(0.03) {
+                f32::NEG_INFINITY
+            } else {
+                x as f32
+            };
+        }
+        let m = a.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + a.iter().map(|&x| (x - m).exp()).sum::<f64>().ln();
+        let mut order: Vec<usize> = (0..v).collect();
+        order.sort_by(|&i, &j| a[j].partial_cmp(&a[i]).unwrap().then(i.cmp(&j)));
+        for (j, &i) in order[..k].iter().enumerate() {
+            ids[s * k + j] = i as i64;
+            lps[s * k + j] = a[i] - lse;
+        }
+        let yy = if rng.bool(0.5) {
+            order[rng.below(k)]
+        } else {
+            rng.below(v)
+        };
+        y[s] = yy as i64;
+        roll_y[s] = a[yy] - lse;
+    }
+    Batch::padded(b, t, &mask)
+        .unwrap()
+        .with_responses(y)
+        .unwrap()
+        .with_log_probs("rollout_log_prob", roll_y)
+        .unwrap()
+        .with_topk(ids, lps, k)
+        .unwrap()
+        .with_logits("old_logits", Logits::from_f32(&train, slots, v).unwrap())
+        .unwrap()
+}
+
+#[test]
+fn gpu_random_inputs_match_reference() {
+    let Some(engine) = gpu() else { return };
+    let small = gpu_small_chunks();
+    let s0 = seed(0x70_9c);
+    let mut rng = Rng::new(s0);
+    for (case, &(v, k, scale)) in [
+        (1usize, 1usize, 5.0f64),
+        (2, 1, 5.0),
+        (7, 3, 10.0),
+        (257, 8, 30.0),
+        (4099, 20, 60.0),
+        (32000, 5, 100.0),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let batch = random_batch(&mut rng, 5, 4, v, k, scale);
+        for (support, temperature) in [(TopkSupport::Union, 1.0), (TopkSupport::ReplaceKth, 0.7)] {
+            // Rounding the trainer logits to 16 bits first: the reference sees the same values.
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let old = batch.old_logits.as_ref().unwrap();
+                let vals: Vec<f32> = (0..old.rows() * v)
+                    .map(|i| DType::F32.decode(old.bytes(), i))
+                    .collect();
+                let b = batch
+                    .clone()
+                    .with_logits(
+                        "old_logits",
+                        Logits::from_bytes(to_dtype_bytes(&vals, dtype), dtype, old.rows(), v)
+                            .unwrap(),
+                    )
+                    .unwrap();
+                let tr = TrainerTopk::from_batch(&b, temperature).unwrap();
+                let c = topk_divergence(&b, support, tr).unwrap();
+                let what = format!("case {case} V={v} K={k} {support:?} {dtype:?} τ={temperature}");
+                let g = engine.topk_divergence(&b, support, tr).unwrap();
+                compare_gpu(&what, &g, &c, s0);
+                if let Some(e) = small.as_ref().filter(|_| v * dtype.size() <= 1024) {
+                    let g = e.topk_divergence(&b, support, tr).unwrap();
+                    compare_gpu(&format!("{what} (small chunks)"), &g, &c, s0);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_errors_and_infinities() {
+    let Some(engine) = gpu() else { return };
+    let (ids, lps) = good_ids();
+    // NaN trainer logit at valid slot [1, 0]; NaN in padding rows is ignored.
+    let mut logits: Vec<f32> = vec![0.5; 36];
+    logits[3 * 6 + 4] = f32::NAN;
+    logits[5 * 6] = f32::NAN;
+    let b = small_batch(ids.clone(), lps.clone())
+        .with_logits("old_logits", Logits::from_f32(&logits, 6, 6).unwrap())
+        .unwrap();
+    let tr = TrainerTopk::from_batch(&b, 1.0).unwrap();
+    match engine.topk_divergence(&b, TopkSupport::Union, tr) {
+        Err(Error::InvalidInput { tensor, problem }) => {
+            assert_eq!(tensor, "old_logits");
+            assert!(problem.contains("[1, 0]"), "{problem}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // π = 0 on S (−inf trainer logit at id 1 of row [0, 0]) gives KL = +inf on both paths.
+    let mut logits: Vec<f32> = (0..36).map(|i| (i % 5) as f32 * 0.4).collect();
+    logits[1] = f32::NEG_INFINITY;
+    logits[5 * 6 + 2] = f32::NAN;
+    let b = small_batch(ids, lps)
+        .with_logits("old_logits", Logits::from_f32(&logits, 6, 6).unwrap())
+        .unwrap();
+    let tr = TrainerTopk::from_batch(&b, 1.0).unwrap();
+    let c = topk_divergence(&b, TopkSupport::Union, tr).unwrap();
+    let g = engine.topk_divergence(&b, TopkSupport::Union, tr).unwrap();
+    assert_eq!(c.topk_kl[0], f64::INFINITY);
+    compare_gpu("infinite KL", &g, &c, 0);
+    // Bad top-K input errors come from the shared validation.
+    let (mut ids, lps) = good_ids();
+    ids[5] = 6;
+    let b = small_batch(ids, lps);
+    let tr = TrainerTopk::from_batch(&b, 1.0).unwrap();
+    assert!(engine.topk_divergence(&b, TopkSupport::Union, tr).is_err());
+}

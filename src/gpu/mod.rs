@@ -25,6 +25,7 @@ pub mod context;
 pub mod pipeline;
 pub mod segment_reduce;
 pub mod token_stats;
+pub mod topk_divergence;
 
 pub use context::{list_adapters, Capabilities, Context, ContextOptions, Pass};
 

@@ -18,6 +18,7 @@ pub const PRELUDE: &str = include_str!("../../shaders/common/prelude.wgsl");
 pub const REDUCE_WG: &str = include_str!("../../shaders/common/reduce_wg.wgsl");
 const TOKEN_STATS: &str = include_str!("../../shaders/token_stats.wgsl");
 const SEGMENT_REDUCE: &str = include_str!("../../shaders/segment_reduce.wgsl");
+const TOPK_DIVERGENCE: &str = include_str!("../../shaders/topk_divergence.wgsl");
 
 /// Entry point of every kernel.
 pub const ENTRY_POINT: &str = "main";
@@ -35,17 +36,20 @@ pub enum Op {
     TokenStats,
     /// Segmented per-sequence reductions (`shaders/segment_reduce.wgsl`).
     SegmentReduce,
+    /// Top-K divergences from trainer logits (`shaders/topk_divergence.wgsl`).
+    TopkDivergence,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: &'static [Op] = &[Op::TokenStats, Op::SegmentReduce];
+    pub const ALL: &'static [Op] = &[Op::TokenStats, Op::SegmentReduce, Op::TopkDivergence];
 
     /// The op's description: shader composition, bindings, variants.
     pub fn spec(self) -> &'static OpSpec {
         match self {
             Op::TokenStats => &TOKEN_STATS_SPEC,
             Op::SegmentReduce => &SEGMENT_REDUCE_SPEC,
+            Op::TopkDivergence => &TOPK_DIVERGENCE_SPEC,
         }
     }
 }
@@ -136,6 +140,16 @@ static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
     snippets: |_| vec![REDUCE_WG],
     bindings: &[RO4, RO4, RO4, RW4],
     dtypes: &[DType::F32],
+    flavours: &[Flavour::Workgroup],
+    default_workgroup: 256,
+};
+
+static TOPK_DIVERGENCE_SPEC: OpSpec = OpSpec {
+    name: "topk_divergence",
+    body: TOPK_DIVERGENCE,
+    snippets: |_| vec![REDUCE_WG],
+    bindings: &[RO4, RO4, RO4, RO4, RW4],
+    dtypes: &[DType::F32, DType::F16, DType::BF16],
     flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
 };

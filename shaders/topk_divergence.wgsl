@@ -1,0 +1,279 @@
+// Top-K divergences (SPEC §7): one workgroup per row, one streaming pass over the trainer
+// logits row. Mirrors src/cpu/topk_divergence.rs; host side in src/gpu/topk_divergence.rs.
+//
+// params.count = rows in this dispatch, params.width = V, params.stride = W (support width,
+// K + 1), params.flags = logits dtype (0 f32, 1 f16, 2 bf16), params.scale = 1 / temperature,
+// params.param = 1.0 (an opaque one, see tk_two_sum).
+// logits: the rows' logits as packed little-endian u32 words (16-bit types two per word; each
+// row starts at element row * V of the buffer). sup_ids / roll_lp: [rows, W] support ids and
+// rollout log-probs (first `len` entries used). row_info: [rows, 4] = (len, index of y in S,
+// bits of the rollout tail μ_tail (computed on the host in f64), unused).
+// Output [rows, 8]: topk_kl, topk_tv, ddot_aggregated, ddot_uniform, rollout tail, trainer
+// tail, π_y − μ_y, flags (bit 0: NaN / +inf logit or no finite logit; bit 1: π = 0 somewhere
+// on S, KL = +inf).
+//
+// Numerics: topk_kl = Σ_S μ k3(log π − log μ) + [tail terms] as on the CPU, so the f32
+// rounding of the log-normaliser and of the rollout log-probs enters only at second order.
+// The row's normaliser Σ exp(x − m) is a compensated (hi, lo) sum whose shift m starts
+// at the largest trainer logit on S. Unless a logit outside S is larger (then the running max
+// rescales), thread 0's recomputation of the S terms is bitwise identical to the streamed
+// terms, so the trainer tail Σ_{v∉S} π = (s − s_S) / s (= −expm1(logsumexp of log π on S))
+// keeps tiny tails instead of an f32 rounding floor.
+
+@group(0) @binding(1) var<storage, read> logits: array<u32>;
+@group(0) @binding(2) var<storage, read> sup_ids: array<i32>;
+@group(0) @binding(3) var<storage, read> roll_lp: array<f32>;
+@group(0) @binding(4) var<storage, read> row_info: array<u32>;
+@group(0) @binding(5) var<storage, read_write> topk_out: array<f32>;
+
+const TK_NEG: f32 = -3.0e38; // −inf logit (p = 0) and the empty-state shift
+const TK_BAD: f32 = 3.0e38; // NaN or +inf logit
+const TAIL_FLOOR: f32 = 1.0e-12;
+const OUT_W: u32 = 8u;
+
+// Knuth's TwoSum, a + b = s + e exactly. The sum is multiplied by params.param (1.0, a runtime
+// uniform) so that algebraic optimisers (Mesa NIR treats float ops as inexact unless decorated)
+// cannot rewrite (a + b) − a into b and silently drop the error term.
+fn tk_two_sum(a: f32, b: f32) -> vec2<f32> {
+    let s = (a + b) * params.param;
+    let bp = s - a;
+    let e = (a - (s - bp)) + (b - bp);
+    return vec2<f32>(s, e);
+}
+
+// IEEE binary16 bits (finite) to f32, exactly, without unpack2x16float (which naga gates
+// behind SHADER_FLOAT16_IN_FLOAT32).
+fn tk_f16_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let ex = (h >> 10u) & 0x1fu;
+    let mant = h & 0x3ffu;
+    if ex == 0u {
+        // Subnormal or zero: mant * 2^-24, exact in f32.
+        let mag = f32(mant) * 5.9604644775390625e-8;
+        return bitcast<f32>(sign | bitcast<u32>(mag));
+    }
+    return bitcast<f32>(sign | ((ex + 112u) << 23u) | (mant << 13u));
+}
+
+// Element e of the logits buffer, −inf → TK_NEG, NaN / +inf → TK_BAD.
+fn tk_load(e: u32) -> f32 {
+    let dt = params.flags & 3u;
+    if dt == 0u {
+        let w = logits[e];
+        if (w & 0x7f800000u) == 0x7f800000u {
+            if w == 0xff800000u {
+                return TK_NEG;
+            }
+            return TK_BAD;
+        }
+        return bitcast<f32>(w);
+    }
+    let h = (logits[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu;
+    if dt == 1u {
+        if (h & 0x7c00u) == 0x7c00u {
+            if h == 0xfc00u {
+                return TK_NEG;
+            }
+            return TK_BAD;
+        }
+        return tk_f16_to_f32(h);
+    }
+    if (h & 0x7f80u) == 0x7f80u {
+        if h == 0xff80u {
+            return TK_NEG;
+        }
+        return TK_BAD;
+    }
+    return bitcast<f32>(h << 16u);
+}
+
+// The scaled logit (sentinels pass through unscaled).
+fn tk_logit(e: u32) -> f32 {
+    let x = tk_load(e);
+    if x <= TK_NEG || x >= TK_BAD {
+        return x;
+    }
+    return x * params.scale;
+}
+
+// expm1 with ~1 ulp relative error for small |x| (series), exp − 1 beyond.
+fn tk_expm1(x: f32) -> f32 {
+    if abs(x) <= 0.5 {
+        return x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0
+            + x * (1.0 / 720.0 + x * (1.0 / 5040.0 + x * (1.0 / 40320.0))))))));
+    }
+    return exp(x) - 1.0;
+}
+
+// k3(x) = expm1(x) − x ≥ 0, second order in x (series for small |x|).
+fn tk_k3(x: f32) -> f32 {
+    if abs(x) <= 0.5 {
+        return x * x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0
+            + x * (1.0 / 720.0 + x * (1.0 / 5040.0 + x * (1.0 / 40320.0 + x * (1.0 / 362880.0))))))));
+    }
+    return exp(x) - 1.0 - x;
+}
+
+// log(hi + lo) for a compensated sum ≥ 1 - ish, via log1p near 1.
+fn tk_log2sum(hi: f32, lo: f32) -> f32 {
+    let d = (hi - 1.0) + lo;
+    if abs(d) <= 0.0625 {
+        return d * (1.0 + d * (-0.5 + d * (1.0 / 3.0 + d * (-0.25 + d * (0.2 + d * (-1.0 / 6.0
+            + d * (1.0 / 7.0 + d * (-0.125 + d * (1.0 / 9.0)))))))));
+    }
+    return log(hi + lo);
+}
+
+// Adds the state b = (m, hi, lo) into a (the sum Σ exp(x − m) = hi + lo); m = TK_NEG is empty.
+fn tk_merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
+    if b.x <= TK_NEG {
+        return a;
+    }
+    if a.x <= TK_NEG {
+        return b;
+    }
+    if a.x == b.x {
+        let s = tk_two_sum(a.y, b.y);
+        return vec3<f32>(a.x, s.x, s.y + a.z + b.z);
+    }
+    var big = a;
+    var small = b;
+    if b.x > a.x {
+        big = b;
+        small = a;
+    }
+    let f = exp(small.x - big.x);
+    let s = tk_two_sum(big.y, small.y * f);
+    return vec3<f32>(big.x, s.x, s.y + big.z + small.z * f);
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let row = flat_workgroup(wid, nwg);
+    let live = row < params.count;
+    let v = params.width;
+    let w = params.stride;
+    var len = 0u;
+    if live {
+        len = row_info[row * 4u];
+    }
+    let base = row * v;
+    let sbase = row * w;
+
+    // The initial shift: the largest finite trainer logit on S (every thread reads it).
+    var c = TK_NEG;
+    for (var j = 0u; j < len; j += 1u) {
+        let x = tk_logit(base + u32(sup_ids[sbase + j]));
+        if x < TK_BAD {
+            c = max(c, x);
+        }
+    }
+
+    // Streaming pass: compensated Σ exp(x − m), m = c unless a larger logit shows up.
+    var st = vec3<f32>(c, 0.0, 0.0);
+    var bad = 0.0;
+    if len > 0u {
+        for (var i = lid; i < v; i += WG) {
+            let x = tk_logit(base + i);
+            if x >= TK_BAD {
+                bad = 1.0;
+            } else if x > TK_NEG {
+                if x > st.x {
+                    st = tk_merge(vec3<f32>(x, 1.0, 0.0), st);
+                } else {
+                    let s = tk_two_sum(st.y, exp(x - st.x));
+                    st = vec3<f32>(st.x, s.x, st.z + s.y);
+                }
+            }
+        }
+    }
+
+    // Deterministic pairwise tree over the workgroup.
+    wg_f[lid] = vec4<f32>(st, bad);
+    workgroupBarrier();
+    var live_n = WG;
+    loop {
+        if live_n <= 1u {
+            break;
+        }
+        let half = tree_half(live_n);
+        if lid < live_n - half {
+            let a = wg_f[lid];
+            let b = wg_f[lid + half];
+            wg_f[lid] = vec4<f32>(tk_merge(a.xyz, b.xyz), max(a.w, b.w));
+        }
+        workgroupBarrier();
+        live_n = half;
+    }
+
+    if live && lid == 0u && len > 0u {
+        let tot = wg_f[0];
+        let m = tot.x;
+        var flags = 0u;
+        if tot.w > 0.0 || m <= TK_NEG {
+            flags = 1u;
+        }
+        let s_hi = tot.y;
+        let s_lo = tot.z;
+        let ls = tk_log2sum(s_hi, s_lo);
+        let info_y = row_info[row * 4u + 1u];
+        let mu_tail = bitcast<f32>(row_info[row * 4u + 2u]);
+        var kl = 0.0;
+        var tv = 0.0;
+        var cross = 0.0;
+        var pd = 0.0;
+        var in_hi = 0.0;
+        var in_lo = 0.0;
+        for (var j = 0u; j < len; j += 1u) {
+            let x = tk_logit(base + u32(sup_ids[sbase + j]));
+            let lm = roll_lp[sbase + j];
+            let mu = exp(lm);
+            var em = -1.0; // (π − μ)/μ
+            if x > TK_NEG && x < TK_BAD {
+                let t = exp(x - m);
+                let s = tk_two_sum(in_hi, t);
+                in_hi = s.x;
+                in_lo += s.y;
+                let lp = (x - m) - ls;
+                em = tk_expm1(lp - lm);
+                kl += mu * tk_k3(lp - lm);
+                cross -= exp(lp) * mu * em;
+            } else {
+                flags |= 2u;
+            }
+            tv += mu * abs(em);
+            if j == info_y {
+                pd = mu * em;
+            }
+        }
+        let s_tot = s_hi + s_lo;
+        let pi_tail = max(((s_hi - in_hi) + (s_lo - in_lo)) / s_tot, 0.0);
+        let mh = max(mu_tail, TAIL_FLOOR);
+        let ph = max(pi_tail, TAIL_FLOOR);
+        // Σ_S μ (log μ − log π) = Σ_S μ k3(d) − (μ_tail − π_tail) with the accurate tails: no
+        // first-order error from the shared log-normaliser or the f32 rollout log-probs.
+        if mh == mu_tail && ph == pi_tail {
+            kl += mu_tail * tk_k3(log(pi_tail) - log(mu_tail));
+        } else {
+            kl += mh * (log(mh) - log(ph)) - mu_tail + pi_tail;
+        }
+        let tail = ph * (mh - ph);
+        var uni = 0.0;
+        if v > len {
+            uni = tail / f32(v - len);
+        }
+        let o = row * OUT_W;
+        topk_out[o] = kl;
+        topk_out[o + 1u] = 0.5 * (tv + abs(mh - ph));
+        topk_out[o + 2u] = pd + cross + tail;
+        topk_out[o + 3u] = pd + cross + uni;
+        topk_out[o + 4u] = mu_tail;
+        topk_out[o + 5u] = pi_tail;
+        topk_out[o + 6u] = pd;
+        topk_out[o + 7u] = f32(flags);
+    }
+}
