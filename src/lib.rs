@@ -24,10 +24,13 @@
 //! # Ok::<(), trmask::Error>(())
 //! ```
 
+pub mod analysis;
+pub mod backend;
 pub mod batch;
 pub mod cpu;
 pub mod engine;
 pub mod error;
+pub mod io;
 
 pub use batch::{Batch, DType, Layout, Logits, Segments};
 pub use engine::{Engine, SegmentStats, TokenStats, VocabStats, SAFETY_BOUND};
