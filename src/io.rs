@@ -309,7 +309,7 @@ fn build_batch(mut raw: Raw) -> Result<Batch> {
             [n] => Batch::packed(&[0, *n as i64])?,
             other => {
                 return Err(Error::input(
-                    &token_shape.map(|t| t.0).unwrap_or_default(),
+                    token_shape.map(|t| t.0).unwrap_or_default(),
                     format!("shape {other:?} is neither [B, T] nor [N]"),
                 ))
             }

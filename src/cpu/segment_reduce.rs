@@ -21,15 +21,14 @@ pub fn segment_reduce(values: &[f64], segments: &Segments) -> SegmentStats {
         let mut min = f64::INFINITY;
         let mut arg = -1i64;
         let mut n = 0u32;
-        for i in a..b {
-            if !segments.mask[i] {
+        for (i, (&v, &m)) in values[a..b].iter().zip(&segments.mask[a..b]).enumerate() {
+            if !m {
                 continue;
             }
-            let v = values[i];
             sum += v;
             if v > max {
                 max = v;
-                arg = (i - a) as i64;
+                arg = i as i64;
             }
             min = min.min(v);
             n += 1;
