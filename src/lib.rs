@@ -27,6 +27,7 @@
 pub mod analysis;
 pub mod backend;
 pub mod batch;
+pub mod bounds;
 pub mod cpu;
 pub mod engine;
 pub mod error;
