@@ -216,3 +216,43 @@ fn usage_errors_exit_2() {
         &["--backend"],
     );
 }
+
+#[test]
+fn bounds_json_matches_the_paper() {
+    let (code, out, err) = run(&["bounds", "--horizon", "4096", "--delta", "1e-4", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rel = |k: &str, want: f64| {
+        let got = v[k].as_f64().unwrap();
+        assert!((got - want).abs() <= 1e-9 * want, "{k}: {got} vs {want}");
+    };
+    rel("classical_kl", 1677.312);
+    let (code, out, err) = run(&[
+        "bounds",
+        "--horizon",
+        "4096",
+        "--delta",
+        "1e-4",
+        "--eps",
+        "5e-3",
+        "--kl-seq",
+        "0.01",
+        "--tv-seq",
+        "0.05",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v2: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v2["argmin"], "mix_tv");
+    assert!((v2["unified"].as_f64().unwrap() - 4.096).abs() < 1e-9 * 4.096);
+    assert!((v2["coupling"].as_f64().unwrap() - 79.91).abs() < 1e-9 * 79.91);
+    assert!((v2["pm_kl"].as_f64().unwrap() - 34.94609188629668).abs() < 1e-12 * 34.95);
+    assert_bad(
+        run(&["bounds", "--horizon", "0", "--delta", "1e-4"]),
+        &["--horizon"],
+    );
+    assert_bad(
+        run(&["bounds", "--horizon", "10", "--delta", "-1"]),
+        &["--delta"],
+    );
+}

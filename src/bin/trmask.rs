@@ -37,6 +37,27 @@ enum Command {
         #[arg(long)]
         metrics: Option<PathBuf>,
     },
+    /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes (SPEC §8).
+    Bounds {
+        /// T, the response length (horizon).
+        #[arg(long)]
+        horizon: usize,
+        /// δ, the per-token KL bound.
+        #[arg(long)]
+        delta: f64,
+        /// ε, the per-token TV bound (default √(δ/2), Pinsker).
+        #[arg(long)]
+        eps: Option<f64>,
+        /// D_KL^seq, the sequence-level KL (default T·δ).
+        #[arg(long = "kl-seq")]
+        kl_seq: Option<f64>,
+        /// D_TV^seq, the sequence-level TV (default √(D_KL^seq/2)).
+        #[arg(long = "tv-seq")]
+        tv_seq: Option<f64>,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// List GPU adapters and the capabilities trmask uses.
     Devices,
 }
@@ -72,6 +93,32 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             );
             for (k, v) in &analysis.metrics {
                 println!("{k:<40} {v:.6e}");
+            }
+            Ok(())
+        }
+        Command::Bounds {
+            horizon,
+            delta,
+            eps,
+            kl_seq,
+            tv_seq,
+            json,
+        } => {
+            let inputs = trmask::bounds::BoundInputs {
+                horizon,
+                delta,
+                eps,
+                kl_seq,
+                tv_seq,
+                dbar: None,
+            };
+            let b = trmask::bounds::compute(&inputs)?;
+            if json {
+                let text = serde_json::to_string_pretty(&b)
+                    .map_err(|e| trmask::Error::file("<stdout>", e.to_string()))?;
+                println!("{text}");
+            } else {
+                println!("{}", b.table().trim_end());
             }
             Ok(())
         }
