@@ -28,7 +28,7 @@ enum Command {
         #[arg(long, default_value = "auto")]
         backend: String,
         /// Softmax temperature applied to both logits tensors.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(allow_negative_numbers = true, long, default_value_t = 1.0)]
         temperature: f64,
         /// Write per-token / per-sequence outputs (.safetensors or .json).
         #[arg(long)]
@@ -43,16 +43,16 @@ enum Command {
         #[arg(long)]
         horizon: usize,
         /// δ, the per-token KL bound.
-        #[arg(long)]
+        #[arg(allow_negative_numbers = true, long)]
         delta: f64,
         /// ε, the per-token TV bound (default √(δ/2), Pinsker).
-        #[arg(long)]
+        #[arg(allow_negative_numbers = true, long)]
         eps: Option<f64>,
         /// D_KL^seq, the sequence-level KL (default T·δ).
-        #[arg(long = "kl-seq")]
+        #[arg(allow_negative_numbers = true, long = "kl-seq")]
         kl_seq: Option<f64>,
         /// D_TV^seq, the sequence-level TV (default √(D_KL^seq/2)).
-        #[arg(long = "tv-seq")]
+        #[arg(allow_negative_numbers = true, long = "tv-seq")]
         tv_seq: Option<f64>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
@@ -133,9 +133,19 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
-            let _ = e.print();
-            return ExitCode::from(code);
+            if !e.use_stderr() {
+                let _ = e.print(); // --help, --version
+                return ExitCode::SUCCESS;
+            }
+            // One line, like every other bad-usage message.
+            let text = e.to_string();
+            let first = text
+                .lines()
+                .next()
+                .unwrap_or("bad usage")
+                .trim_start_matches("error: ");
+            eprintln!("trmask: {first} (see trmask --help)");
+            return ExitCode::from(2);
         }
     };
     std::panic::set_hook(Box::new(|info| eprintln!("trmask: internal error: {info}")));
