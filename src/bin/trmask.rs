@@ -139,12 +139,13 @@ fn main() -> ExitCode {
             }
             // One line, like every other bad-usage message.
             let text = e.to_string();
-            let first = text
+            let msg: Vec<&str> = text
                 .lines()
-                .next()
-                .unwrap_or("bad usage")
-                .trim_start_matches("error: ");
-            eprintln!("trmask: {first} (see trmask --help)");
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .map(|l| l.trim().trim_start_matches("error: "))
+                .filter(|l| !l.is_empty())
+                .collect();
+            eprintln!("trmask: {} (see trmask --help)", msg.join(" "));
             return ExitCode::from(2);
         }
     };
