@@ -3,6 +3,7 @@
 use crate::cpu::CpuEngine;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::gpu::GpuEngine;
 
 /// Which engine to run on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -35,9 +36,18 @@ impl std::str::FromStr for Backend {
 pub fn open_engine(backend: Backend, notes: &mut Vec<String>) -> Result<Box<dyn Engine>> {
     match backend {
         Backend::Cpu => Ok(Box::new(CpuEngine::new())),
-        Backend::Gpu | Backend::Auto => {
-            let _ = notes;
-            Err(Error::NoAdapter("this build has no GPU engine yet".into()))
-        }
+        Backend::Gpu => Ok(Box::new(GpuEngine::new()?)),
+        Backend::Auto => match GpuEngine::new() {
+            Ok(gpu) => {
+                notes.push(format!("trmask: backend auto chose {}", gpu.name()));
+                Ok(Box::new(gpu))
+            }
+            Err(e) => {
+                notes.push(format!(
+                    "trmask: backend auto chose the CPU reference ({e})"
+                ));
+                Ok(Box::new(CpuEngine::new()))
+            }
+        },
     }
 }

@@ -31,11 +31,13 @@ pub mod bounds;
 pub mod cpu;
 pub mod engine;
 pub mod error;
+pub mod gpu;
 pub mod io;
 
 pub use batch::{Batch, DType, Layout, Logits, Segments};
 pub use engine::{Engine, SegmentStats, TokenStats, VocabStats, SAFETY_BOUND};
 pub use error::{Error, Result};
+pub use gpu::GpuEngine;
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

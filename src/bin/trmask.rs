@@ -123,6 +123,21 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             Ok(())
         }
         Command::Devices => {
+            let adapters = trmask::gpu::list_adapters();
+            if adapters.is_empty() {
+                println!("no GPU adapter found (WGPU_BACKEND / WGPU_ADAPTER_NAME select one)");
+            }
+            for a in &adapters {
+                println!("adapter: {a}");
+            }
+            match trmask::GpuEngine::new() {
+                Ok(gpu) => println!(
+                    "selected: {}\n{}",
+                    gpu.name(),
+                    gpu.capabilities().describe()
+                ),
+                Err(e) => println!("selected: none ({e})"),
+            }
             println!("cpu: {}", trmask::cpu::CpuEngine::new().name());
             Ok(())
         }
