@@ -28,6 +28,7 @@ pub mod analysis;
 pub mod backend;
 pub mod batch;
 pub mod bounds;
+pub mod certificate;
 pub mod cpu;
 pub mod engine;
 pub mod error;
