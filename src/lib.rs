@@ -24,14 +24,24 @@
 //! # Ok::<(), trmask::Error>(())
 //! ```
 
+pub mod analysis;
+pub mod backend;
 pub mod batch;
+pub mod bounds;
+pub mod certificate;
 pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod gpu;
+pub mod io;
 pub mod topk;
 
 pub use batch::{Batch, DType, Layout, Logits, Segments};
 pub use engine::{Engine, SegmentStats, TokenStats, VocabStats, SAFETY_BOUND};
 pub use error::{Error, Result};
 pub use gpu::GpuEngine;
+
+/// The README's Rust examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

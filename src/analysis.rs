@@ -1,0 +1,160 @@
+//! One call from a batch to every per-token and per-sequence output the inputs allow
+//! (SPEC §4), on any [`Engine`].
+
+use crate::batch::Batch;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::io::{seq_output, token_output, Output};
+use std::collections::BTreeMap;
+
+/// Per-token statistics by name (`log_ratio`, `rho`, `k1`, `k2`, `k3`, `abs`, `ser`, and from
+/// logits `kl`, `kl_rev`, `tv`, `rollout_entropy`, `training_entropy`), one value per slot,
+/// 0 at invalid slots.
+#[derive(Clone, Debug, Default)]
+pub struct StatTable {
+    pub stats: BTreeMap<String, Vec<f64>>,
+}
+
+impl StatTable {
+    /// The statistic `name`, or an error saying which inputs it needs.
+    pub fn get(&self, name: &str) -> Result<&[f64]> {
+        self.stats.get(name).map(|v| v.as_slice()).ok_or_else(|| {
+            let need = match name {
+                "kl" | "kl_rev" | "tv" | "rollout_entropy" | "training_entropy" => {
+                    "rollout_logits and old_logits"
+                }
+                "topk_kl" | "topk_tv" | "ddot" => "rollout_topk_ids and rollout_topk_log_prob",
+                _ => "rollout_log_prob and old_log_prob (or logits with responses)",
+            };
+            Error::config(
+                name,
+                format!("statistic `{name}` is not available: it needs {need}"),
+            )
+        })
+    }
+}
+
+/// The log-probs of the training policy: `old_log_prob` (decoupled mode), else `log_prob`.
+pub fn training_log_prob(batch: &Batch) -> Option<&Vec<f64>> {
+    batch.old_log_prob.as_ref().or(batch.log_prob.as_ref())
+}
+
+/// Computes every per-token statistic the batch's inputs allow.
+pub fn token_table(engine: &dyn Engine, batch: &Batch, temperature: f64) -> Result<StatTable> {
+    batch.validate()?;
+    let mut table = StatTable::default();
+    let mask = batch.mask();
+    let mut derived: Option<(Vec<f64>, Vec<f64>)> = None;
+    if let (Some(r), Some(o)) = (&batch.rollout_logits, &batch.old_logits) {
+        let v = engine.vocab_divergence(r, o, batch.responses.as_deref(), mask, temperature)?;
+        if batch.responses.is_some() {
+            derived = Some((v.rollout_logp, v.train_logp));
+        }
+        table.stats.insert("kl".into(), v.kl);
+        table.stats.insert("kl_rev".into(), v.kl_rev);
+        table.stats.insert("tv".into(), v.tv);
+        table
+            .stats
+            .insert("rollout_entropy".into(), v.rollout_entropy);
+        table
+            .stats
+            .insert("training_entropy".into(), v.training_entropy);
+    }
+    let roll = batch
+        .rollout_log_prob
+        .as_ref()
+        .or(derived.as_ref().map(|d| &d.0));
+    let train = training_log_prob(batch).or(derived.as_ref().map(|d| &d.1));
+    if let (Some(r), Some(t)) = (roll, train) {
+        let s = engine.token_stats(r, t, mask)?;
+        for (name, v) in [
+            ("log_ratio", s.log_ratio),
+            ("rho", s.rho),
+            ("k1", s.k1),
+            ("k2", s.k2),
+            ("k3", s.k3),
+            ("abs", s.abs),
+            ("ser", s.ser),
+        ] {
+            table.stats.insert(name.into(), v);
+        }
+    } else if table.stats.is_empty() {
+        return Err(Error::input(
+            if roll.is_none() {
+                "rollout_log_prob"
+            } else {
+                "old_log_prob"
+            },
+            "is missing: the batch needs both policies' log-probs (or both logits with responses)",
+        ));
+    }
+    Ok(table)
+}
+
+/// Everything computed for one batch.
+#[derive(Clone, Debug)]
+pub struct Analysis {
+    /// Per-token and per-sequence output tensors, in the batch's layout.
+    pub outputs: Vec<Output>,
+    /// Metrics by name.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// Per-token outputs of SPEC §4 written by `trmask analyze`.
+pub const TOKEN_OUTPUTS: [&str; 9] = [
+    "log_ratio",
+    "k1",
+    "k2",
+    "k3",
+    "kl",
+    "kl_rev",
+    "tv",
+    "rollout_entropy",
+    "training_entropy",
+];
+
+/// Runs the estimators (and vocabulary divergences when logits are present) and reduces them
+/// per sequence.
+pub fn analyze(engine: &dyn Engine, batch: &Batch, temperature: f64) -> Result<Analysis> {
+    let table = token_table(engine, batch, temperature)?;
+    let mut outputs = Vec::new();
+    let mut metrics = BTreeMap::new();
+    let names: Vec<&str> = TOKEN_OUTPUTS
+        .iter()
+        .copied()
+        .filter(|n| table.stats.contains_key(*n))
+        .collect();
+    let values: Vec<&[f64]> = names.iter().map(|n| table.stats[*n].as_slice()).collect();
+    let reduced = engine.segment_reduce(&values, batch.segments())?;
+    let valid = batch.mask().iter().filter(|&&m| m).count();
+    for ((name, v), r) in names.iter().zip(&values).zip(&reduced) {
+        outputs.push(token_output(batch, name, v.to_vec()));
+        let mean = if valid > 0 {
+            r.sum.iter().sum::<f64>() / valid as f64
+        } else {
+            0.0
+        };
+        let max = r
+            .max
+            .iter()
+            .zip(&r.count)
+            .filter(|(_, &c)| c > 0)
+            .map(|(&m, _)| m)
+            .fold(f64::NEG_INFINITY, f64::max);
+        metrics.insert(format!("trmask/{name}_mean"), mean);
+        if max.is_finite() {
+            metrics.insert(format!("trmask/{name}_max"), max);
+        }
+        outputs.push(seq_output(&format!("seq_mean_{name}"), r.mean.clone()));
+        outputs.push(seq_output(&format!("seq_max_{name}"), r.max.clone()));
+    }
+    let mask: Vec<f64> = batch.mask().iter().map(|&m| m as u8 as f64).collect();
+    outputs.push(token_output(batch, "modified_response_mask", mask));
+    let lens = batch.segments().lengths();
+    outputs.push(seq_output(
+        "seq_len",
+        lens.iter().map(|&l| l as f64).collect(),
+    ));
+    outputs.push(seq_output("seq_accept", vec![1.0; lens.len()]));
+    Ok(Analysis { outputs, metrics })
+}

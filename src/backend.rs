@@ -1,0 +1,53 @@
+//! Choosing a backend: `Auto` uses the GPU when an adapter exists and says so, else the CPU.
+
+use crate::cpu::CpuEngine;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::gpu::GpuEngine;
+
+/// Which engine to run on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// The GPU when an adapter exists, else the CPU reference.
+    #[default]
+    Auto,
+    /// The GPU engine; an error when no adapter exists.
+    Gpu,
+    /// The f64 CPU reference.
+    Cpu,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "gpu" => Ok(Backend::Gpu),
+            "cpu" => Ok(Backend::Cpu),
+            other => Err(Error::config(
+                "--backend",
+                format!("{other:?} is not one of auto, gpu, cpu"),
+            )),
+        }
+    }
+}
+
+/// Opens an engine. `notes` receives a line saying what `Auto` chose and why.
+pub fn open_engine(backend: Backend, notes: &mut Vec<String>) -> Result<Box<dyn Engine>> {
+    match backend {
+        Backend::Cpu => Ok(Box::new(CpuEngine::new())),
+        Backend::Gpu => Ok(Box::new(GpuEngine::new()?)),
+        Backend::Auto => match GpuEngine::new() {
+            Ok(gpu) => {
+                notes.push(format!("trmask: backend auto chose {}", gpu.name()));
+                Ok(Box::new(gpu))
+            }
+            Err(e) => {
+                notes.push(format!(
+                    "trmask: backend auto chose the CPU reference ({e})"
+                ));
+                Ok(Box::new(CpuEngine::new()))
+            }
+        },
+    }
+}

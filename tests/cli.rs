@@ -1,0 +1,258 @@
+//! The command line through the binary: outputs of a good batch, exit code 2 with a message
+//! naming the problem for bad ones.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_trmask"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("trmask-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = bin().args(args).output().expect("run trmask");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Writes `json` to a temp file and runs `analyze --backend cpu` on it.
+fn analyze_json(name: &str, json: &str) -> (i32, String, String) {
+    let p = tmp(name);
+    std::fs::write(&p, json).unwrap();
+    run(&["analyze", p.to_str().unwrap(), "--backend", "cpu"])
+}
+
+fn assert_bad(res: (i32, String, String), needles: &[&str]) {
+    let (code, _, err) = res;
+    assert_eq!(code, 2, "expected exit 2, stderr: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("internal error"),
+        "{err}"
+    );
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks {n:?}: {err}");
+    }
+    assert_eq!(
+        err.trim().lines().count(),
+        1,
+        "one-line message expected: {err}"
+    );
+}
+
+#[test]
+fn analyze_writes_layout_preserving_outputs() {
+    let out = tmp("mild_out.json");
+    let (code, _, err) = run(&[
+        "analyze",
+        "data/verl-golden/inputs/mild.json",
+        "--backend",
+        "cpu",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    for k in ["log_ratio", "k1", "k2", "k3", "modified_response_mask"] {
+        let rows = v[k].as_array().unwrap_or_else(|| panic!("missing {k}"));
+        assert_eq!(rows.len(), 8);
+        assert_eq!(rows[0].as_array().unwrap().len(), 24);
+    }
+    assert_eq!(v["seq_len"].as_array().unwrap().len(), 8);
+}
+
+#[test]
+fn analyze_safetensors_output_roundtrips() {
+    let out = tmp("sample_out.safetensors");
+    let (code, stdout, err) = run(&[
+        "analyze",
+        "data/sample/real-small.safetensors",
+        "--backend",
+        "cpu",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("kl"), "{stdout}");
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kl = st.tensor("kl").unwrap();
+    assert_eq!(kl.shape(), &[30]);
+}
+
+#[test]
+fn missing_and_truncated_files_exit_2() {
+    assert_bad(
+        run(&["analyze", "does/not/exist.json", "--backend", "cpu"]),
+        &["does/not/exist.json"],
+    );
+    let full = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("data/sample/real-small.safetensors"),
+    )
+    .unwrap();
+    let p = tmp("truncated.safetensors");
+    std::fs::write(&p, &full[..full.len() / 2]).unwrap();
+    assert_bad(
+        run(&["analyze", p.to_str().unwrap(), "--backend", "cpu"]),
+        &["safetensors"],
+    );
+    assert_bad(
+        analyze_json("broken.json", "{\"rollout_log_prob\": [1, 2"),
+        &["JSON"],
+    );
+}
+
+#[test]
+fn bad_tensors_exit_2_naming_the_tensor() {
+    let ok = r#""rollout_log_prob": [[-1, -2], [-1, 0]], "old_log_prob": [[-1, -2], [-1, 0]]"#;
+    assert_bad(
+        analyze_json(
+            "nan.json",
+            r#"{"rollout_log_prob": [[-1, "NaN"]], "old_log_prob": [[-1, -2]], "response_mask": [[1, 1]]}"#,
+        ),
+        &["rollout_log_prob", "[0, 1]", "finite"],
+    );
+    assert_bad(
+        analyze_json(
+            "mask.json",
+            &format!(r#"{{{ok}, "response_mask": [[1, 2], [1, 0]]}}"#),
+        ),
+        &["response_mask", "not 0 or 1"],
+    );
+    assert_bad(
+        analyze_json(
+            "ragged.json",
+            r#"{"rollout_log_prob": [[-1, -2], [-1]], "old_log_prob": [[-1, -2], [-1, 0]]}"#,
+        ),
+        &["rollout_log_prob", "ragged"],
+    );
+    assert_bad(
+        analyze_json(
+            "shape.json",
+            r#"{"rollout_log_prob": [[-1, -2], [-1, 0]], "old_log_prob": [[-1, -2, 0], [-1, 0, 0]]}"#,
+        ),
+        &["old_log_prob", "shape"],
+    );
+    assert_bad(
+        analyze_json(
+            "cu.json",
+            r#"{"rollout_log_prob": [-1, -2, -3], "old_log_prob": [-1, -2, -3], "cu_seqlens": [0, 2, 1, 3]}"#,
+        ),
+        &["cu_seqlens", "non-decreasing"],
+    );
+    assert_bad(
+        analyze_json(
+            "cu_end.json",
+            r#"{"rollout_log_prob": [-1, -2, -3], "old_log_prob": [-1, -2, -3], "cu_seqlens": [0, 2]}"#,
+        ),
+        &["rollout_log_prob"],
+    );
+    assert_bad(
+        analyze_json(
+            "cu0.json",
+            r#"{"rollout_log_prob": [-1, -2, -3], "old_log_prob": [-1, -2, -3], "cu_seqlens": [1, 3]}"#,
+        ),
+        &["cu_seqlens", "starts at 1"],
+    );
+    assert_bad(
+        analyze_json("none.json", r#"{"other": [1, 2]}"#),
+        &["rollout_log_prob"],
+    );
+    assert_bad(
+        analyze_json(
+            "ids.json",
+            r#"{"rollout_logits": [[0, 1, 2]], "old_logits": [[0, 1, 2.5]], "responses": [3], "cu_seqlens": [0, 1]}"#,
+        ),
+        &["responses", "outside [0, 3)"],
+    );
+}
+
+#[test]
+fn padding_garbage_changes_nothing() {
+    let a = r#"{"rollout_log_prob": [[-1, -2, 5], [-1, 0, 0]], "old_log_prob": [[-1.5, -2, 7], [-1, 0, 0]], "response_mask": [[1, 1, 0], [1, 0, 0]]}"#;
+    let b = r#"{"rollout_log_prob": [[-1, -2, "NaN"], [-1, "Infinity", 3]], "old_log_prob": [[-1.5, -2, "-Infinity"], [-1, 99, "NaN"]], "response_mask": [[1, 1, 0], [1, 0, 0]]}"#;
+    let outs: Vec<String> = [("pa.json", a), ("pb.json", b)]
+        .iter()
+        .map(|(n, j)| {
+            let p = tmp(n);
+            std::fs::write(&p, j).unwrap();
+            let o = tmp(&format!("{n}.out.json"));
+            let (code, _, err) = run(&[
+                "analyze",
+                p.to_str().unwrap(),
+                "--backend",
+                "cpu",
+                "--output",
+                o.to_str().unwrap(),
+            ]);
+            assert_eq!(code, 0, "{err}");
+            std::fs::read_to_string(o).unwrap()
+        })
+        .collect();
+    assert_eq!(outs[0], outs[1]);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    assert_eq!(run(&["analyze"]).0, 2);
+    assert_eq!(run(&["frobnicate"]).0, 2);
+    assert_bad(
+        run(&[
+            "analyze",
+            "data/verl-golden/inputs/mild.json",
+            "--backend",
+            "tpu",
+        ]),
+        &["--backend"],
+    );
+}
+
+#[test]
+fn bounds_json_matches_the_paper() {
+    let (code, out, err) = run(&["bounds", "--horizon", "4096", "--delta", "1e-4", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rel = |k: &str, want: f64| {
+        let got = v[k].as_f64().unwrap();
+        assert!((got - want).abs() <= 1e-9 * want, "{k}: {got} vs {want}");
+    };
+    rel("classical_kl", 1677.312);
+    let (code, out, err) = run(&[
+        "bounds",
+        "--horizon",
+        "4096",
+        "--delta",
+        "1e-4",
+        "--eps",
+        "5e-3",
+        "--kl-seq",
+        "0.01",
+        "--tv-seq",
+        "0.05",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v2: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v2["argmin"], "mix_tv");
+    assert!((v2["unified"].as_f64().unwrap() - 4.096).abs() < 1e-9 * 4.096);
+    assert!((v2["coupling"].as_f64().unwrap() - 79.91).abs() < 1e-9 * 79.91);
+    assert!((v2["pm_kl"].as_f64().unwrap() - 34.94609188629668).abs() < 1e-12 * 34.95);
+    assert_bad(
+        run(&["bounds", "--horizon", "0", "--delta", "1e-4"]),
+        &["--horizon"],
+    );
+    assert_bad(
+        run(&["bounds", "--horizon", "10", "--delta", "-1"]),
+        &["--delta"],
+    );
+}
