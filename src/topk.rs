@@ -19,7 +19,15 @@
 //!   `ddot = (π_y − μ_y) + Σ_S π_i (μ_i − π_i) + tail` with `tail = π̂ (μ̂ − π̂)` (aggregated) or
 //!   `tail / (V − |S|)` (uniform; 0 when V = |S|).
 //!
-//! [`topk_divergence`] computes these per slot (CPU, f64); [`dppo_mask`] turns them into a
+//! The clamp follows SPEC §7 literally: where both tails are below 1e-12 the tail term of
+//! `topk_kl` vanishes, so `topk_kl` can differ from the exact reduced KL by
+//! `μ_tail |log(μ_tail/π_tail)|` (≈ 1e-14 on the real-data sample, whose smallest tails are
+//! 1e-32). [`TopkStats`] reports the unclamped tails.
+//!
+//! [`topk_divergence`] computes these per slot (CPU, f64);
+//! [`GpuEngine::topk_divergence`](crate::gpu::GpuEngine::topk_divergence) takes the same
+//! arguments and streams the trainer logits on the GPU (f32, within `2e-3·|ref| + 2e-7` of the
+//! reference; `ddot` within `+1e-6`). [`dppo_mask`] turns them into a
 //! per-slot keep mask plus `trmask/*` metrics. The corrections layer ANDs the keep mask into
 //! `modified_response_mask`:
 //!
