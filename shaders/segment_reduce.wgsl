@@ -1,6 +1,7 @@
 // Segmented reductions: one workgroup per (statistic, piece). A piece is a sequence (or, for a
 // sequence longer than one chunk, part of it) laid out contiguously in this chunk's slots.
-// params.count = pieces, params.width = statistics, params.stride = slots in this chunk.
+// params.count = pieces, params.width = statistics, params.stride = slots in this chunk,
+// params.param = 1.0 (two_sum's opaque one).
 // values: SoA, width x stride; ranges: (start, end) slot pair per piece.
 // Output, 6 words per (stat, piece) at (stat * count + piece) * 6:
 // sum_hi, sum_lo (f32 bits; sum = hi + lo), max, min (f32 bits), argmax (offset from the piece

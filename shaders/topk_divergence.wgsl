@@ -3,7 +3,7 @@
 //
 // params.count = rows in this dispatch, params.width = V, params.stride = W (support width,
 // K + 1), params.flags = logits dtype (0 f32, 1 f16, 2 bf16), params.scale = 1 / temperature,
-// params.param = 1.0 (an opaque one, see tk_two_sum).
+// params.param = 1.0 (two_sum's opaque one, see the prelude).
 // logits: the rows' logits as packed little-endian u32 words (16-bit types two per word; each
 // row starts at element row * V of the buffer). sup_ids / roll_lp: [rows, W] support ids and
 // rollout log-probs (first `len` entries used). row_info: [rows, 4] = (len, index of y in S,
@@ -30,16 +30,6 @@ const TK_NEG: f32 = -3.0e38; // −inf logit (p = 0) and the empty-state shift
 const TK_BAD: f32 = 3.0e38; // NaN or +inf logit
 const TAIL_FLOOR: f32 = 1.0e-12;
 const OUT_W: u32 = 8u;
-
-// Knuth's TwoSum, a + b = s + e exactly. The sum is multiplied by params.param (1.0, a runtime
-// uniform) so that algebraic optimisers (Mesa NIR treats float ops as inexact unless decorated)
-// cannot rewrite (a + b) − a into b and silently drop the error term.
-fn tk_two_sum(a: f32, b: f32) -> vec2<f32> {
-    let s = (a + b) * params.param;
-    let bp = s - a;
-    let e = (a - (s - bp)) + (b - bp);
-    return vec2<f32>(s, e);
-}
 
 // IEEE binary16 bits (finite) to f32, exactly, without unpack2x16float (which naga gates
 // behind SHADER_FLOAT16_IN_FLOAT32).
@@ -133,7 +123,7 @@ fn tk_merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
         return b;
     }
     if a.x == b.x {
-        let s = tk_two_sum(a.y, b.y);
+        let s = two_sum(a.y, b.y);
         return vec3<f32>(a.x, s.x, s.y + a.z + b.z);
     }
     var big = a;
@@ -143,7 +133,7 @@ fn tk_merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
         small = a;
     }
     let f = exp(small.x - big.x);
-    let s = tk_two_sum(big.y, small.y * f);
+    let s = two_sum(big.y, small.y * f);
     return vec3<f32>(big.x, s.x, s.y + big.z + small.z * f);
 }
 
@@ -185,7 +175,7 @@ fn main(
                 if x > st.x {
                     st = tk_merge(vec3<f32>(x, 1.0, 0.0), st);
                 } else {
-                    let s = tk_two_sum(st.y, exp(x - st.x));
+                    let s = two_sum(st.y, exp(x - st.x));
                     st = vec3<f32>(st.x, s.x, st.z + s.y);
                 }
             }
@@ -235,7 +225,7 @@ fn main(
             var em = -1.0; // (π − μ)/μ
             if x > TK_NEG && x < TK_BAD {
                 let t = exp(x - m);
-                let s = tk_two_sum(in_hi, t);
+                let s = two_sum(in_hi, t);
                 in_hi = s.x;
                 in_lo += s.y;
                 let lp = (x - m) - ls;

@@ -338,3 +338,64 @@ fn deterministic_and_pooled() {
         assert_eq!(a, b);
     }
 }
+
+/// Segment sums whose f32 running sum loses digits (1 + many 2^-30; alternating 1e8 and 1;
+/// 2^24 + ones − 2^24) but whose TwoSum (hi, lo) pair, finished in f64 on the host, is exact:
+/// catches a shader compiler that folds the TwoSum error term `(a + b) − a → b` away.
+#[test]
+fn segment_sums_are_compensated() {
+    let mut engines = Vec::new();
+    engines.extend(gpu());
+    engines.extend(gpu_small_chunks());
+    let mut values = Vec::new();
+    let mut ranges = Vec::new();
+    let mut push = |v: &mut Vec<f64>, seq: Vec<f64>| {
+        ranges.push((v.len(), v.len() + seq.len()));
+        v.extend(seq);
+    };
+    for &n in &[2usize, 7, 255, 256, 257, 1000, 4099] {
+        // 1 + (n − 1)·2^-30: every tiny term is below half an ulp of 1.
+        let mut s = vec![2f64.powi(-30); n];
+        s[0] = 1.0;
+        push(&mut values, s);
+        // 1e8, 1, 1e8, 1, …: the ones are below half an ulp (4) of 1e8.
+        push(
+            &mut values,
+            (0..n).map(|i| if i % 2 == 0 { 1e8 } else { 1.0 }).collect(),
+        );
+        // 2^24, 1, 1, …, 1, −2^24: the ones vanish in f32, the exact sum is n − 2.
+        let mut s = vec![1.0; n];
+        s[0] = 16_777_216.0;
+        s[n - 1] = -16_777_216.0;
+        push(&mut values, s);
+    }
+    let seg = Segments {
+        mask: vec![true; values.len()],
+        ranges,
+    };
+    let want = CpuEngine::new().segment_reduce(&[&values], &seg).unwrap();
+    for engine in engines {
+        let got = engine.segment_reduce(&[&values], &seg).unwrap();
+        let wg = engine
+            .context()
+            .workgroup_size(trmask::gpu::pipeline::Op::SegmentReduce);
+        let mut worst = (0, 0f64);
+        for (q, (&g, &w)) in got[0].sum.iter().zip(&want[0].sum).enumerate() {
+            let rel = (g - w).abs() / w.abs().max(1.0);
+            if rel > worst.1 {
+                worst = (q, rel);
+            }
+        }
+        let q = worst.0;
+        assert!(
+            worst.1 <= 1e-12,
+            "segment sums not compensated on {} (wg {wg}): seq {q}: gpu {:e} vs cpu {:e} \
+             (relative error {:.3e})",
+            engine.name(),
+            got[0].sum[q],
+            want[0].sum[q],
+            worst.1
+        );
+        assert_close("mean", &got[0].mean, &want[0].mean, 1e-12, 0.0, 0);
+    }
+}

@@ -33,10 +33,20 @@ fn mask_bit(word: u32, i: u32) -> bool {
     return ((word >> (i & 31u)) & 1u) != 0u;
 }
 
-// Error-free transformation: a + b = s + e exactly (Knuth's TwoSum; no multiplications, so
-// no FMA contraction can break it).
+// An opaque 1.0 for error-free transformations: `Meta.param`, which every kernel that sums with
+// two_sum (directly or through reduce_*.wgsl) sets to 1.0 on the host. The compiler cannot know
+// its value, so it cannot fold it away.
+fn opaque_one() -> f32 {
+    return params.param;
+}
+
+// Error-free transformation: a + b = s + e exactly (Knuth's TwoSum). The sum is multiplied by
+// opaque_one(): shader compilers treat float ops as inexact unless decorated (Mesa's NIR, LLVM
+// fast-math) and rewrite `(a + b) - a` into `b`, silently zeroing e; they cannot see through
+// `(a + b) * one`. Multiplying by exactly 1.0 changes nothing, and an FMA contraction of
+// `s - a` then computes the same exact difference.
 fn two_sum(a: f32, b: f32) -> vec2<f32> {
-    let s = a + b;
+    let s = (a + b) * opaque_one();
     let bp = s - a;
     let e = (a - (s - bp)) + (b - bp);
     return vec2<f32>(s, e);

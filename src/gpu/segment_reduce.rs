@@ -4,7 +4,8 @@
 //! One workgroup per (statistic, sequence), a deterministic tree (no float atomics), all
 //! statistics in one submission. Sums are compensated on the device (TwoSum, returned as an
 //! f32 (hi, lo) pair added in f64 on the host), so the only error left is the rounding of the
-//! inputs to f32. A sequence longer than one chunk is cut into pieces whose partial results are
+//! inputs to f32. `Meta::param` carries the opaque 1.0 that keeps the shader compiler from
+//! folding TwoSum's error term away (tests/gpu_vs_cpu.rs `segment_sums_are_compensated`). A sequence longer than one chunk is cut into pieces whose partial results are
 //! merged on the host in order (ties keep the first maximum).
 
 use super::chunking::{dispatch_grid, plan_segments};
@@ -103,6 +104,8 @@ pub fn segment_reduce(
                 count: chunk.pieces.len() as u32,
                 width: k as u32,
                 stride: chunk.slots as u32,
+                // the opaque 1.0 of the shader's two_sum (see shaders/common/prelude.wgsl)
+                param: 1.0,
                 ..Meta::default()
             },
             buffers: vec![v, m, r, o],

@@ -15,8 +15,8 @@
 //! Accuracy: the row normaliser is a compensated (TwoSum) sum whose shift starts at the largest
 //! trainer logit on S, so the terms on S recomputed by thread 0 are bitwise those of the stream
 //! and the trainer tail `(s − s_S)/s` keeps tails far below f32's 1e-7 (1e-23 on real data).
-//! The shader's TwoSum multiplies by an opaque uniform 1.0 (`Meta::param`): Mesa's NIR treats
-//! float ops as inexact and otherwise folds `(a + b) − a` to `b`, silently turning the
+//! The shader's TwoSum (the prelude's `two_sum`) multiplies by an opaque uniform 1.0
+//! (`Meta::param`): Mesa's NIR treats float ops as inexact and otherwise folds `(a + b) − a` to `b`, silently turning the
 //! compensated sum into a plain one (seen on lavapipe: tails off by one ulp of 1, 1.2e-7).
 //!
 //! Trainer log-probs given on S directly ([`TrainerTopk::LogProbs`]) leave nothing to stream:
