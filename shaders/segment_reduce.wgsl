@@ -6,6 +6,8 @@
 // Output, 6 words per (stat, piece) at (stat * count + piece) * 6:
 // sum_hi, sum_lo (f32 bits; sum = hi + lo), max, min (f32 bits), argmax (offset from the piece
 // start, 0xffffffff if empty), count. Deterministic tree, ties resolved to the first index.
+// The cross-thread merge is reduce_acc: reduce_acc_wg.wgsl (workgroup tree) or reduce_sg.wgsl
+// (subgroups), chosen per variant.
 
 @group(0) @binding(1) var<storage, read> values: array<f32>;
 @group(0) @binding(2) var<storage, read> mask_bits: array<u32>;
@@ -14,12 +16,41 @@
 
 const NO_ARG: u32 = 0xffffffffu;
 
+// One thread's (or tree node's) partial result: f = (sum_hi, sum_lo, max, min),
+// u = (argmax offset, count). An empty partial (count 0) is the identity.
+struct Acc {
+    f: vec4<f32>,
+    u: vec2<u32>,
+}
+
+// Merges b (later slots) into a: compensated sum, first maximum, minimum, count.
+fn acc_merge(a: Acc, b: Acc) -> Acc {
+    if b.u.y == 0u {
+        return a;
+    }
+    if a.u.y == 0u {
+        return b;
+    }
+    let s = two_sum(a.f.x, b.f.x);
+    var m = a.f.z;
+    var am = a.u.x;
+    if b.f.z > a.f.z || (b.f.z == a.f.z && b.u.x < a.u.x) {
+        m = b.f.z;
+        am = b.u.x;
+    }
+    return Acc(
+        vec4<f32>(s.x, s.y + (a.f.y + b.f.y), m, min(a.f.w, b.f.w)),
+        vec2<u32>(am, a.u.y + b.u.y),
+    );
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
+    ids: RedIds,
 ) {
+    let lid = ids.lid;
     let pieces = params.count;
     let g = flat_workgroup(wid, nwg);
     let piece = g % pieces;
@@ -57,51 +88,15 @@ fn main(
         }
     }
 
-    // Tree over the workgroup, merging slot i + half into slot i.
-    wg_f[lid] = vec4<f32>(hi, lo, mx, mn);
-    wg_u[lid] = vec2<u32>(arg, cnt);
-    workgroupBarrier();
-    var live_n = WG;
-    loop {
-        if live_n <= 1u {
-            break;
-        }
-        let half = tree_half(live_n);
-        if lid < live_n - half {
-            let a = wg_f[lid];
-            let b = wg_f[lid + half];
-            let au = wg_u[lid];
-            let bu = wg_u[lid + half];
-            if bu.y > 0u {
-                if au.y == 0u {
-                    wg_f[lid] = b;
-                    wg_u[lid] = bu;
-                } else {
-                    let s = two_sum(a.x, b.x);
-                    var m = a.z;
-                    var am = au.x;
-                    if b.z > a.z || (b.z == a.z && bu.x < au.x) {
-                        m = b.z;
-                        am = bu.x;
-                    }
-                    wg_f[lid] = vec4<f32>(s.x, s.y + a.y + b.y, m, min(a.w, b.w));
-                    wg_u[lid] = vec2<u32>(am, au.y + bu.y);
-                }
-            }
-        }
-        workgroupBarrier();
-        live_n = half;
-    }
+    let r = reduce_acc(ids, Acc(vec4<f32>(hi, lo, mx, mn), vec2<u32>(arg, cnt)));
 
     if live && lid == 0u {
-        let r = wg_f[0];
-        let ru = wg_u[0];
         let o = (stat * pieces + piece) * 6u;
-        seg_out[o] = bitcast<u32>(r.x);
-        seg_out[o + 1u] = bitcast<u32>(r.y);
-        seg_out[o + 2u] = bitcast<u32>(r.z);
-        seg_out[o + 3u] = bitcast<u32>(r.w);
-        seg_out[o + 4u] = ru.x;
-        seg_out[o + 5u] = ru.y;
+        seg_out[o] = bitcast<u32>(r.f.x);
+        seg_out[o + 1u] = bitcast<u32>(r.f.y);
+        seg_out[o + 2u] = bitcast<u32>(r.f.z);
+        seg_out[o + 3u] = bitcast<u32>(r.f.w);
+        seg_out[o + 4u] = r.u.x;
+        seg_out[o + 5u] = r.u.y;
     }
 }

@@ -4,8 +4,9 @@
 
 mod common;
 
-use common::{assert_close, gpu, gpu_small_chunks, seed, Rng};
+use common::{assert_close, gpu, gpu_small_chunks, gpu_with_flavour, seed, Rng};
 use trmask::cpu::CpuEngine;
+use trmask::gpu::pipeline::{Flavour, Op};
 use trmask::{Batch, Engine, Segments, TokenStats};
 
 const RTOL: f64 = 2e-5;
@@ -347,6 +348,8 @@ fn segment_sums_are_compensated() {
     let mut engines = Vec::new();
     engines.extend(gpu());
     engines.extend(gpu_small_chunks());
+    engines.extend(gpu_with_flavour(Flavour::Workgroup, None));
+    engines.extend(gpu_with_flavour(Flavour::Workgroup, Some(192)));
     let mut values = Vec::new();
     let mut ranges = Vec::new();
     let mut push = |v: &mut Vec<f64>, seq: Vec<f64>| {
@@ -376,9 +379,8 @@ fn segment_sums_are_compensated() {
     let want = CpuEngine::new().segment_reduce(&[&values], &seg).unwrap();
     for engine in engines {
         let got = engine.segment_reduce(&[&values], &seg).unwrap();
-        let wg = engine
-            .context()
-            .workgroup_size(trmask::gpu::pipeline::Op::SegmentReduce);
+        let wg = engine.context().workgroup_size(Op::SegmentReduce);
+        let flavour = engine.context().flavour(Op::SegmentReduce);
         let mut worst = (0, 0f64);
         for (q, (&g, &w)) in got[0].sum.iter().zip(&want[0].sum).enumerate() {
             let rel = (g - w).abs() / w.abs().max(1.0);
@@ -389,7 +391,7 @@ fn segment_sums_are_compensated() {
         let q = worst.0;
         assert!(
             worst.1 <= 1e-12,
-            "segment sums not compensated on {} (wg {wg}): seq {q}: gpu {:e} vs cpu {:e} \
+            "segment sums not compensated on {} ({flavour:?}, wg {wg}): seq {q}: gpu {:e} vs cpu {:e} \
              (relative error {:.3e})",
             engine.name(),
             got[0].sum[q],
@@ -397,5 +399,69 @@ fn segment_sums_are_compensated() {
             worst.1
         );
         assert_close("mean", &got[0].mean, &want[0].mean, 1e-12, 0.0, 0);
+    }
+}
+
+/// Both reduction flavours (subgroup where the adapter has it — lavapipe: size 8 — and the
+/// forced workgroup tree), at power-of-two and other workgroup sizes, agree with the CPU and
+/// give bit-identical results run to run.
+#[test]
+fn segment_reduce_flavours_agree_and_are_deterministic() {
+    let Some(default) = gpu() else { return };
+    let caps = default.capabilities().clone();
+    let fixed_sg = caps.subgroups && caps.subgroup_sizes.0 == caps.subgroup_sizes.1;
+    eprintln!(
+        "subgroups: {} (sizes {:?}); default flavour {:?}",
+        caps.subgroups,
+        caps.subgroup_sizes,
+        default.context().flavour(Op::SegmentReduce)
+    );
+    if fixed_sg {
+        assert_eq!(
+            default.context().flavour(Op::SegmentReduce),
+            Flavour::Subgroup
+        );
+    }
+    let s = seed(99);
+    let mut rng = Rng::new(s);
+    let cases: Vec<Case> = [(1, 1), (6, 3), (37, 301), (9, 1025)]
+        .iter()
+        .map(|&(b, t)| padded_case(&mut rng, b, t))
+        .collect();
+    let mut subgroup_runs = 0;
+    for flavour in [Flavour::Subgroup, Flavour::Workgroup] {
+        for wg in [None, Some(192), Some(64), Some(24), Some(100)] {
+            let Some(engine) = gpu_with_flavour(flavour, wg) else {
+                return;
+            };
+            let ctx = engine.context();
+            let used = ctx.flavour(Op::SegmentReduce);
+            let size = ctx.workgroup_size(Op::SegmentReduce);
+            if flavour == Flavour::Workgroup || !fixed_sg {
+                assert_eq!(used, Flavour::Workgroup);
+            } else if size.is_multiple_of(caps.subgroup_sizes.0) {
+                assert_eq!(used, Flavour::Subgroup, "wg {size}");
+                subgroup_runs += 1;
+            } else {
+                assert_eq!(used, Flavour::Workgroup, "wg {size} falls back");
+            }
+            for case in &cases {
+                let st = CpuEngine::new()
+                    .token_stats(&case.roll, &case.train, case.batch.mask())
+                    .unwrap();
+                let values: Vec<&[f64]> = vec![&st.k1, &st.k3, &st.rho, &st.abs];
+                let seg = case.batch.segments();
+                check_segments(engine.as_ref(), &values, seg, s);
+                let a = engine.segment_reduce(&values, seg).unwrap();
+                let b = engine.segment_reduce(&values, seg).unwrap();
+                assert_eq!(a, b, "{used:?} wg {size}: not deterministic (seed {s})");
+            }
+        }
+    }
+    if fixed_sg {
+        assert!(
+            subgroup_runs >= 3,
+            "subgroup flavour ran {subgroup_runs} times"
+        );
     }
 }

@@ -4,7 +4,7 @@
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use trmask::gpu::pipeline::{
-    all_kernel_keys, shader_source, KernelKey, ENTRY_POINT, META_SIZE, WORKGROUP_OVERRIDE,
+    all_kernel_keys, shader_source, Flavour, KernelKey, ENTRY_POINT, META_SIZE, WORKGROUP_OVERRIDE,
 };
 
 fn parse(key: &KernelKey) -> naga::Module {
@@ -13,9 +13,28 @@ fn parse(key: &KernelKey) -> naga::Module {
         .unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)))
 }
 
-/// Capabilities a variant needs: none beyond core WGSL for the workgroup flavour.
-fn capabilities(_key: &KernelKey) -> Capabilities {
-    Capabilities::empty()
+/// Capabilities a variant needs: none beyond core WGSL for the workgroup flavour, SUBGROUP for
+/// the subgroup flavour.
+fn capabilities(key: &KernelKey) -> Capabilities {
+    match key.flavour {
+        Flavour::Workgroup => Capabilities::empty(),
+        Flavour::Subgroup => Capabilities::SUBGROUP,
+    }
+}
+
+/// The subgroup flavour exists, and needs (only) the SUBGROUP capability.
+#[test]
+fn subgroup_variants_need_the_subgroup_capability() {
+    let keys = all_kernel_keys();
+    let sg: Vec<_> = keys
+        .iter()
+        .filter(|k| k.flavour == Flavour::Subgroup)
+        .collect();
+    assert!(!sg.is_empty(), "no subgroup variants");
+    for key in sg {
+        let r = Validator::new(ValidationFlags::all(), Capabilities::empty()).validate(&parse(key));
+        assert!(r.is_err(), "{} validated without SUBGROUP", key.label());
+    }
 }
 
 #[test]
@@ -55,16 +74,28 @@ fn every_variant_validates_and_translates() {
         )
         .unwrap_or_else(|e| panic!("{label}: SPIR-V: {e}"));
 
+        let sg = key.flavour == Flavour::Subgroup;
+        let msl_options = msl::Options {
+            lang_version: if sg { (2, 1) } else { (1, 0) },
+            ..Default::default()
+        };
         msl::write_string(
             &module,
             &info,
-            &msl::Options::default(),
+            &msl_options,
             &msl::PipelineOptions::default(),
         )
         .unwrap_or_else(|e| panic!("{label}: MSL: {e}"));
 
         let mut hlsl_out = String::new();
-        let hlsl_options = hlsl::Options::default();
+        let hlsl_options = hlsl::Options {
+            shader_model: if sg {
+                hlsl::ShaderModel::V6_0
+            } else {
+                hlsl::ShaderModel::V5_1
+            },
+            ..Default::default()
+        };
         let pipeline_options = hlsl::PipelineOptions::default();
         hlsl::Writer::new(&mut hlsl_out, &hlsl_options, &pipeline_options)
             .write(&module, &info, None)

@@ -24,6 +24,11 @@ pub struct ContextOptions {
     pub max_binding_size: Option<u64>,
     /// Threads per workgroup for every kernel (`None`: each op's default, capped by the device).
     pub workgroup_size: Option<u32>,
+    /// Reduction flavour: `None` picks [`Flavour::Subgroup`] where the op has it and the device
+    /// has subgroups of one fixed size dividing the workgroup size, else
+    /// [`Flavour::Workgroup`]; `Some(Workgroup)` forces the workgroup tree; `Some(Subgroup)`
+    /// asks for subgroups under the same conditions (falling back to the workgroup tree).
+    pub flavour: Option<Flavour>,
 }
 
 /// What the device offers and what trmask uses of it.
@@ -168,6 +173,7 @@ pub struct Context {
     queue: wgpu::Queue,
     caps: Capabilities,
     workgroup_size: Option<u32>,
+    flavour: Option<Flavour>,
     pipelines: PipelineCache,
     pool: BufferPool,
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -286,6 +292,7 @@ impl Context {
             queue,
             caps,
             workgroup_size: options.workgroup_size,
+            flavour: options.flavour,
             pipelines: PipelineCache::default(),
             uncaptured,
         }
@@ -330,12 +337,30 @@ impl Context {
         want.clamp(1, cap)
     }
 
-    /// The kernel variant for `op` on `dtype` (workgroup flavour, this device's workgroup size).
+    /// The reduction flavour used for `op` on this device: [`Flavour::Subgroup`] when the op
+    /// has that variant, the device has `SUBGROUP` with one fixed subgroup size (never assumed:
+    /// 8 on lavapipe, 32 or 64 on GPUs) that divides the op's workgroup size, and the options
+    /// do not force [`Flavour::Workgroup`]; the workgroup tree otherwise.
+    pub fn flavour(&self, op: Op) -> Flavour {
+        let (lo, hi) = self.caps.subgroup_sizes;
+        let usable = self.caps.subgroups
+            && lo == hi
+            && lo > 0
+            && self.workgroup_size(op).is_multiple_of(lo)
+            && op.spec().flavours.contains(&Flavour::Subgroup);
+        match self.flavour {
+            Some(Flavour::Workgroup) => Flavour::Workgroup,
+            _ if usable => Flavour::Subgroup,
+            _ => Flavour::Workgroup,
+        }
+    }
+
+    /// The kernel variant for `op` on `dtype` (this device's flavour and workgroup size).
     pub fn kernel(&self, op: Op, dtype: DType) -> Result<Arc<Kernel>> {
         self.kernel_for(KernelKey {
             op,
             dtype,
-            flavour: Flavour::Workgroup,
+            flavour: self.flavour(op),
             workgroup: self.workgroup_size(op),
         })
     }
@@ -348,7 +373,7 @@ impl Context {
     /// Builds every kernel variant this device will use now instead of on first use.
     pub fn warm_up(&self) -> Result<()> {
         for key in all_kernel_keys() {
-            if key.flavour == Flavour::Workgroup && key.workgroup == self.workgroup_size(key.op) {
+            if key.flavour == self.flavour(key.op) && key.workgroup == self.workgroup_size(key.op) {
                 self.kernel_for(key)?;
             }
         }

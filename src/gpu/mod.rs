@@ -18,6 +18,11 @@
 //! on the host and rounded once (see `token_stats.rs`); k3 and `ser` use series for small
 //! |lr|. Segment sums are compensated (TwoSum) and finished in f64. Results match the CPU
 //! reference within `2e-5·|ref| + 2e-6` (tests/gpu_vs_cpu.rs).
+//!
+//! Reductions across threads come in two flavours ([`pipeline::Flavour`]): subgroup shuffles
+//! where the device has `SUBGROUP` with one fixed subgroup size dividing the workgroup size
+//! (lavapipe: 8), else a workgroup-memory tree (any size); [`ContextOptions::flavour`] forces
+//! one. Both are fixed trees without atomics: the same input gives the same bits every run.
 
 pub mod buffers;
 pub mod chunking;

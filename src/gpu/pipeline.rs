@@ -16,6 +16,10 @@ use std::sync::{Arc, RwLock};
 pub const PRELUDE: &str = include_str!("../../shaders/common/prelude.wgsl");
 /// `shaders/common/reduce_wg.wgsl`: workgroup-memory tree reductions.
 pub const REDUCE_WG: &str = include_str!("../../shaders/common/reduce_wg.wgsl");
+/// `shaders/common/reduce_acc_wg.wgsl`: `reduce_acc`, workgroup flavour.
+pub const REDUCE_ACC_WG: &str = include_str!("../../shaders/common/reduce_acc_wg.wgsl");
+/// `shaders/common/reduce_sg.wgsl`: `reduce_acc`, subgroup flavour.
+pub const REDUCE_SG: &str = include_str!("../../shaders/common/reduce_sg.wgsl");
 const TOKEN_STATS: &str = include_str!("../../shaders/token_stats.wgsl");
 const SEGMENT_REDUCE: &str = include_str!("../../shaders/segment_reduce.wgsl");
 const TOPK_DIVERGENCE: &str = include_str!("../../shaders/topk_divergence.wgsl");
@@ -59,6 +63,20 @@ impl Op {
 pub enum Flavour {
     /// Workgroup-memory tree (works everywhere, any workgroup size).
     Workgroup,
+    /// Subgroup shuffles, then workgroup memory across subgroups (`Features::SUBGROUP`, naga's
+    /// `Capabilities::SUBGROUP`; chosen when the device's subgroup size is fixed and divides the
+    /// workgroup size).
+    Subgroup,
+}
+
+impl Flavour {
+    /// The `reduce_acc` snippet of the flavour.
+    pub fn reduce_acc(self) -> &'static [&'static str] {
+        match self {
+            Flavour::Workgroup => &[REDUCE_WG, REDUCE_ACC_WG],
+            Flavour::Subgroup => &[REDUCE_SG],
+        }
+    }
 }
 
 /// One kernel variant: the key of the pipeline cache.
@@ -137,10 +155,10 @@ static TOKEN_STATS_SPEC: OpSpec = OpSpec {
 static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
     name: "segment_reduce",
     body: SEGMENT_REDUCE,
-    snippets: |_| vec![REDUCE_WG],
+    snippets: |k| k.flavour.reduce_acc().to_vec(),
     bindings: &[RO4, RO4, RO4, RW4],
     dtypes: &[DType::F32],
-    flavours: &[Flavour::Workgroup],
+    flavours: &[Flavour::Workgroup, Flavour::Subgroup],
     default_workgroup: 256,
 };
 

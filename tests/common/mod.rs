@@ -87,6 +87,22 @@ pub fn gpu_small_chunks() -> Option<Arc<GpuEngine>> {
         .clone()
 }
 
+/// An engine with the reduction flavour forced to `flavour` and `workgroup` threads per
+/// workgroup (a fresh device per call).
+pub fn gpu_with_flavour(
+    flavour: trmask::gpu::pipeline::Flavour,
+    workgroup: Option<u32>,
+) -> Option<Arc<GpuEngine>> {
+    open(
+        &ContextOptions {
+            flavour: Some(flavour),
+            workgroup_size: workgroup,
+            ..Default::default()
+        },
+        "forced flavour",
+    )
+}
+
 /// Compares two vectors with `|a − b| ≤ rtol·|b| + atol` (`b` the reference); panics naming the
 /// worst index and the seed.
 pub fn assert_close(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64, seed: u64) {
