@@ -137,12 +137,24 @@ fn tk_merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
     return vec3<f32>(big.x, s.x, s.y + big.z + small.z * f);
 }
 
+// The cross-thread state for reduce_acc (reduce_acc_wg.wgsl or reduce_sg.wgsl): f = (m, hi, lo,
+// bad), u unused.
+struct Acc {
+    f: vec4<f32>,
+    u: vec2<u32>,
+}
+
+fn acc_merge(a: Acc, b: Acc) -> Acc {
+    return Acc(vec4<f32>(tk_merge(a.f.xyz, b.f.xyz), max(a.f.w, b.f.w)), a.u);
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
+    ids: RedIds,
 ) {
+    let lid = ids.lid;
     let row = flat_workgroup(wid, nwg);
     let live = row < params.count;
     let v = params.width;
@@ -182,26 +194,10 @@ fn main(
         }
     }
 
-    // Deterministic pairwise tree over the workgroup.
-    wg_f[lid] = vec4<f32>(st, bad);
-    workgroupBarrier();
-    var live_n = WG;
-    loop {
-        if live_n <= 1u {
-            break;
-        }
-        let half = tree_half(live_n);
-        if lid < live_n - half {
-            let a = wg_f[lid];
-            let b = wg_f[lid + half];
-            wg_f[lid] = vec4<f32>(tk_merge(a.xyz, b.xyz), max(a.w, b.w));
-        }
-        workgroupBarrier();
-        live_n = half;
-    }
+    // Deterministic tree over the workgroup (every thread gets the total).
+    let tot = reduce_acc(ids, Acc(vec4<f32>(st, bad), vec2<u32>(0u))).f;
 
     if live && lid == 0u && len > 0u {
-        let tot = wg_f[0];
         let m = tot.x;
         var flags = 0u;
         if tot.w > 0.0 || m <= TK_NEG {

@@ -670,7 +670,8 @@ fn real_small_masks() {
 
 mod common;
 
-use common::{gpu, gpu_small_chunks, seed, Rng};
+use common::{gpu, gpu_small_chunks, gpu_with_flavour, seed, Rng};
+use trmask::gpu::pipeline::{Flavour, Op};
 
 /// `|gpu − cpu| ≤ rtol·|cpu| + atol` (equal values, ±inf included, always pass); panics naming
 /// the worst index and the seed.
@@ -837,6 +838,15 @@ fn random_batch(rng: &mut Rng, b: usize, t: usize, v: usize, k: usize, scale: f6
 fn gpu_random_inputs_match_reference() {
     let Some(engine) = gpu() else { return };
     let small = gpu_small_chunks();
+    // the other reduction flavour than the default's (subgroups where the adapter has them)
+    let tree = gpu_with_flavour(Flavour::Workgroup, Some(192));
+    let caps = engine.capabilities();
+    if caps.subgroups && caps.subgroup_sizes.0 == caps.subgroup_sizes.1 {
+        assert_eq!(
+            engine.context().flavour(Op::TopkDivergence),
+            Flavour::Subgroup
+        );
+    }
     let s0 = seed(0x70_9c);
     let mut rng = Rng::new(s0);
     for (case, &(v, k, scale)) in [
@@ -871,6 +881,10 @@ fn gpu_random_inputs_match_reference() {
                 let what = format!("case {case} V={v} K={k} {support:?} {dtype:?} τ={temperature}");
                 let g = engine.topk_divergence(&b, support, tr).unwrap();
                 compare_gpu(&what, &g, &c, s0);
+                if let Some(e) = tree.as_ref() {
+                    let h = e.topk_divergence(&b, support, tr).unwrap();
+                    compare_gpu(&format!("{what} (workgroup tree)"), &h, &c, s0);
+                }
                 if let Some(e) = small.as_ref().filter(|_| v * dtype.size() <= 1024) {
                     let g = e.topk_divergence(&b, support, tr).unwrap();
                     compare_gpu(&format!("{what} (small chunks)"), &g, &c, s0);

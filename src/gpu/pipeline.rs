@@ -165,10 +165,10 @@ static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
 static TOPK_DIVERGENCE_SPEC: OpSpec = OpSpec {
     name: "topk_divergence",
     body: TOPK_DIVERGENCE,
-    snippets: |_| vec![REDUCE_WG],
+    snippets: |k| k.flavour.reduce_acc().to_vec(),
     bindings: &[RO4, RO4, RO4, RO4, RW4],
     dtypes: &[DType::F32, DType::F16, DType::BF16],
-    flavours: &[Flavour::Workgroup],
+    flavours: &[Flavour::Workgroup, Flavour::Subgroup],
     default_workgroup: 256,
 };
 
