@@ -173,3 +173,34 @@ fn two_dimensional_grids() {
     assert_eq!(g[0].argmax, w[0].argmax);
     assert_close("sum", &g[0].sum, &w[0].sum, 2e-5, 2e-6, 77);
 }
+
+/// With TIMESTAMP_QUERY (lavapipe has it) every run reports its device time; without it, None.
+#[test]
+fn device_time_of_a_run() {
+    let Some(gpu) = gpu_fresh() else { return };
+    let ctx = gpu.context();
+    assert_eq!(ctx.last_device_ns(), None, "no run yet");
+    let n = 1 << 18;
+    let v: Vec<f64> = (0..n).map(|i| (i % 97) as f64 * 0.25).collect();
+    let seg = Segments {
+        ranges: vec![(0, n / 3), (n / 3, n)],
+        mask: vec![true; n],
+    };
+    let r = gpu.segment_reduce(&[&v, &v], &seg).unwrap();
+    assert_eq!(r[0].count, vec![(n / 3) as u32, (n - n / 3) as u32]);
+    let ns = ctx.last_device_ns();
+    eprintln!(
+        "timestamps: {}, device time {ns:?} ns",
+        gpu.capabilities().timestamp_query
+    );
+    if gpu.capabilities().timestamp_query {
+        assert!(ns.is_some_and(|t| t > 0), "{ns:?}");
+    } else {
+        assert_eq!(ns, None);
+    }
+}
+
+fn gpu_fresh() -> Option<Arc<GpuEngine>> {
+    gpu()?;
+    Some(Arc::new(GpuEngine::new().unwrap()))
+}

@@ -16,6 +16,8 @@ pub enum BufferKind {
     Staging,
     /// Uniform buffer holding `Meta` structs.
     Uniform,
+    /// Destination of resolved timestamp queries (copied to a staging buffer).
+    QueryResolve,
 }
 
 impl BufferKind {
@@ -28,6 +30,9 @@ impl BufferKind {
             }
             BufferKind::Staging => wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             BufferKind::Uniform => wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            BufferKind::QueryResolve => {
+                wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC
+            }
         }
     }
 }

@@ -9,7 +9,11 @@ use super::pipeline::{
 use crate::batch::DType;
 use crate::error::{Error, Result};
 use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
+
+/// `last_device_ns` when no run has been timed.
+const NOT_TIMED: u64 = u64::MAX;
 
 /// How to open a device.
 #[derive(Clone, Debug, Default)]
@@ -177,6 +181,7 @@ pub struct Context {
     pipelines: PipelineCache,
     pool: BufferPool,
     uncaptured: Arc<Mutex<Vec<String>>>,
+    last_device_ns: AtomicU64,
 }
 
 impl std::fmt::Debug for Context {
@@ -295,6 +300,7 @@ impl Context {
             flavour: options.flavour,
             pipelines: PipelineCache::default(),
             uncaptured,
+            last_device_ns: AtomicU64::new(NOT_TIMED),
         }
     }
 
@@ -434,8 +440,20 @@ impl Context {
         }
     }
 
+    /// Device time of the last completed [`Context::run`] (its compute pass, from
+    /// `TIMESTAMP_QUERY` timestamps at the pass's start and end), in nanoseconds; `None` without
+    /// the feature or before any run. With several threads sharing the context, the run that
+    /// finished last.
+    pub fn last_device_ns(&self) -> Option<u64> {
+        match self.last_device_ns.load(Ordering::Relaxed) {
+            NOT_TIMED => None,
+            ns => Some(ns),
+        }
+    }
+
     /// Records every pass into one command buffer, copies each of `readbacks` to a staging
     /// buffer, submits once, checks for errors, waits, and returns the bytes of each readback.
+    /// With `TIMESTAMP_QUERY`, the compute pass is timed: see [`Context::last_device_ns`].
     pub fn run(&self, passes: &[Pass<'_>], readbacks: &[&GpuBuffer]) -> Result<Vec<Vec<u8>>> {
         let device = &self.device;
         let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
@@ -499,7 +517,21 @@ impl Context {
                 staging.into_iter().for_each(GpuBuffer::discard);
                 Err(e)
             }
-            None => Ok(out),
+            None => {
+                if out.len() > readbacks.len() {
+                    let ticks = out.pop().and_then(|b| {
+                        let t: &[u64] = bytemuck::try_cast_slice(b.get(..16)?).ok()?;
+                        t[1].checked_sub(t[0])
+                    });
+                    let period = f64::from(self.queue.get_timestamp_period());
+                    if let Some(t) = ticks {
+                        let ns = (t as f64 * period).round() as u64;
+                        self.last_device_ns
+                            .store(ns.min(NOT_TIMED - 1), Ordering::Relaxed);
+                    }
+                }
+                Ok(out)
+            }
         }
     }
 
@@ -553,10 +585,26 @@ impl Context {
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("trmask"),
         });
+        let timer = if self.caps.timestamp_query {
+            let set = device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("trmask timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            });
+            Some((set, self.pool.get(device, BufferKind::QueryResolve, 16)?))
+        } else {
+            None
+        };
         {
             let mut cpass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("trmask"),
-                timestamp_writes: None,
+                timestamp_writes: timer
+                    .as_ref()
+                    .map(|(set, _)| wgpu::ComputePassTimestampWrites {
+                        query_set: set,
+                        beginning_of_pass_write_index: Some(0),
+                        end_of_pass_write_index: Some(1),
+                    }),
             });
             for (p, g) in passes.iter().zip(&groups) {
                 if p.grid.0 == 0 || p.grid.1 == 0 {
@@ -572,6 +620,12 @@ impl Context {
             let len = rb.len().div_ceil(4) * 4;
             let st = self.pool.get(device, BufferKind::Staging, len)?;
             encoder.copy_buffer_to_buffer(rb.raw(), 0, st.raw(), 0, len);
+            staging.push(st);
+        }
+        if let Some((set, resolve)) = &timer {
+            encoder.resolve_query_set(set, 0..2, resolve.raw(), 0);
+            let st = self.pool.get(device, BufferKind::Staging, 16)?;
+            encoder.copy_buffer_to_buffer(resolve.raw(), 0, st.raw(), 0, 16);
             staging.push(st);
         }
         let index = self.queue.submit([encoder.finish()]);

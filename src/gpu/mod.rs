@@ -23,6 +23,10 @@
 //! where the device has `SUBGROUP` with one fixed subgroup size dividing the workgroup size
 //! (lavapipe: 8), else a workgroup-memory tree (any size); [`ContextOptions::flavour`] forces
 //! one. Both are fixed trees without atomics: the same input gives the same bits every run.
+//!
+//! With `TIMESTAMP_QUERY`, [`Context::last_device_ns`] gives the device time of the last
+//! [`Context::run`] (e.g. `gpu.context().last_device_ns()` after an op), for benches that report
+//! device time apart from wall time.
 
 pub mod buffers;
 pub mod chunking;
