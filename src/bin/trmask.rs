@@ -144,7 +144,26 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
     }
 }
 
+/// Vulkan loaders print two error lines per instance when `XDG_RUNTIME_DIR` is unset (headless
+/// boxes, CI); give them a private directory before any thread exists.
+fn ensure_runtime_dir() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join("trmask-xdg-runtime");
+    if std::fs::create_dir_all(&dir).is_ok() {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+        }
+        // SAFETY: single-threaded at this point (first statement of main).
+        std::env::set_var("XDG_RUNTIME_DIR", &dir);
+    }
+}
+
 fn main() -> ExitCode {
+    ensure_runtime_dir();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
