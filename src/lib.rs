@@ -27,11 +27,15 @@
 pub mod analysis;
 pub mod backend;
 pub mod batch;
+pub mod config;
+pub mod correction;
 pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod io;
 
 pub use batch::{Batch, DType, Layout, Logits, Segments};
+pub use config::CorrectionConfig;
+pub use correction::Corrections;
 pub use engine::{Engine, SegmentStats, TokenStats, VocabStats, SAFETY_BOUND};
 pub use error::{Error, Result};
