@@ -149,6 +149,31 @@ fn vmin(v: impl IntoIterator<Item = f64>) -> f64 {
     v.into_iter().fold(f64::INFINITY, f64::min)
 }
 
+/// The once-per-step entry point for a trainer: batch in, [`Corrections`] out.
+///
+/// ```
+/// use trmask::{Batch, CorrectionConfig, cpu::CpuEngine};
+/// let batch = Batch::padded(2, 3, &[1.0, 1.0, 1.0, 1.0, 1.0, 0.0])?
+///     .with_log_probs("rollout_log_prob", vec![-1.0, -0.5, -0.2, -2.0, -1.0, 0.0])?
+///     .with_log_probs("old_log_prob", vec![-1.0, -0.5, -0.2, -1.0, -3.0, 0.0])?;
+/// let cfg = CorrectionConfig::preset("decoupled_k3_rs_token_tis")?;
+/// let c = trmask::correction::correct(&CpuEngine::new(), &batch, &cfg)?;
+/// assert_eq!(c.seq_accept, vec![true, false]); // sequence 1 drifts: seq_mean_k3 > 0.01
+/// assert_eq!(c.mask, vec![1.0, 1.0, 1.0, 0.0, 0.0, 0.0]);
+/// assert!(c.weights.is_some() && c.metrics.contains_key("rollout_corr/rollout_is_mean"));
+/// # Ok::<(), trmask::Error>(())
+/// ```
+pub fn correct(
+    engine: &dyn Engine,
+    batch: &Batch,
+    config: &crate::CorrectionConfig,
+) -> Result<Corrections> {
+    let resolved = config.resolve()?;
+    let table =
+        crate::analysis::token_table_for(engine, batch, config.temperature, config.bypass_mode)?;
+    compute(engine, batch, &table, &resolved)
+}
+
 /// Computes weights, masks and metrics for `batch` from its per-token statistics.
 pub fn compute(
     engine: &dyn Engine,
