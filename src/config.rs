@@ -15,6 +15,7 @@
 //! | `ln_trm` | `{eps, delta}` for `seq_lntrm`; a missing one drops its term from `w_t` |
 //! | `token_veto` | τ: reject a sequence if any ρ_t < τ |
 //! | `dppo` | kept verbatim (typed by the DPPO module) |
+//! | `legacy`, `rollout_rs_threshold_lower`, `rollout_token_veto_threshold` | verl's legacy API (see [`CorrectionConfig::legacy`]) |
 //!
 //! Threshold grammar (verl's `_parse_rollout_rs_thresholds`): for `k1` criteria `"L_U"` keeps
 //! `ln L ≤ k1 ≤ ln U`, a single `U` means `L = 1/U` (so `U ≥ 1`). Since `k1 = −log ρ =
@@ -93,6 +94,12 @@ pub struct CorrectionConfig {
     pub ln_trm: Option<LnTrm>,
     pub token_veto: Option<f64>,
     pub dppo: Option<Value>,
+    /// verl's legacy API (commit 9b718e1a, before PR #4544): `rollout_rs` ∈ {token, sequence,
+    /// geometric} with `rollout_rs_threshold` / `rollout_rs_threshold_lower` on the IS ratio,
+    /// and `rollout_token_veto_threshold`. Set by `"legacy": true` or by either legacy key.
+    pub legacy: bool,
+    pub rollout_rs_threshold_lower: Option<f64>,
+    pub rollout_token_veto_threshold: Option<f64>,
 }
 
 impl Default for CorrectionConfig {
@@ -110,6 +117,9 @@ impl Default for CorrectionConfig {
             ln_trm: None,
             token_veto: None,
             dppo: None,
+            legacy: false,
+            rollout_rs_threshold_lower: None,
+            rollout_token_veto_threshold: None,
         }
     }
 }
@@ -500,6 +510,24 @@ impl CorrectionConfig {
                     }
                 }
                 "dppo" => c.dppo = if val.is_null() { None } else { Some(val.clone()) },
+                "legacy" => {
+                    c.legacy |= val
+                        .as_bool()
+                        .ok_or_else(|| Error::config(key, "must be true or false"))?
+                }
+                "rollout_rs_threshold_lower" | "rollout_token_veto_threshold" => {
+                    c.legacy = true;
+                    let x = if val.is_null() {
+                        None
+                    } else {
+                        Some(want_f64(key, val)?)
+                    };
+                    if key == "rollout_rs_threshold_lower" {
+                        c.rollout_rs_threshold_lower = x;
+                    } else {
+                        c.rollout_token_veto_threshold = x;
+                    }
+                }
                 other => {
                     return Err(Error::config(
                         other,
@@ -583,12 +611,27 @@ impl CorrectionConfig {
         if let Some(d) = &self.dppo {
             m.insert("dppo".into(), d.clone());
         }
+        if self.legacy {
+            m.insert("legacy".into(), Value::Bool(true));
+            let opt = |x: Option<f64>| x.map(num_json).unwrap_or(Value::Null);
+            m.insert(
+                "rollout_rs_threshold_lower".into(),
+                opt(self.rollout_rs_threshold_lower),
+            );
+            m.insert(
+                "rollout_token_veto_threshold".into(),
+                opt(self.rollout_token_veto_threshold),
+            );
+        }
         Value::Object(m)
     }
 
     /// Checks the whole config and resolves it: IS thresholds, RS criteria and their thresholds,
     /// with verl's rules and error messages.
     pub fn resolve(&self) -> Result<Resolved> {
+        if self.legacy {
+            return self.resolve_legacy();
+        }
         let is = match self.rollout_is {
             None => None,
             Some(level) => {
@@ -660,8 +703,100 @@ impl CorrectionConfig {
             criteria,
             ln_trm: self.ln_trm.unwrap_or_default(),
             token_veto: self.token_veto,
+            legacy: None,
         })
     }
+
+    fn resolve_legacy(&self) -> Result<Resolved> {
+        let num = |key: &str, spec: &ThresholdSpec| -> Result<f64> {
+            match spec {
+                ThresholdSpec::Number(x) => Ok(*x),
+                ThresholdSpec::Text(t) => py_float(t).ok_or_else(|| {
+                    Error::config(key, format!("legacy verl takes a float, got '{t}'"))
+                }),
+            }
+        };
+        let is = match (self.rollout_is, &self.rollout_is_threshold) {
+            (Some(level), Some(spec)) => {
+                let u = num("rollout_is_threshold", spec)?;
+                if u.is_nan() || u <= 0.0 {
+                    return Err(Error::config(
+                        "rollout_is_threshold",
+                        format!(
+                            "rollout_is_threshold must be positive, got {}.",
+                            py_num_str(u)
+                        ),
+                    ));
+                }
+                Some(IsSpec {
+                    level,
+                    upper: u,
+                    lower: None,
+                    batch_normalize: self.rollout_is_batch_normalize,
+                })
+            }
+            _ => None,
+        };
+        let rs = match &self.rollout_rs {
+            None => None,
+            Some(mode) => {
+                if !matches!(mode.as_str(), "token" | "sequence" | "geometric") {
+                    return Err(Error::config(
+                        "rollout_rs",
+                        format!(
+                            "Invalid rollout_rs: {mode}. Must be one of {{'token', 'sequence', 'geometric'}}."
+                        ),
+                    ));
+                }
+                let spec = self.rollout_rs_threshold.as_ref().ok_or_else(|| {
+                    Error::config(
+                        "rollout_rs_threshold",
+                        "rollout_rs_threshold must be explicitly provided when rollout_rs is enabled.",
+                    )
+                })?;
+                let upper = num("rollout_rs_threshold", spec)?;
+                Some(LegacyRs {
+                    mode: mode.clone(),
+                    upper,
+                    lower: self.rollout_rs_threshold_lower.unwrap_or(1.0 / upper),
+                })
+            }
+        };
+        if let Some(v) = self.rollout_token_veto_threshold {
+            if v.is_nan() || v <= 0.0 {
+                return Err(Error::config(
+                    "rollout_token_veto_threshold",
+                    format!("rollout_token_veto_threshold must be positive, got {v}."),
+                ));
+            }
+        }
+        Ok(Resolved {
+            is,
+            criteria: Vec::new(),
+            ln_trm: LnTrm::default(),
+            token_veto: None,
+            legacy: Some(LegacySpec {
+                rs,
+                veto: self.rollout_token_veto_threshold,
+            }),
+        })
+    }
+}
+
+/// Legacy RS (`rollout_rs` ∈ token / sequence / geometric) on the IS ratio.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LegacyRs {
+    pub mode: String,
+    pub upper: f64,
+    pub lower: f64,
+}
+
+/// The legacy-API part of a resolved config.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LegacySpec {
+    pub rs: Option<LegacyRs>,
+    /// `rollout_token_veto_threshold`.
+    pub veto: Option<f64>,
 }
 
 /// verl's supported RS options (HEAD).
@@ -759,6 +894,8 @@ pub struct Resolved {
     pub criteria: Vec<Criterion>,
     pub ln_trm: LnTrm,
     pub token_veto: Option<f64>,
+    /// `Some` in legacy mode.
+    pub legacy: Option<LegacySpec>,
 }
 
 /// Python's `float(str)`: surrounding whitespace, underscores between digits, inf/nan.

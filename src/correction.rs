@@ -74,34 +74,34 @@ pub struct Corrections {
     pub metrics: BTreeMap<String, f64>,
 }
 
-struct Ctx<'a> {
-    engine: &'a dyn Engine,
-    segs: &'a Segments,
-    mask: &'a [bool],
-    owner: Vec<usize>,
-    len: Vec<f64>,
-    n: f64,
-    b: usize,
+pub(crate) struct Ctx<'a> {
+    pub(crate) engine: &'a dyn Engine,
+    pub(crate) segs: &'a Segments,
+    pub(crate) mask: &'a [bool],
+    pub(crate) owner: Vec<usize>,
+    pub(crate) len: Vec<f64>,
+    pub(crate) n: f64,
+    pub(crate) b: usize,
 }
 
-fn f32_frac(k: usize, n: usize) -> f64 {
+pub(crate) fn f32_frac(k: usize, n: usize) -> f64 {
     (k as f32 / n as f32) as f64
 }
 
 impl Ctx<'_> {
-    fn reduce(&self, v: &[f64]) -> Result<SegmentStats> {
+    pub(crate) fn reduce(&self, v: &[f64]) -> Result<SegmentStats> {
         let mut r = self.engine.segment_reduce(&[v], self.segs)?;
         r.pop()
             .ok_or_else(|| Error::Gpu("segment_reduce returned nothing".into()))
     }
     /// Per-slot array from a per-token function (0 at invalid slots).
-    fn tok(&self, f: impl Fn(usize) -> f64) -> Vec<f64> {
+    pub(crate) fn tok(&self, f: impl Fn(usize) -> f64) -> Vec<f64> {
         (0..self.mask.len())
             .map(|i| if self.mask[i] { f(i) } else { 0.0 })
             .collect()
     }
     /// verl's per-row `masked_mean`: `Σ / (L + 1e-8)`.
-    fn mmean_rows(&self, s: &SegmentStats) -> Vec<f64> {
+    pub(crate) fn mmean_rows(&self, s: &SegmentStats) -> Vec<f64> {
         s.sum
             .iter()
             .zip(&self.len)
@@ -109,22 +109,22 @@ impl Ctx<'_> {
             .collect()
     }
     /// verl's batch `masked_mean`: `Σ / (N + 1e-8)`.
-    fn mmean_all(&self, s: &SegmentStats) -> f64 {
+    pub(crate) fn mmean_all(&self, s: &SegmentStats) -> f64 {
         s.sum.iter().sum::<f64>() / (self.n + 1e-8)
     }
-    fn mmean(&self, v: &[f64]) -> Result<f64> {
+    pub(crate) fn mmean(&self, v: &[f64]) -> Result<f64> {
         Ok(self.mmean_all(&self.reduce(v)?))
     }
-    fn valid(&self, b: usize) -> bool {
+    pub(crate) fn valid(&self, b: usize) -> bool {
         self.len[b] > 0.0
     }
-    fn tok_max(&self, s: &SegmentStats) -> f64 {
+    pub(crate) fn tok_max(&self, s: &SegmentStats) -> f64 {
         (0..self.b)
             .filter(|&b| s.count[b] > 0)
             .map(|b| s.max[b])
             .fold(f64::NEG_INFINITY, f64::max)
     }
-    fn tok_min(&self, s: &SegmentStats) -> f64 {
+    pub(crate) fn tok_min(&self, s: &SegmentStats) -> f64 {
         (0..self.b)
             .filter(|&b| s.count[b] > 0)
             .map(|b| s.min[b])
@@ -132,20 +132,20 @@ impl Ctx<'_> {
     }
 }
 
-fn mean(v: &[f64]) -> f64 {
+pub(crate) fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
 }
 
 /// torch's unbiased `std()`.
-fn std_unbiased(v: &[f64]) -> f64 {
+pub(crate) fn std_unbiased(v: &[f64]) -> f64 {
     let m = mean(v);
     (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() as f64 - 1.0)).sqrt()
 }
 
-fn vmax(v: impl IntoIterator<Item = f64>) -> f64 {
+pub(crate) fn vmax(v: impl IntoIterator<Item = f64>) -> f64 {
     v.into_iter().fold(f64::NEG_INFINITY, f64::max)
 }
-fn vmin(v: impl IntoIterator<Item = f64>) -> f64 {
+pub(crate) fn vmin(v: impl IntoIterator<Item = f64>) -> f64 {
     v.into_iter().fold(f64::INFINITY, f64::min)
 }
 
@@ -200,6 +200,9 @@ pub fn compute(
             "response_mask",
             "response_mask must contain at least one valid token (1).",
         ));
+    }
+    if let Some(legacy) = &cfg.legacy {
+        return crate::legacy::compute(&ctx, table, cfg.is, legacy, seq_len);
     }
     let lr = table.get("log_ratio")?;
     let rho = table.get("rho")?;
@@ -294,7 +297,7 @@ pub fn compute(
     })
 }
 
-fn offpolicy_metrics(
+pub(crate) fn offpolicy_metrics(
     ctx: &Ctx,
     table: &StatTable,
     lr: &[f64],
@@ -720,7 +723,7 @@ fn ess(v: &[f64]) -> f64 {
     }
 }
 
-fn trmask_metrics(
+pub(crate) fn trmask_metrics(
     ctx: &Ctx,
     criteria: &[CriterionResult],
     seq_accept: &[bool],

@@ -33,6 +33,7 @@ pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod io;
+pub mod legacy;
 
 pub use batch::{Batch, DType, Layout, Logits, Segments};
 pub use config::CorrectionConfig;
