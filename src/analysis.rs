@@ -162,21 +162,25 @@ pub fn analyze(engine: &dyn Engine, batch: &Batch, config: &CorrectionConfig) ->
     let corrections = correction::compute(engine, batch, &table, &resolved)?;
     let mut outputs = Vec::new();
     let mut metrics = BTreeMap::new();
-    let names: Vec<&str> = TOKEN_OUTPUTS
-        .iter()
-        .copied()
-        .filter(|n| table.stats.contains_key(*n))
+    // trmask/<stat>_mean (exact, over valid tokens) and _max of every per-token statistic
+    let stat_names: Vec<&str> = table
+        .stats
+        .keys()
+        .map(String::as_str)
+        .filter(|n| !matches!(*n, "rollout_log_prob" | "train_log_prob"))
         .collect();
-    let values: Vec<&[f64]> = names.iter().map(|n| table.stats[*n].as_slice()).collect();
-    let reduced = engine.segment_reduce(&values, batch.segments())?;
+    let stat_values: Vec<&[f64]> = stat_names
+        .iter()
+        .map(|n| table.stats[*n].as_slice())
+        .collect();
+    let reduced = engine.segment_reduce(&stat_values, batch.segments())?;
     let valid = batch.mask().iter().filter(|&&m| m).count();
     let criterion_outputs: Vec<&str> = corrections
         .criteria
         .iter()
         .map(|c| c.output_name.as_str())
         .collect();
-    for ((name, v), r) in names.iter().zip(&values).zip(&reduced) {
-        outputs.push(token_output(batch, name, v.to_vec()));
+    for ((name, v), r) in stat_names.iter().zip(&stat_values).zip(&reduced) {
         let mean = if valid > 0 {
             r.sum.iter().sum::<f64>() / valid as f64
         } else {
@@ -193,6 +197,10 @@ pub fn analyze(engine: &dyn Engine, batch: &Batch, config: &CorrectionConfig) ->
         if max.is_finite() {
             metrics.insert(format!("trmask/{name}_max"), max);
         }
+        if !TOKEN_OUTPUTS.contains(name) {
+            continue;
+        }
+        outputs.push(token_output(batch, name, v.to_vec()));
         for (agg, data) in [("mean", &r.mean), ("max", &r.max)] {
             let out = format!("seq_{agg}_{name}");
             // a criterion of the same name writes its own (decision-making) values below

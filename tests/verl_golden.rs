@@ -190,7 +190,11 @@ fn cases_in(api: &str, reference: &str) -> Vec<Case> {
                 Some(s) => by_id[s.as_str().unwrap()],
                 None => c,
             };
-            let Some(o) = src["outputs"].get(reference) else {
+            // float32 references where present, float64 otherwise
+            let Some(o) = src["outputs"]
+                .get(reference)
+                .or_else(|| src["outputs"].get("float64"))
+            else {
                 continue;
             };
             let mut config = c["config"].clone();
