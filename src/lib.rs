@@ -7,6 +7,12 @@
 //! sequences leaving the trust region (Li et al., *Trust Region Masking*, arXiv 2512.23075).
 //! Every computation runs on the GPU through wgpu compute shaders and on an f64 CPU reference.
 //!
+//! Once per training step a trainer calls [`correction::correct`] with a [`CorrectionConfig`]
+//! (verl's `rollout_corr` keys verbatim, its 19 presets, plus trmask's LN-TRM, token veto and
+//! exact-KL criteria) and gets [`Corrections`]: IS weights, the modified response mask,
+//! per-sequence decisions and statistics, and verl's `rollout_corr/*` metrics plus `trmask/*`.
+//! Read the loss-normalisation notes in [`correction`] and `examples/policy_loss.rs`.
+//!
 //! ```
 //! use trmask::{Batch, Engine, cpu::CpuEngine};
 //! // Two sequences in a padded [2, 3] batch; the padding may hold anything.
