@@ -2,6 +2,7 @@
 //! (SPEC §4), on any [`Engine`].
 
 use crate::batch::Batch;
+use crate::certificate::{certificate, Certificate};
 use crate::config::CorrectionConfig;
 use crate::correction::{self, Corrections};
 use crate::engine::Engine;
@@ -138,6 +139,9 @@ pub struct Analysis {
     pub metrics: BTreeMap<String, f64>,
     /// Weights, mask, per-sequence decisions (also in `outputs` / `metrics`).
     pub corrections: Corrections,
+    /// The TRM paper's bounds estimated from this batch (also as `trmask/bound_*` metrics);
+    /// `None` when the batch has no valid token or an infinite KL.
+    pub certificate: Option<Certificate>,
 }
 
 /// Per-token outputs of SPEC §4 written by `trmask analyze`.
@@ -241,9 +245,14 @@ pub fn analyze(engine: &dyn Engine, batch: &Batch, config: &CorrectionConfig) ->
             .collect(),
     ));
     metrics.extend(corrections.metrics.iter().map(|(k, v)| (k.clone(), *v)));
+    let certificate = certificate(&table, batch.segments(), &corrections.seq_accept)?;
+    if let Some(c) = &certificate {
+        metrics.extend(c.metrics());
+    }
     Ok(Analysis {
         outputs,
         metrics,
         corrections,
+        certificate,
     })
 }

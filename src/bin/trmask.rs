@@ -114,8 +114,14 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                 batch.num_seqs(),
                 batch.slots()
             );
+            let c = &analysis.corrections;
+            let accepted = c.seq_accept.iter().filter(|&&a| a).count();
+            println!("accepted sequences: {accepted} of {}", c.seq_accept.len());
             for (k, v) in &analysis.metrics {
-                println!("{k:<40} {v:.6e}");
+                println!("{k:<48} {v:.6e}");
+            }
+            if let Some(cert) = &analysis.certificate {
+                println!("{}", cert.summary());
             }
             Ok(())
         }
