@@ -28,6 +28,7 @@ pub mod batch;
 pub mod cpu;
 pub mod engine;
 pub mod error;
+pub mod gpu;
 
 pub use batch::{Batch, DType, Layout, Logits, Segments};
 pub use engine::{Engine, SegmentStats, TokenStats, VocabStats, SAFETY_BOUND};

@@ -1,0 +1,3 @@
+//! GPU path (wgpu compute shaders).
+
+pub mod vocab_divergence;
