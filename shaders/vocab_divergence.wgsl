@@ -1,5 +1,7 @@
 // Exact vocabulary divergences, one workgroup per row (token slot).
-// Composed as: common/unpack.wgsl + common/lse.wgsl + this file.
+// Composed as: common/prelude.wgsl (Meta `params`, WG, MAX_WG) + common/unpack.wgsl +
+// common/lse.wgsl + common/load_a_<rollout dtype>.wgsl + common/load_b_<trainer dtype>.wgsl
+// (bindings 1 and 2, `load_a` / `load_b`) + this file.
 //
 // Per row, with x = rollout logits, y = trainer logits, it = 1/temperature,
 // a = x·it, b = y·it, p = softmax(a), q = softmax(b), d = a − b:
@@ -18,11 +20,6 @@
 //   order to the exact λ = log(1 + x) − log1p(−Q_out) found by pass 2.
 // Raw logit differences are formed before scaling by `it`, so temperature costs no accuracy.
 
-override WG: u32 = 256u;
-override A_DTYPE: u32 = 0u; // rollout: 0 f32, 1 f16, 2 bf16
-override B_DTYPE: u32 = 0u; // trainer
-
-const MAX_WG: u32 = 256u;
 const SLOTS: u32 = 16u;
 const NEG_INIT: f32 = -1.0e30; // running max of an empty state
 const T_EXT: f32 = 30.0; // u < −T_EXT: e^{−u} handled in log space
@@ -37,23 +34,12 @@ const F_B_BAD: u32 = 32u;
 const F_A_EMPTY: u32 = 64u;
 const F_B_EMPTY: u32 = 128u;
 
-// One chunk of rows; every binding is a window of its buffer starting at a 256-byte aligned
-// offset, and the *_first fields locate the chunk's first row inside the windows.
-// Rust twin: `VocabParams` in src/gpu/vocab_divergence.rs.
-struct Params {
-    rows: u32, // rows in this chunk
-    vocab: u32,
-    a_first: u32, // element index of the chunk's first element inside binding 1
-    b_first: u32, // same for binding 2
-    info_first: u32, // index of the chunk's first row inside binding 3
-    out_first: u32, // index of the chunk's first row inside binding 4 (8 floats per row)
-    has_responses: u32,
-    inv_temp: f32,
-}
+// params (the prelude's Meta): count = rows in this chunk, width = vocabulary size,
+// stride = index of the chunk's first rollout element inside binding 1, extra0 = the same for
+// binding 2, extra1 = index of the chunk's first row inside binding 3 (row_info; binding 4
+// holds 8 results per row from row extra1 % 8, both windows starting at a multiple of 256
+// bytes), flags bit 0 = responses given, scale = 1 / temperature.
 
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> a_words: array<u32>;
-@group(0) @binding(2) var<storage, read> b_words: array<u32>;
 // per row: the sampled token id, or ROW_MASKED for an invalid slot
 @group(0) @binding(3) var<storage, read> row_info: array<u32>;
 @group(0) @binding(4) var<storage, read_write> results: array<f32>;
@@ -62,14 +48,6 @@ const ROW_MASKED: u32 = 0xffffffffu;
 
 var<workgroup> sh: array<f32, 4096>; // SLOTS × MAX_WG
 var<workgroup> wg_active: u32;
-
-fn load_a(e: u32) -> f32 {
-    return decode_elem(A_DTYPE, a_words[word_index(A_DTYPE, e)], e);
-}
-
-fn load_b(e: u32) -> f32 {
-    return decode_elem(B_DTYPE, b_words[word_index(B_DTYPE, e)], e);
-}
 
 // ---- pass 1 state (raw logit units; `it` applied to differences) -------------------------
 struct Acc1 {
@@ -281,12 +259,12 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) t: u32,
 ) {
-    let row = wid.y * nwg.x + wid.x;
-    if (row >= params.rows) {
+    let row = flat_workgroup(wid, nwg);
+    if (row >= params.count) {
         return;
     }
-    let ob = 8u * (params.out_first + row);
-    let info = row_info[params.info_first + row];
+    let ob = 8u * (params.extra1 % 8u + row);
+    let info = row_info[params.extra1 + row];
     if (t == 0u) {
         wg_active = select(1u, 0u, info == ROW_MASKED);
     }
@@ -297,10 +275,10 @@ fn main(
         }
         return;
     }
-    let v = params.vocab;
-    let it = params.inv_temp;
-    let abase = params.a_first + row * v;
-    let bbase = params.b_first + row * v;
+    let v = params.width;
+    let it = params.scale;
+    let abase = params.stride + row * v;
+    let bbase = params.extra0 + row * v;
 
     // ---- pass 1 ----
     var sp = acc1_empty();
@@ -454,7 +432,7 @@ fn main(
 
     var lp = 0.0;
     var lq = 0.0;
-    if (params.has_responses != 0u) {
+    if ((params.flags & 1u) != 0u) {
         let yid = info;
         let xa = load_a(abase + yid);
         let xb = load_b(bbase + yid);

@@ -33,3 +33,4 @@ pub mod gpu;
 pub use batch::{Batch, DType, Layout, Logits, Segments};
 pub use engine::{Engine, SegmentStats, TokenStats, VocabStats, SAFETY_BOUND};
 pub use error::{Error, Result};
+pub use gpu::GpuEngine;

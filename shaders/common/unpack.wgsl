@@ -54,23 +54,3 @@ fn decode_bf16_bits(h: u32) -> f32 {
     }
     return bitcast<f32>(h << 16u);
 }
-
-// Element `e` of a tensor of dtype `dtype` (0 = f32, 1 = f16, 2 = bf16) given the word that
-// holds it (`words[e]` for f32, `words[e >> 1]` for 16-bit types).
-fn decode_elem(dtype: u32, word: u32, e: u32) -> f32 {
-    if (dtype == 0u) {
-        return decode_f32_bits(word);
-    }
-    let h = (word >> ((e & 1u) * 16u)) & 0xffffu;
-    if (dtype == 1u) {
-        return decode_f16_bits(h);
-    }
-    return decode_bf16_bits(h);
-}
-
-fn word_index(dtype: u32, e: u32) -> u32 {
-    if (dtype == 0u) {
-        return e;
-    }
-    return e >> 1u;
-}

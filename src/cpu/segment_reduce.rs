@@ -5,6 +5,7 @@ use crate::engine::SegmentStats;
 
 /// Sum, mean, max, min, argmax and count of `values` over the valid slots of each sequence.
 /// See [`SegmentStats`] for the definitions on empty sequences.
+#[allow(clippy::needless_range_loop)]
 pub fn segment_reduce(values: &[f64], segments: &Segments) -> SegmentStats {
     let s = segments.len();
     let mut out = SegmentStats {

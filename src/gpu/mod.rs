@@ -1,3 +1,94 @@
-//! GPU path (wgpu compute shaders).
+//! The GPU path: wgpu compute shaders (WGSL) on any adapter wgpu finds — Vulkan, Metal, DX12,
+//! GL, or Mesa's lavapipe on machines without a GPU. f32 on the device, f64 on the host.
+//!
+//! Only `context.rs`, `pipeline.rs` and `buffers.rs` touch wgpu types; each op file
+//! (`token_stats.rs`, `segment_reduce.rs`, …) plans chunks, packs inputs and calls
+//! [`Context::run`].
 
+pub mod buffers;
+pub mod chunking;
+pub mod context;
+pub mod pipeline;
+pub mod segment_reduce;
+pub mod token_stats;
 pub mod vocab_divergence;
+
+pub use context::{list_adapters, Capabilities, Context, ContextOptions, Pass};
+
+use crate::batch::{Logits, Segments};
+use crate::engine::{Engine, SegmentStats, TokenStats, VocabStats};
+use crate::error::Result;
+use std::sync::Arc;
+
+/// The GPU engine: every [`Engine`] op as wgpu compute kernels on one device.
+#[derive(Debug, Clone)]
+pub struct GpuEngine {
+    ctx: Arc<Context>,
+}
+
+impl GpuEngine {
+    /// Opens the default adapter (honouring `WGPU_BACKEND` / `WGPU_ADAPTER_NAME`).
+    pub fn new() -> Result<Self> {
+        Self::with_options(&ContextOptions::default())
+    }
+
+    /// Opens an adapter with explicit options.
+    pub fn with_options(options: &ContextOptions) -> Result<Self> {
+        Ok(Self::from_context(Arc::new(Context::new(options)?)))
+    }
+
+    /// An engine on an existing context (e.g. [`Context::from_wgpu`]).
+    pub fn from_context(ctx: Arc<Context>) -> Self {
+        GpuEngine { ctx }
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The device's capabilities.
+    pub fn capabilities(&self) -> &Capabilities {
+        self.ctx.capabilities()
+    }
+
+    /// Builds every kernel now rather than on first use.
+    pub fn warm_up(&self) -> Result<()> {
+        self.ctx.warm_up()
+    }
+}
+
+impl Engine for GpuEngine {
+    fn name(&self) -> String {
+        let c = self.ctx.capabilities();
+        format!("gpu: {} ({})", c.adapter_name, c.backend)
+    }
+
+    fn is_gpu(&self) -> bool {
+        true
+    }
+
+    fn token_stats(
+        &self,
+        rollout_log_prob: &[f64],
+        train_log_prob: &[f64],
+        mask: &[bool],
+    ) -> Result<TokenStats> {
+        token_stats::token_stats(&self.ctx, rollout_log_prob, train_log_prob, mask)
+    }
+
+    fn segment_reduce(&self, values: &[&[f64]], segments: &Segments) -> Result<Vec<SegmentStats>> {
+        segment_reduce::segment_reduce(&self.ctx, values, segments)
+    }
+
+    fn vocab_divergence(
+        &self,
+        rollout: &Logits,
+        train: &Logits,
+        responses: Option<&[i64]>,
+        mask: &[bool],
+        temperature: f64,
+    ) -> Result<VocabStats> {
+        vocab_divergence::vocab_divergence(&self.ctx, rollout, train, responses, mask, temperature)
+    }
+}

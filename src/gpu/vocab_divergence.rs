@@ -1,62 +1,71 @@
-//! Exact vocabulary divergences on the GPU (`shaders/vocab_divergence.wgsl`).
+//! Exact vocabulary divergences on the GPU (`shaders/vocab_divergence.wgsl`); mirrors
+//! `cpu/vocab_divergence.rs` (same decomposition, f32 on the device, see the shader's header).
+//!
+//! One workgroup per row. Logits travel as their raw bytes (u32 words, 16-bit types packed two
+//! per word, odd byte counts padded), never widened on the host. Rows are split into chunks
+//! whose bindings fit the device limit ([`plan_rows`]); each binding is a window of its buffer
+//! starting at a 256-byte aligned offset, and `Meta` tells the kernel where the chunk starts
+//! inside it. Host logits are uploaded chunk by chunk into two alternating slots, one submit
+//! per chunk, so the upload of chunk i+1 overlaps the compute of chunk i; logits already on the
+//! device ([`vocab_divergence_device`]) are bound in place, all chunks in one submit.
 
+use super::buffers::{BufferKind, GpuBuffer};
+use super::chunking::{dispatch_grid, plan_rows, ChunkLimits, OFFSET_ALIGN};
+use super::context::Context;
+use super::pipeline::{BindingKind, Flavour, KernelKey, Meta, Op, OpSpec, META_SIZE};
 use crate::batch::DType;
-
-/// The WGSL source of the vocab-divergence kernel: `common/unpack.wgsl` + `common/lse.wgsl` +
-/// `vocab_divergence.wgsl`. The dtype pair and the workgroup size are pipeline-overridable
-/// constants (see [`vocab_constants`]), so one module serves every variant.
-pub fn vocab_shader_source() -> String {
-    [
-        include_str!("../../shaders/common/unpack.wgsl"),
-        include_str!("../../shaders/common/lse.wgsl"),
-        include_str!("../../shaders/vocab_divergence.wgsl"),
-    ]
-    .concat()
-}
-
-/// The shader's dtype code (`0` f32, `1` f16, `2` bf16).
-pub fn dtype_code(d: DType) -> u32 {
-    match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-    }
-}
-
-/// Pipeline constants of one variant: rollout dtype, trainer dtype, workgroup size.
-pub fn vocab_constants(rollout: DType, train: DType, workgroup: u32) -> Vec<(&'static str, f64)> {
-    vec![
-        ("A_DTYPE", dtype_code(rollout) as f64),
-        ("B_DTYPE", dtype_code(train) as f64),
-        ("WG", workgroup as f64),
-    ]
-}
-
 use crate::batch::Logits;
 use crate::cpu::{check_vocab_inputs, first_bad_logit};
 use crate::engine::VocabStats;
 use crate::error::{Error, Result};
 use std::num::NonZeroU64;
-use std::ops::Range;
-
-/// Uniform block of one chunk; WGSL twin: `Params` in `shaders/vocab_divergence.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct VocabParams {
-    pub rows: u32,
-    pub vocab: u32,
-    pub a_first: u32,
-    pub b_first: u32,
-    pub info_first: u32,
-    pub out_first: u32,
-    pub has_responses: u32,
-    pub inv_temp: f32,
-}
 
 /// `row_info` value of an invalid (masked) slot.
 pub const ROW_MASKED: u32 = u32::MAX;
 /// f32 results per row: kl, kl_rev, tv, h_p, h_q, logp, logq, flags.
 pub const RESULTS_PER_ROW: usize = 8;
+
+/// The kernel's description for the pipeline cache: one variant per (rollout dtype =
+/// `key.dtype`, trainer dtype = the op's) pair, composed from the per-role loaders.
+pub static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
+    name: "vocab_divergence",
+    body: include_str!("../../shaders/vocab_divergence.wgsl"),
+    snippets: vocab_snippets,
+    bindings: &[
+        BindingKind::ReadOnly { min_bytes: 4 },
+        BindingKind::ReadOnly { min_bytes: 4 },
+        BindingKind::ReadOnly { min_bytes: 4 },
+        BindingKind::ReadWrite {
+            min_bytes: (RESULTS_PER_ROW * 4) as u64,
+        },
+    ],
+    dtypes: &[DType::F32, DType::F16, DType::BF16],
+    flavours: &[Flavour::Workgroup],
+    default_workgroup: 256,
+};
+
+fn vocab_snippets(key: &KernelKey) -> Vec<&'static str> {
+    let train = match key.op {
+        Op::VocabDivergence(d) => d,
+        _ => DType::F32,
+    };
+    let load_a = match key.dtype {
+        DType::F32 => include_str!("../../shaders/common/load_a_f32.wgsl"),
+        DType::F16 => include_str!("../../shaders/common/load_a_f16_packed.wgsl"),
+        DType::BF16 => include_str!("../../shaders/common/load_a_bf16_packed.wgsl"),
+    };
+    let load_b = match train {
+        DType::F32 => include_str!("../../shaders/common/load_b_f32.wgsl"),
+        DType::F16 => include_str!("../../shaders/common/load_b_f16_packed.wgsl"),
+        DType::BF16 => include_str!("../../shaders/common/load_b_bf16_packed.wgsl"),
+    };
+    vec![
+        include_str!("../../shaders/common/unpack.wgsl"),
+        include_str!("../../shaders/common/lse.wgsl"),
+        load_a,
+        load_b,
+    ]
+}
 
 const F_KL_INF: u32 = 1;
 const F_KLR_INF: u32 = 2;
@@ -67,117 +76,29 @@ const F_B_BAD: u32 = 32;
 const F_A_EMPTY: u32 = 64;
 const F_B_EMPTY: u32 = 128;
 
-/// The bind-group layout entries of the kernel (explicit, with minimum binding sizes).
-pub fn vocab_layout_entries() -> [wgpu::BindGroupLayoutEntry; 5] {
-    let storage = |binding, read_only, min: u64| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty: wgpu::BufferBindingType::Storage { read_only },
-            has_dynamic_offset: false,
-            min_binding_size: NonZeroU64::new(min),
-        },
-        count: None,
-    };
-    [
-        wgpu::BindGroupLayoutEntry {
-            binding: 0,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Uniform,
-                has_dynamic_offset: false,
-                min_binding_size: NonZeroU64::new(std::mem::size_of::<VocabParams>() as u64),
-            },
-            count: None,
-        },
-        storage(1, true, 4),
-        storage(2, true, 4),
-        storage(3, true, 4),
-        storage(4, false, (RESULTS_PER_ROW * 4) as u64),
-    ]
-}
-
 /// Where the two logits tensors come from.
-pub enum VocabSource<'a> {
+enum Source<'a> {
     /// Host bytes, uploaded chunk by chunk (double-buffered).
     Host {
         rollout: &'a Logits,
         train: &'a Logits,
     },
-    /// Tensors already on the device (zero copy): row-major `[rows, vocab]` little-endian
-    /// elements of the given dtypes starting at byte 0 of each buffer, which must be at least
-    /// `rows·vocab·size` bytes rounded up to 4 and carry `BufferUsages::STORAGE`.
+    /// Tensors already on the device (zero copy).
     Device {
         rollout: &'a wgpu::Buffer,
-        rollout_dtype: DType,
         train: &'a wgpu::Buffer,
-        train_dtype: DType,
     },
-}
-
-impl VocabSource<'_> {
-    fn dtypes(&self) -> (DType, DType) {
-        match self {
-            VocabSource::Host { rollout, train } => (rollout.dtype(), train.dtype()),
-            VocabSource::Device {
-                rollout_dtype,
-                train_dtype,
-                ..
-            } => (*rollout_dtype, *train_dtype),
-        }
-    }
-}
-
-/// Everything the host side needs from the device.
-pub struct VocabRunner<'a> {
-    pub device: &'a wgpu::Device,
-    pub queue: &'a wgpu::Queue,
-    pub pipeline: &'a wgpu::ComputePipeline,
-    pub layout: &'a wgpu::BindGroupLayout,
-    /// Largest storage binding, `min(max_storage_buffer_binding_size, max_buffer_size)` or a
-    /// smaller forced value.
-    pub max_binding: u64,
 }
 
 fn ceil4(x: u64) -> u64 {
     x.div_ceil(4) * 4
 }
 
-/// Rows per chunk so that every binding of a chunk fits `max_binding` after aligning its
-/// offset down to `align` bytes.
-pub fn rows_per_chunk(
-    vocab: usize,
-    sa: usize,
-    sb: usize,
-    max_binding: u64,
-    align: u64,
-) -> Result<usize> {
-    let slack = align + 4;
-    let per_row = [
-        (vocab * sa) as u64,
-        (vocab * sb) as u64,
-        4,
-        (RESULTS_PER_ROW * 4) as u64,
-    ];
-    let n = per_row
-        .iter()
-        .map(|&b| max_binding.saturating_sub(slack) / b)
-        .min()
-        .unwrap_or(0);
-    if n == 0 {
-        return Err(Error::Gpu(format!(
-            "a row of {vocab} logits does not fit the storage binding limit of {max_binding} bytes"
-        )));
-    }
-    Ok(n.min(u32::MAX as u64 / 2) as usize)
-}
-
-/// A binding window `[offset, offset + size)` of a buffer and the index of `first_byte`'s
-/// element (of `elem` bytes) inside it.
-fn window(first_byte: u64, end_byte: u64, elem: u64, align: u64) -> (u64, u64, u32) {
-    let off = first_byte / align * align;
-    let size = ceil4(end_byte) - off;
-    (off, size, ((first_byte - off) / elem) as u32)
+/// A binding window `[offset, offset + size)` covering bytes `[first, end)` with a
+/// `OFFSET_ALIGN`-aligned offset, and the index (in `elem`-byte units) of `first` inside it.
+fn window(first: u64, end: u64, elem: u64) -> (u64, u64, u32) {
+    let off = first / OFFSET_ALIGN * OFFSET_ALIGN;
+    (off, ceil4(end) - off, ((first - off) / elem) as u32)
 }
 
 fn binding(buf: &wgpu::Buffer, off: u64, size: u64) -> wgpu::BindingResource<'_> {
@@ -188,226 +109,230 @@ fn binding(buf: &wgpu::Buffer, off: u64, size: u64) -> wgpu::BindingResource<'_>
     })
 }
 
-/// Runs the kernel over all rows; returns the raw per-row results (8 f32 per row).
-pub fn run_vocab_kernel(
-    r: &VocabRunner<'_>,
-    src: &VocabSource<'_>,
+/// Chunks of rows whose every binding (logits windows, row_info, results) fits the limit
+/// after aligning its offset down.
+fn plan(
     rows: usize,
     vocab: usize,
-    row_info: &[u32],
+    da: DType,
+    db: DType,
+    limits: &ChunkLimits,
+) -> Result<Vec<std::ops::Range<usize>>> {
+    let row_bytes = [
+        (vocab * da.size()) as u64,
+        (vocab * db.size()) as u64,
+        (RESULTS_PER_ROW * 4) as u64,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(4);
+    let slack = OFFSET_ALIGN + 4;
+    let reduced = ChunkLimits {
+        max_binding_bytes: limits.max_binding_bytes.saturating_sub(slack),
+        ..*limits
+    };
+    plan_rows(rows, row_bytes, &reduced)
+}
+
+/// Runs the kernel over all rows; returns the raw per-row results (8 f32 per row).
+#[allow(clippy::too_many_arguments)]
+fn run(
+    ctx: &Context,
+    src: &Source<'_>,
+    (da, db): (DType, DType),
+    rows: usize,
+    vocab: usize,
+    info: &[u32],
     has_responses: bool,
     inv_temp: f32,
 ) -> Result<Vec<f32>> {
     if rows == 0 {
         return Ok(Vec::new());
     }
-    let dev = r.device;
-    let limits = dev.limits();
-    let align = limits.min_storage_buffer_offset_alignment.max(4) as u64;
-    let ualign = (limits.min_uniform_buffer_offset_alignment as u64).max(32);
-    let (da, db) = src.dtypes();
-    let (sa, sb) = (da.size(), db.size());
-    let per = rows_per_chunk(vocab, sa, sb, r.max_binding, align)?;
-    let chunks: Vec<Range<usize>> = (0..rows)
-        .step_by(per)
-        .map(|s| s..(s + per).min(rows))
-        .collect();
-    if let VocabSource::Device { rollout, train, .. } = src {
+    let kernel = ctx.kernel(Op::VocabDivergence(db), da)?;
+    let limits = ctx.chunk_limits();
+    let chunks = plan(rows, vocab, da, db, &limits)?;
+    let (sa, sb) = (da.size() as u64, db.size() as u64);
+    let v = vocab as u64;
+    if let Source::Device { rollout, train } = src {
         for (name, b, s) in [("rollout_logits", rollout, sa), ("old_logits", train, sb)] {
-            if b.size() < ceil4((rows * vocab * s) as u64) {
+            if b.size() < ceil4(rows as u64 * v * s) {
                 return Err(Error::input(
                     name,
                     format!(
-                        "device buffer of {} bytes is smaller than [{rows}, {vocab}] values",
-                        b.size()
+                        "device buffer of {} bytes is smaller than [{rows}, {vocab}] {} values",
+                        b.size(),
+                        if s == 4 { "4-byte" } else { "2-byte" }
                     ),
                 ));
             }
         }
     }
-    let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-    let oom = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-
-    let make = |label: &str, size: u64, usage: wgpu::BufferUsages| {
-        dev.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: size.max(4),
-            usage,
-            mapped_at_creation: false,
-        })
-    };
-    let st = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
-    let info_buf = make("trmask vocab row_info", 4 * rows as u64, st);
-    r.queue
-        .write_buffer(&info_buf, 0, bytemuck::cast_slice(row_info));
+    let dev = ctx.device();
+    let queue = ctx.queue();
+    let ualign = u64::from(ctx.capabilities().uniform_offset_alignment.max(4));
+    let ustride = META_SIZE.div_ceil(ualign) * ualign;
     let out_bytes = (RESULTS_PER_ROW * 4 * rows) as u64;
-    let out_buf = make(
-        "trmask vocab results",
-        out_bytes,
-        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-    );
-    let read_buf = make(
-        "trmask vocab readback",
-        out_bytes,
-        wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-    );
-    let params_buf = make(
-        "trmask vocab params",
-        ualign * chunks.len() as u64,
-        wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-    );
-    // Host path: two upload slots per tensor, so chunk i+1 is written while chunk i computes.
-    let slot_bytes = |s: usize| ceil4((per.min(rows) * vocab * s) as u64) + 4;
-    let slots: Vec<[wgpu::Buffer; 2]> = match src {
-        VocabSource::Host { .. } => (0..2)
-            .map(|k| {
-                [
-                    make(
-                        &format!("trmask vocab rollout slot {k}"),
-                        slot_bytes(sa),
-                        st,
-                    ),
-                    make(&format!("trmask vocab train slot {k}"), slot_bytes(sb), st),
-                ]
-            })
-            .collect(),
-        VocabSource::Device { .. } => Vec::new(),
-    };
-
-    let mut params = vec![0u8; (ualign as usize) * chunks.len()];
-    let mut pass_data = Vec::with_capacity(chunks.len());
-    for (ci, ch) in chunks.iter().enumerate() {
-        let (r0, r1) = (ch.start as u64, ch.end as u64);
-        let v = vocab as u64;
-        let (info_off, info_size, info_first) = window(4 * r0, 4 * r1, 4, align);
-        let out_unit = (RESULTS_PER_ROW * 4) as u64;
-        let (out_off, out_size, out_first) = window(out_unit * r0, out_unit * r1, out_unit, align);
-        // (buffer index, offset, size, first element) per tensor
-        let tensor = |s: usize| -> (u64, u64, u32) {
-            let s = s as u64;
-            let (first, end) = (r0 * v * s, r1 * v * s);
-            match src {
-                VocabSource::Device { .. } => window(first, end, s, align),
-                VocabSource::Host { .. } => {
+    let pool = ctx.pool();
+    ctx.scoped(|| {
+        let info_buf = pool.get(dev, BufferKind::Storage, 4 * rows as u64)?;
+        queue.write_buffer(info_buf.raw(), 0, bytemuck::cast_slice(info));
+        let out_buf = pool.get(dev, BufferKind::Storage, out_bytes)?;
+        let staging = pool.get(dev, BufferKind::Staging, out_bytes)?;
+        let uniforms = pool.get(dev, BufferKind::Uniform, ustride * chunks.len() as u64)?;
+        let max_rows = chunks.iter().map(|c| c.len()).max().unwrap_or(0) as u64;
+        let slots: Vec<[GpuBuffer; 2]> = match src {
+            Source::Host { .. } => (0..2)
+                .map(|_| -> Result<[GpuBuffer; 2]> {
+                    Ok([
+                        pool.get(dev, BufferKind::Storage, ceil4(max_rows * v * sa) + 4)?,
+                        pool.get(dev, BufferKind::Storage, ceil4(max_rows * v * sb) + 4)?,
+                    ])
+                })
+                .collect::<Result<_>>()?,
+            Source::Device { .. } => Vec::new(),
+        };
+        let mut metas = vec![0u8; (ustride as usize) * chunks.len()];
+        let mut windows = Vec::with_capacity(chunks.len());
+        for (ci, ch) in chunks.iter().enumerate() {
+            let (r0, r1) = (ch.start as u64, ch.end as u64);
+            let tensor = |s: u64| match src {
+                Source::Device { .. } => window(r0 * v * s, r1 * v * s, s),
+                Source::Host { .. } => {
+                    let (first, end) = (r0 * v * s, r1 * v * s);
                     let start = first / 4 * 4;
                     (0, ceil4(end) - start, ((first - start) / s) as u32)
                 }
-            }
-        };
-        let a = tensor(sa);
-        let b = tensor(sb);
-        let p = VocabParams {
-            rows: (r1 - r0) as u32,
-            vocab: vocab as u32,
-            a_first: a.2,
-            b_first: b.2,
-            info_first,
-            out_first,
-            has_responses: has_responses as u32,
-            inv_temp,
-        };
-        params[ci * ualign as usize..][..std::mem::size_of::<VocabParams>()]
-            .copy_from_slice(bytemuck::bytes_of(&p));
-        pass_data.push((a, b, (info_off, info_size), (out_off, out_size)));
-    }
-    r.queue.write_buffer(&params_buf, 0, &params);
-
-    let dispatch = |enc: &mut wgpu::CommandEncoder, bg: &wgpu::BindGroup, n: u32| {
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("trmask vocab_divergence"),
-            timestamp_writes: None,
-        });
-        pass.set_pipeline(r.pipeline);
-        pass.set_bind_group(0, bg, &[]);
-        let x = n.min(65535);
-        pass.dispatch_workgroups(x, n.div_ceil(x), 1);
-    };
-    let mut enc = dev.create_command_encoder(&Default::default());
-    for (ci, ch) in chunks.iter().enumerate() {
-        let (a, b, info, out) = pass_data[ci];
-        let (abuf, bbuf): (&wgpu::Buffer, &wgpu::Buffer) = match src {
-            VocabSource::Device { rollout, train, .. } => (rollout, train),
-            VocabSource::Host { rollout, train } => {
-                let slot = &slots[ci % 2];
-                for (l, buf) in [(rollout, &slot[0]), (train, &slot[1])] {
-                    let s = l.dtype().size();
-                    let bytes = l.bytes();
-                    let first = ch.start * vocab * s;
-                    let end = ch.end * vocab * s;
-                    let start = first / 4 * 4;
-                    let full = (end - start) / 4 * 4;
-                    r.queue.write_buffer(buf, 0, &bytes[start..start + full]);
-                    if start + full < end {
-                        let mut tail = [0u8; 4];
-                        tail[..end - start - full].copy_from_slice(&bytes[start + full..end]);
-                        r.queue.write_buffer(buf, full as u64, &tail);
-                    }
-                }
-                (&slot[0], &slot[1])
-            }
-        };
-        let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("trmask vocab_divergence"),
-            layout: r.layout,
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: binding(
-                        &params_buf,
-                        ci as u64 * ualign,
-                        std::mem::size_of::<VocabParams>() as u64,
-                    ),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: binding(abuf, a.0, a.1),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: binding(bbuf, b.0, b.1),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 3,
-                    resource: binding(&info_buf, info.0, info.1),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 4,
-                    resource: binding(&out_buf, out.0, out.1),
-                },
-            ],
-        });
-        dispatch(&mut enc, &bg, ch.len() as u32);
-        if let VocabSource::Host { .. } = src {
-            // submit per chunk so that the next upload overlaps this compute
-            let done = std::mem::replace(&mut enc, dev.create_command_encoder(&Default::default()));
-            r.queue.submit([done.finish()]);
+            };
+            let (a, b) = (tensor(sa), tensor(sb));
+            let info_w = window(4 * r0, 4 * r1, 4);
+            let unit = (RESULTS_PER_ROW * 4) as u64;
+            let out_w = window(unit * r0, unit * r1, unit);
+            debug_assert_eq!(out_w.2, info_w.2 % 8);
+            let meta = Meta {
+                count: ch.len() as u32,
+                width: vocab as u32,
+                stride: a.2,
+                flags: has_responses as u32,
+                scale: inv_temp,
+                param: 0.0,
+                extra0: b.2,
+                extra1: info_w.2,
+            };
+            metas[ci * ustride as usize..][..META_SIZE as usize]
+                .copy_from_slice(bytemuck::bytes_of(&meta));
+            windows.push((a, b, info_w, out_w));
         }
-    }
-    enc.copy_buffer_to_buffer(&out_buf, 0, &read_buf, 0, out_bytes);
-    r.queue.submit([enc.finish()]);
-    let oom = pollster::block_on(oom.pop());
-    let val = pollster::block_on(scope.pop());
-    if let Some(e) = val.or(oom) {
-        return Err(Error::Gpu(e.to_string()));
-    }
-    let slice = read_buf.slice(..out_bytes);
-    let (tx, rx) = std::sync::mpsc::channel();
-    slice.map_async(wgpu::MapMode::Read, move |res| {
-        let _ = tx.send(res);
-    });
-    dev.poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| Error::Gpu(e.to_string()))?;
-    rx.recv()
-        .map_err(|e| Error::Gpu(e.to_string()))?
-        .map_err(|e| Error::Gpu(e.to_string()))?;
-    let out = {
-        let view = slice
+        queue.write_buffer(uniforms.raw(), 0, &metas);
+        let new_encoder = || {
+            dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("trmask vocab_divergence"),
+            })
+        };
+        let mut enc = new_encoder();
+        for (ci, ch) in chunks.iter().enumerate() {
+            let (a, b, info_w, out_w) = windows[ci];
+            let (abuf, bbuf): (&wgpu::Buffer, &wgpu::Buffer) = match src {
+                Source::Device { rollout, train } => (rollout, train),
+                Source::Host { rollout, train } => {
+                    let slot = &slots[ci % 2];
+                    for (l, buf) in [(rollout, &slot[0]), (train, &slot[1])] {
+                        let s = l.dtype().size();
+                        let bytes = l.bytes();
+                        let (first, end) = (ch.start * vocab * s, ch.end * vocab * s);
+                        let start = first / 4 * 4;
+                        let full = (end - start) / 4 * 4;
+                        queue.write_buffer(buf.raw(), 0, &bytes[start..start + full]);
+                        if start + full < end {
+                            let mut tail = [0u8; 4];
+                            tail[..end - start - full].copy_from_slice(&bytes[start + full..end]);
+                            queue.write_buffer(buf.raw(), full as u64, &tail);
+                        }
+                    }
+                    (slot[0].raw(), slot[1].raw())
+                }
+            };
+            let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("trmask vocab_divergence"),
+                layout: &kernel.layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: binding(uniforms.raw(), ci as u64 * ustride, META_SIZE),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: binding(abuf, a.0, a.1),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: binding(bbuf, b.0, b.1),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 3,
+                        resource: binding(info_buf.raw(), info_w.0, info_w.1),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 4,
+                        resource: binding(out_buf.raw(), out_w.0, out_w.1),
+                    },
+                ],
+            });
+            let grid = dispatch_grid(ch.len() as u64, limits.max_workgroups_per_dim)?;
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("trmask vocab_divergence"),
+                    timestamp_writes: None,
+                });
+                pass.set_pipeline(&kernel.pipeline);
+                pass.set_bind_group(0, &bg, &[]);
+                pass.dispatch_workgroups(grid.0, grid.1, 1);
+            }
+            if let Source::Host { .. } = src {
+                // one submit per chunk: the next chunk's upload overlaps this compute
+                queue.submit([std::mem::replace(&mut enc, new_encoder()).finish()]);
+            }
+        }
+        enc.copy_buffer_to_buffer(out_buf.raw(), 0, staging.raw(), 0, ceil4(out_bytes));
+        let index = queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let slice = staging.raw().slice(0..ceil4(out_bytes));
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        // Another thread polling the same device may run our callback: wait for it, polling.
+        let mut waited = dev
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| Error::Gpu(format!("waiting for the device: {e}")));
+        let mapped = loop {
+            if let Err(e) = waited {
+                break Err(e);
+            }
+            match rx.recv_timeout(std::time::Duration::from_millis(5)) {
+                Ok(r) => break r.map_err(|e| Error::Gpu(format!("mapping results: {e}"))),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    waited = dev
+                        .poll(wgpu::PollType::Poll)
+                        .map(|_| ())
+                        .map_err(|e| Error::Gpu(format!("waiting for the device: {e}")));
+                }
+                Err(e) => break Err(Error::Gpu(format!("mapping results: {e}"))),
+            }
+        };
+        if let Err(e) = mapped {
+            staging.discard(); // possibly still mapped: never back into the pool
+            return Err(e);
+        }
+        let out = slice
             .get_mapped_range()
-            .map_err(|e| Error::Gpu(e.to_string()))?;
-        bytemuck::pod_collect_to_vec::<u8, f32>(&view)
-    };
-    read_buf.unmap();
-    Ok(out)
+            .map(|view| bytemuck::pod_collect_to_vec::<u8, f32>(&view[..out_bytes as usize]));
+        staging.raw().unmap();
+        out.map_err(|e| Error::Gpu(format!("reading results: {e}")))
+    })
 }
 
 /// The per-row `row_info` words: the sampled id of each valid slot, [`ROW_MASKED`] elsewhere.
@@ -473,9 +398,9 @@ pub fn finish_vocab_stats(
     Ok(s)
 }
 
-/// Exact vocabulary divergences of host logits on the GPU (validation as on the CPU path).
-pub fn vocab_divergence_host(
-    r: &VocabRunner<'_>,
+/// Exact vocabulary divergences of host logits on the GPU (validated as on the CPU path).
+pub fn vocab_divergence(
+    ctx: &Context,
     rollout: &Logits,
     train: &Logits,
     responses: Option<&[i64]>,
@@ -484,9 +409,10 @@ pub fn vocab_divergence_host(
 ) -> Result<VocabStats> {
     check_vocab_inputs(rollout, train, responses, mask, temperature)?;
     let info = row_info(responses, mask);
-    let raw = run_vocab_kernel(
-        r,
-        &VocabSource::Host { rollout, train },
+    let raw = run(
+        ctx,
+        &Source::Host { rollout, train },
+        (rollout.dtype(), train.dtype()),
         mask.len(),
         rollout.vocab(),
         &info,
@@ -496,11 +422,14 @@ pub fn vocab_divergence_host(
     finish_vocab_stats(&raw, mask.len(), Some((rollout, train)))
 }
 
-/// Exact vocabulary divergences of logits already in device buffers (zero copy); see
-/// [`VocabSource::Device`] for the buffer layout.
+/// Exact vocabulary divergences of logits already in device buffers of `ctx`'s device (zero
+/// copy; e.g. a context from [`Context::from_wgpu`]). Each buffer holds row-major
+/// `[mask.len(), vocab]` little-endian values of its dtype from byte 0 (16-bit types packed two
+/// per u32 word), is at least that many bytes rounded up to 4, and has
+/// `BufferUsages::STORAGE`. Rows where `mask` is false are never read.
 #[allow(clippy::too_many_arguments)]
 pub fn vocab_divergence_device(
-    r: &VocabRunner<'_>,
+    ctx: &Context,
     rollout: &wgpu::Buffer,
     rollout_dtype: DType,
     train: &wgpu::Buffer,
@@ -538,14 +467,10 @@ pub fn vocab_divergence_device(
         }
     }
     let info = row_info(responses, mask);
-    let raw = run_vocab_kernel(
-        r,
-        &VocabSource::Device {
-            rollout,
-            rollout_dtype,
-            train,
-            train_dtype,
-        },
+    let raw = run(
+        ctx,
+        &Source::Device { rollout, train },
+        (rollout_dtype, train_dtype),
         mask.len(),
         vocab,
         &info,

@@ -1,0 +1,72 @@
+// Per-token estimators of KL(pi_roll || pi_train) (SPEC §1), one thread per slot.
+// params.count = slots in this chunk. Input: the log-ratio lr = train - roll (computed on the
+// host in f64 and rounded once to f32) and the packed validity mask. Output (SoA, 7 x count):
+// log_ratio, rho, k1, k2, k3, abs, ser; invalid slots hold 0 and their input is never read.
+
+@group(0) @binding(1) var<storage, read> lr_in: array<f32>;
+@group(0) @binding(2) var<storage, read> mask_bits: array<u32>;
+@group(0) @binding(3) var<storage, read_write> stats_out: array<f32>;
+
+// expm1(x) - x - (nothing): the series x^2/2! + ... + x^11/11! for |x| < 0.5 (relative
+// truncation error < 1e-10), exp(x) - 1 - x above (no cancellation there).
+fn k3_of(x: f32) -> f32 {
+    if abs(x) < 0.5 {
+        var t = 1.0 / 39916800.0;           // 1/11!
+        t = t * x + 1.0 / 3628800.0;        // 1/10!
+        t = t * x + 1.0 / 362880.0;
+        t = t * x + 1.0 / 40320.0;
+        t = t * x + 1.0 / 5040.0;
+        t = t * x + 1.0 / 720.0;
+        t = t * x + 1.0 / 120.0;
+        t = t * x + 1.0 / 24.0;
+        t = t * x + 1.0 / 6.0;
+        t = t * x + 0.5;
+        return t * x * x;
+    }
+    return (exp(x) - 1.0) - x;
+}
+
+// expm1(x) without cancellation for small |x|.
+fn expm1_of(x: f32) -> f32 {
+    if abs(x) < 0.5 {
+        return x + k3_of(x);
+    }
+    return exp(x) - 1.0;
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let i = flat_workgroup(wid, nwg) * WG + lid;
+    let n = params.count;
+    if i >= n {
+        return;
+    }
+    var lr = 0.0;
+    var rho = 0.0;
+    var k1 = 0.0;
+    var k2 = 0.0;
+    var k3 = 0.0;
+    var ab = 0.0;
+    var ser = 0.0;
+    if mask_bit(mask_bits[i >> 5u], i) {
+        lr = lr_in[i];
+        let c = clamp(lr, -SAFETY_BOUND, SAFETY_BOUND);
+        rho = exp(c);
+        k1 = -c;
+        k2 = 0.5 * c * c;
+        k3 = k3_of(c);
+        ab = abs(c);
+        ser = abs(expm1_of(c));
+    }
+    stats_out[i] = lr;
+    stats_out[n + i] = rho;
+    stats_out[2u * n + i] = k1;
+    stats_out[3u * n + i] = k2;
+    stats_out[4u * n + i] = k3;
+    stats_out[5u * n + i] = ab;
+    stats_out[6u * n + i] = ser;
+}

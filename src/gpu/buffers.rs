@@ -1,0 +1,178 @@
+//! A pool of device buffers reused across calls, by size class.
+//!
+//! Sizes are rounded up to a power of two (at least 256 bytes, capped at the device's maximum
+//! buffer size); a [`GpuBuffer`] returns its buffer to the pool when dropped. Each buffer is
+//! owned by one caller at a time (staging buffers included), so concurrent ops never share one.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// What a pooled buffer is for (each kind has its own usages and free lists).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufferKind {
+    /// Storage buffer (kernel input or output), copy source and destination.
+    Storage,
+    /// Host-readable staging buffer (map for reading, copy destination).
+    Staging,
+    /// Uniform buffer holding `Meta` structs.
+    Uniform,
+}
+
+impl BufferKind {
+    fn usages(self) -> wgpu::BufferUsages {
+        match self {
+            BufferKind::Storage => {
+                wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST
+            }
+            BufferKind::Staging => wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            BufferKind::Uniform => wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Free {
+    lists: HashMap<(BufferKind, u64), Vec<wgpu::Buffer>>,
+    bytes: u64,
+}
+
+/// The pool. Keeps at most `max_idle_bytes` of idle buffers.
+#[derive(Debug)]
+pub struct BufferPool {
+    free: Arc<Mutex<Free>>,
+    max_buffer_size: u64,
+    max_idle_bytes: u64,
+}
+
+/// A buffer borrowed from the pool; returned on drop.
+#[derive(Debug)]
+pub struct GpuBuffer {
+    buffer: Option<wgpu::Buffer>,
+    kind: BufferKind,
+    class: u64,
+    /// Bytes the caller asked for (≤ the buffer's size).
+    len: u64,
+    free: Arc<Mutex<Free>>,
+    max_idle_bytes: u64,
+}
+
+impl GpuBuffer {
+    /// The wgpu buffer.
+    pub(crate) fn raw(&self) -> &wgpu::Buffer {
+        self.buffer.as_ref().expect("buffer present until drop")
+    }
+    /// Bytes requested (the binding size used by kernels).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// True if zero bytes were requested.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Kind of the buffer.
+    pub fn kind(&self) -> BufferKind {
+        self.kind
+    }
+    /// Drops the buffer without returning it to the pool (after a failure it may still be
+    /// mapped or in use).
+    pub(crate) fn discard(mut self) {
+        self.buffer = None;
+    }
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        if let (Some(b), Ok(mut free)) = (self.buffer.take(), self.free.lock()) {
+            if free.bytes + self.class <= self.max_idle_bytes {
+                free.bytes += self.class;
+                free.lists
+                    .entry((self.kind, self.class))
+                    .or_default()
+                    .push(b);
+            }
+        }
+    }
+}
+
+/// Size class of a request: a power of two ≥ 256, or the 4-byte-rounded size itself when that
+/// power of two would exceed `max_buffer_size`.
+pub fn size_class(bytes: u64, max_buffer_size: u64) -> u64 {
+    let want = bytes.max(256).div_ceil(4) * 4;
+    let p = want.checked_next_power_of_two().unwrap_or(want);
+    if p <= max_buffer_size {
+        p
+    } else {
+        want
+    }
+}
+
+impl BufferPool {
+    /// A pool for a device whose buffers may be at most `max_buffer_size` bytes.
+    pub fn new(max_buffer_size: u64) -> Self {
+        BufferPool {
+            free: Arc::default(),
+            max_buffer_size,
+            max_idle_bytes: 1 << 30,
+        }
+    }
+
+    /// A buffer of at least `bytes` bytes (≥ 4), reused when one of its class is idle.
+    pub(crate) fn get(
+        &self,
+        device: &wgpu::Device,
+        kind: BufferKind,
+        bytes: u64,
+    ) -> crate::Result<GpuBuffer> {
+        let class = size_class(bytes, self.max_buffer_size);
+        if class > self.max_buffer_size {
+            return Err(crate::Error::Gpu(format!(
+                "buffer of {bytes} bytes exceeds the device maximum of {} bytes",
+                self.max_buffer_size
+            )));
+        }
+        let reused = self.free.lock().ok().and_then(|mut f| {
+            let b = f.lists.get_mut(&(kind, class)).and_then(|l| l.pop());
+            if b.is_some() {
+                f.bytes -= class;
+            }
+            b
+        });
+        let buffer = match reused {
+            Some(b) => b,
+            None => device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("trmask pool"),
+                size: class,
+                usage: kind.usages(),
+                mapped_at_creation: false,
+            }),
+        };
+        Ok(GpuBuffer {
+            buffer: Some(buffer),
+            kind,
+            class,
+            len: bytes.max(4),
+            free: self.free.clone(),
+            max_idle_bytes: self.max_idle_bytes,
+        })
+    }
+
+    /// Bytes held by idle buffers.
+    pub fn idle_bytes(&self) -> u64 {
+        self.free.lock().map(|f| f.bytes).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes() {
+        assert_eq!(size_class(0, 1 << 30), 256);
+        assert_eq!(size_class(257, 1 << 30), 512);
+        assert_eq!(size_class(1 << 20, 1 << 30), 1 << 20);
+        assert_eq!(size_class((1 << 29) + 4, 1 << 29 | 1 << 28), (1 << 29) + 4);
+    }
+}

@@ -1,0 +1,152 @@
+//! Segmented per-sequence reductions on the GPU (`shaders/segment_reduce.wgsl`); mirrors
+//! `cpu/segment_reduce.rs`.
+//!
+//! One workgroup per (statistic, sequence), a deterministic tree (no float atomics), all
+//! statistics in one submission. Sums are compensated on the device (TwoSum, returned as an
+//! f32 (hi, lo) pair added in f64 on the host), so the only error left is the rounding of the
+//! inputs to f32. A sequence longer than one chunk is cut into pieces whose partial results are
+//! merged on the host in order (ties keep the first maximum).
+
+use super::chunking::{dispatch_grid, plan_segments};
+use super::context::{Context, Pass};
+use super::pipeline::{Meta, Op};
+use super::token_stats::pack_mask;
+use crate::batch::{DType, Segments};
+use crate::engine::SegmentStats;
+use crate::error::{Error, Result};
+
+/// Output words per (statistic, piece).
+const WORDS: usize = 6;
+
+/// Sum, mean, max, min, argmax and count of each of `values` over the valid slots of every
+/// sequence; see [`SegmentStats`].
+pub fn segment_reduce(
+    ctx: &Context,
+    values: &[&[f64]],
+    segments: &Segments,
+) -> Result<Vec<SegmentStats>> {
+    let slots = segments.slots();
+    for (k, v) in values.iter().enumerate() {
+        if v.len() != slots {
+            return Err(Error::input(
+                format!("values[{k}]"),
+                format!("has {} values but the batch has {slots} slots", v.len()),
+            ));
+        }
+    }
+    for (s, &(a, b)) in segments.ranges.iter().enumerate() {
+        if a > slots || b > slots {
+            return Err(Error::input(
+                "segments",
+                format!("sequence {s} spans slots {a}..{b} beyond the {slots} slots"),
+            ));
+        }
+    }
+    let nseq = segments.len();
+    let mut out: Vec<SegmentStats> = values
+        .iter()
+        .map(|_| SegmentStats {
+            sum: vec![0.0; nseq],
+            mean: vec![0.0; nseq],
+            max: vec![0.0; nseq],
+            min: vec![0.0; nseq],
+            argmax: vec![-1; nseq],
+            count: vec![0; nseq],
+        })
+        .collect();
+    let k = values.len();
+    if k == 0 || nseq == 0 {
+        return Ok(out);
+    }
+    let kernel = ctx.kernel(Op::SegmentReduce, DType::F32)?;
+    let limits = ctx.chunk_limits();
+    let plan = plan_segments(
+        &segments.ranges,
+        (4 * k) as u64,
+        (4 * WORDS * k) as u64,
+        &limits,
+    )?;
+    let mut bufs = Vec::with_capacity(plan.len());
+    for chunk in &plan {
+        let m = chunk.slots;
+        let mut vals = vec![0f32; k * m];
+        let mut mask = Vec::with_capacity(m);
+        let mut ranges = Vec::with_capacity(2 * chunk.pieces.len());
+        for p in &chunk.pieces {
+            let at = mask.len();
+            for i in p.slots.clone() {
+                let valid = segments.mask[i];
+                let j = mask.len();
+                mask.push(valid);
+                if valid {
+                    for (s, v) in values.iter().enumerate() {
+                        vals[s * m + j] = v[i] as f32;
+                    }
+                }
+            }
+            ranges.push(at as u32);
+            ranges.push(mask.len() as u32);
+        }
+        let bits = pack_mask(&mask);
+        bufs.push((
+            ctx.upload(bytemuck::cast_slice(&vals))?,
+            ctx.upload(bytemuck::cast_slice(&bits))?,
+            ctx.upload(bytemuck::cast_slice(&ranges))?,
+            ctx.output((4 * WORDS * k * chunk.pieces.len()) as u64)?,
+        ));
+    }
+    let mut passes = Vec::with_capacity(plan.len());
+    for (chunk, (v, m, r, o)) in plan.iter().zip(&bufs) {
+        passes.push(Pass {
+            kernel: kernel.clone(),
+            meta: Meta {
+                count: chunk.pieces.len() as u32,
+                width: k as u32,
+                stride: chunk.slots as u32,
+                ..Meta::default()
+            },
+            buffers: vec![v, m, r, o],
+            grid: dispatch_grid(
+                (chunk.pieces.len() * k) as u64,
+                limits.max_workgroups_per_dim,
+            )?,
+        });
+    }
+    let readbacks: Vec<_> = bufs.iter().map(|b| &b.3).collect();
+    let results = ctx.run(&passes, &readbacks)?;
+    for (chunk, bytes) in plan.iter().zip(&results) {
+        let np = chunk.pieces.len();
+        let words: &[u32] = bytemuck::try_cast_slice(&bytes[..4 * WORDS * k * np])
+            .map_err(|e| Error::Gpu(format!("bad result buffer: {e}")))?;
+        for (s, st) in out.iter_mut().enumerate() {
+            for (pi, p) in chunk.pieces.iter().enumerate() {
+                let w = &words[(s * np + pi) * WORDS..][..WORDS];
+                let cnt = w[5];
+                if cnt == 0 {
+                    continue;
+                }
+                let q = p.seq;
+                let f = |x: u32| f64::from(f32::from_bits(x));
+                let (mx, mn) = (f(w[2]), f(w[3]));
+                let arg = (p.slots.start - segments.ranges[q].0) as i64 + i64::from(w[4]);
+                if st.count[q] == 0 || mx > st.max[q] {
+                    st.max[q] = mx;
+                    st.argmax[q] = arg;
+                }
+                if st.count[q] == 0 || mn < st.min[q] {
+                    st.min[q] = mn;
+                }
+                st.sum[q] += f(w[0]) + f(w[1]);
+                st.count[q] += cnt;
+            }
+        }
+    }
+    for st in &mut out {
+        for q in 0..nseq {
+            if st.count[q] > 0 {
+                st.mean[q] = st.sum[q] / f64::from(st.count[q]);
+            }
+        }
+    }
+    Ok(out)
+}

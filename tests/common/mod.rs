@@ -1,0 +1,115 @@
+//! Shared test helpers: a seeded PRNG and the "open a GPU engine or skip" helper.
+#![allow(dead_code)]
+
+use std::sync::{Arc, OnceLock};
+use trmask::gpu::{ContextOptions, GpuEngine};
+
+/// SplitMix64: tiny, seedable, good enough for test inputs.
+#[derive(Clone, Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform in [lo, hi).
+    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.f64()
+    }
+    /// Uniform integer in [0, n).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+    pub fn bool(&mut self, p_true: f64) -> bool {
+        self.f64() < p_true
+    }
+}
+
+/// The seed for a test: `TRMASK_SEED` if set, else a fixed default.
+pub fn seed(default: u64) -> u64 {
+    std::env::var("TRMASK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn require_gpu() -> bool {
+    std::env::var("TRMASK_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+fn open(options: &ContextOptions, what: &str) -> Option<Arc<GpuEngine>> {
+    match GpuEngine::with_options(options) {
+        Ok(e) => Some(Arc::new(e)),
+        Err(e) => {
+            if require_gpu() {
+                panic!("TRMASK_REQUIRE_GPU=1 but no GPU engine ({what}): {e}");
+            }
+            eprintln!("skipping GPU test: no adapter ({e})");
+            None
+        }
+    }
+}
+
+/// One GPU engine per test binary (shared across test threads), or `None` (skip) when there is
+/// no adapter — unless `TRMASK_REQUIRE_GPU=1`, then panic.
+pub fn gpu() -> Option<Arc<GpuEngine>> {
+    static ENGINE: OnceLock<Option<Arc<GpuEngine>>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| open(&ContextOptions::default(), "default"))
+        .clone()
+}
+
+/// A second engine whose binding limit is forced to `bytes`, so that work splits into chunks.
+pub fn gpu_small_chunks() -> Option<Arc<GpuEngine>> {
+    static ENGINE: OnceLock<Option<Arc<GpuEngine>>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            open(
+                &ContextOptions {
+                    max_binding_size: Some(1024),
+                    workgroup_size: Some(64),
+                    ..Default::default()
+                },
+                "small chunks",
+            )
+        })
+        .clone()
+}
+
+/// Compares two vectors with `|a − b| ≤ rtol·|b| + atol` (`b` the reference); panics naming the
+/// worst index and the seed.
+pub fn assert_close(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64, seed: u64) {
+    assert_eq!(got.len(), want.len(), "{what}: length (seed {seed})");
+    let mut worst: Option<(usize, f64)> = None;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let tol = rtol * w.abs() + atol;
+        let err = (g - w).abs();
+        let excess = if err.is_nan() && !(g.is_nan() && w.is_nan()) {
+            f64::INFINITY
+        } else if g == w || (g.is_nan() && w.is_nan()) {
+            0.0
+        } else {
+            err / tol
+        };
+        if excess > 1.0 && worst.is_none_or(|(_, e)| excess > e) {
+            worst = Some((i, excess));
+        }
+    }
+    if let Some((i, e)) = worst {
+        panic!(
+            "{what}: index {i}: gpu {} vs cpu {} (error {:.3}× tolerance; seed {seed})",
+            got[i], want[i], e
+        );
+    }
+}

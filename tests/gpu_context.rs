@@ -1,0 +1,143 @@
+//! The GPU context: adapter selection, capabilities, error handling (never a panic), device
+//! sharing and workgroup sizes. Skips without an adapter unless `TRMASK_REQUIRE_GPU=1`.
+
+mod common;
+
+use common::{assert_close, gpu, seed, Rng};
+use std::sync::Arc;
+use trmask::cpu::CpuEngine;
+use trmask::gpu::{list_adapters, pipeline, Context, ContextOptions, GpuEngine};
+use trmask::{Engine, Error, Segments};
+
+#[test]
+fn capabilities_and_adapters_are_reported() {
+    let Some(gpu) = gpu() else { return };
+    let caps = gpu.capabilities();
+    let text = caps.describe();
+    assert!(text.contains(&caps.adapter_name), "{text}");
+    assert!(caps.max_binding_bytes <= caps.max_storage_binding.min(caps.max_buffer_size));
+    assert!(caps.max_binding_bytes > 0);
+    assert!(!list_adapters().is_empty());
+    assert_eq!(
+        gpu.name(),
+        format!("gpu: {} ({})", caps.adapter_name, caps.backend)
+    );
+    gpu.warm_up().unwrap();
+}
+
+#[test]
+fn unknown_adapter_name_is_an_error() {
+    if gpu().is_none() {
+        return;
+    }
+    let r = GpuEngine::with_options(&ContextOptions {
+        adapter_name: Some("no-such-adapter-xyz".into()),
+        ..Default::default()
+    });
+    assert!(matches!(r, Err(Error::NoAdapter(_))), "{r:?}");
+}
+
+#[test]
+fn bad_wgsl_is_a_shader_compile_error() {
+    let Some(gpu) = gpu() else { return };
+    let device = gpu.context().device();
+    let r = pipeline::compile(device, "broken", "fn main( { let x = ; }");
+    match r {
+        Err(Error::ShaderCompile { kernel, message }) => {
+            assert_eq!(kernel, "broken");
+            assert!(!message.is_empty());
+        }
+        other => panic!("expected ShaderCompile, got {other:?}"),
+    }
+    // the device still works afterwards
+    let s = gpu.token_stats(&[0.0], &[0.5], &[true]).unwrap();
+    assert!((s.k3[0] - (0.5f64.exp_m1() - 0.5)).abs() < 1e-6);
+}
+
+#[test]
+fn shares_a_callers_device() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
+    let instance = wgpu::Instance::new(desc);
+    let adapter =
+        pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()))
+            .expect("adapter");
+    let (device, queue) =
+        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
+            .expect("device");
+    let engine = GpuEngine::from_context(Arc::new(Context::from_wgpu(device, queue)));
+    let roll = [-1.0, -2.0, f64::NAN];
+    let train = [-1.5, -1.0, 0.0];
+    let mask = [true, true, false];
+    let got = engine.token_stats(&roll, &train, &mask).unwrap();
+    let want = CpuEngine::new().token_stats(&roll, &train, &mask).unwrap();
+    assert_close("k3", &got.k3, &want.k3, 2e-5, 2e-6, 0);
+}
+
+#[test]
+fn odd_workgroup_sizes_reduce_correctly() {
+    if gpu().is_none() {
+        return;
+    }
+    let s = seed(66);
+    let mut rng = Rng::new(s);
+    let b = 30;
+    let mut ranges = Vec::new();
+    let mut mask = Vec::new();
+    for q in 0..b {
+        let len = [0, 1, 2, 7, 63, 64, 65, 191, 193, 600][q % 10];
+        let a = mask.len();
+        for _ in 0..len {
+            mask.push(rng.bool(0.8));
+        }
+        ranges.push((a, mask.len()));
+    }
+    let seg = Segments { ranges, mask };
+    let v: Vec<f64> = (0..seg.slots()).map(|_| rng.range(-3.0, 3.0)).collect();
+    let w: Vec<f64> = (0..seg.slots()).map(|_| rng.below(4) as f64).collect(); // many ties
+    let want = CpuEngine::new().segment_reduce(&[&v, &w], &seg).unwrap();
+    for wg in [1u32, 7, 64, 192, 256] {
+        let e = GpuEngine::with_options(&ContextOptions {
+            workgroup_size: Some(wg),
+            ..Default::default()
+        })
+        .unwrap();
+        let got = e.segment_reduce(&[&v, &w], &seg).unwrap();
+        for (g, x) in got.iter().zip(&want) {
+            assert_eq!(g.count, x.count, "wg {wg}");
+            assert_eq!(g.argmax, x.argmax, "wg {wg}");
+            assert_eq!(
+                g.max,
+                x.max.iter().map(|&m| m as f32 as f64).collect::<Vec<_>>()
+            );
+            assert_close(&format!("sum wg {wg}"), &g.sum, &x.sum, 2e-5, 2e-6, s);
+            assert_close(&format!("mean wg {wg}"), &g.mean, &x.mean, 2e-5, 2e-6, s);
+        }
+    }
+}
+
+#[test]
+fn limits_too_small_are_errors_not_panics() {
+    if gpu().is_none() {
+        return;
+    }
+    let e = GpuEngine::with_options(&ContextOptions {
+        max_binding_size: Some(256),
+        ..Default::default()
+    })
+    .unwrap();
+    // 100 statistics need 400 bytes per slot: more than one binding holds
+    let v = vec![1.0; 4];
+    let values: Vec<&[f64]> = (0..100).map(|_| v.as_slice()).collect();
+    let seg = Segments {
+        ranges: vec![(0, 4)],
+        mask: vec![true; 4],
+    };
+    assert!(e.segment_reduce(&values, &seg).is_err());
+    // but a few statistics over many chunks work
+    let r = e.segment_reduce(&values[..2], &seg).unwrap();
+    assert_eq!(r[1].sum, vec![4.0]);
+}
