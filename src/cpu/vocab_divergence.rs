@@ -20,7 +20,6 @@
 //! TV), two `exp` and about three `expm1` per element, no allocation per row. The GPU kernel
 //! (`shaders/vocab_divergence.wgsl`) uses the same decomposition in f32.
 
-use super::token_stats::k3_from_log_ratio;
 use crate::batch::{DType, Logits};
 use crate::engine::VocabStats;
 use crate::error::{Error, Result};
@@ -207,6 +206,37 @@ fn decode_scaled(l: &Logits, r: usize, out: &mut [f64], inv_t: f64) -> bool {
     ok
 }
 
+/// `w(u) = expm1(−u) + u ≥ 0` to full f64 precision (Horner series for |u| < 0.1: terms up to
+/// u¹³/13! leave < 1e-18 relative).
+#[inline]
+fn w_of(u: f64) -> f64 {
+    if u.abs() < 0.1 {
+        // Σ_{n≥2} (−u)^n / n!
+        const C: [f64; 12] = [
+            1.0 / 2.0,
+            1.0 / 6.0,
+            1.0 / 24.0,
+            1.0 / 120.0,
+            1.0 / 720.0,
+            1.0 / 5040.0,
+            1.0 / 40320.0,
+            1.0 / 362880.0,
+            1.0 / 3628800.0,
+            1.0 / 39916800.0,
+            1.0 / 479001600.0,
+            1.0 / 6227020800.0,
+        ];
+        let x = -u;
+        let mut acc = C[11];
+        for &c in C[..11].iter().rev() {
+            acc = acc * x + c;
+        }
+        x * x * acc
+    } else {
+        (-u).exp_m1() + u
+    }
+}
+
 /// `log1p(x) − x` for x > −1, accurate for small |x|.
 fn log1p_minus_x(x: f64) -> f64 {
     if x.abs() < 0.01 {
@@ -250,7 +280,7 @@ impl Sums {
     fn push(&mut self, u: f64, wx: f64, wy: f64) {
         if u >= -T_EXT {
             self.u += wx * u;
-            self.w += wx * k3_from_log_ratio(-u);
+            self.w += wx * w_of(u);
         } else {
             self.ue += wx * u;
             self.pe += wx;
