@@ -18,11 +18,14 @@
 //   The same for KL(q‖p) with the roles swapped. TV = ½Σ|p−q| with p_i|expm1(−u_i − λ0)| is
 //   accumulated in the same pass together with its derivative in λ, and corrected to first
 //   order to the exact λ = log(1 + x) − log1p(−Q_out) found by pass 2.
+// Pass 3 (only rows where the first-order correction is not provably negligible, i.e. much
+//   p-mass sits within |λ − λ0| of TV's kink): TV again with the exact λ.
 // Raw logit differences are formed before scaling by `it`, so temperature costs no accuracy.
 
 const SLOTS: u32 = 16u;
 const NEG_INIT: f32 = -1.0e30; // running max of an empty state
 const T_EXT: f32 = 30.0; // u < −T_EXT: e^{−u} handled in log space
+const TAU_KINK: f32 = 1.0e-5; // |log(q/p)| window around TV's kink (see pass 3)
 
 // flags written to out[8·row + 7] (as an exact small float)
 const F_KL_INF: u32 = 1u;
@@ -357,6 +360,7 @@ fn main(
     var fq = Dir2(0.0, 0.0, 0.0, 0.0, 0.0);
     var tv0 = 0.0;
     var g = 0.0;
+    var near = 0.0; // p-mass with |v| <= TAU_KINK (whose |·| may flip sign between λ0 and λ)
     for (var i = t; i < v; i += WG) {
         let x = load_a(abase + i);
         let y = load_b(bbase + i);
@@ -376,6 +380,9 @@ fn main(
             let em = expm1_acc(vv);
             tv0 += p_i * abs(em);
             g += sign(vv) * (p_i + p_i * em);
+            if (abs(vv) <= TAU_KINK) {
+                near += p_i;
+            }
         } else {
             let q_i = wy * dq.inv_s;
             tv0 += abs(p_i - q_i);
@@ -394,26 +401,76 @@ fn main(
     sh[9u * MAX_WG + t] = fq.ue;
     sh[10u * MAX_WG + t] = tv0;
     sh[11u * MAX_WG + t] = g;
+    sh[12u * MAX_WG + t] = near;
     workgroupBarrier();
     n = WG;
     while (n > 1u) {
         let half = (n + 1u) / 2u;
         if (t + half < n) {
-            for (var k = 0u; k < 12u; k++) {
+            for (var k = 0u; k < 13u; k++) {
                 sh[k * MAX_WG + t] = sh[k * MAX_WG + t] + sh[k * MAX_WG + t + half];
             }
         }
         n = half;
         workgroupBarrier();
     }
-    if (t != 0u) {
-        return;
-    }
+    // every thread reads the reduced sums (the barrier ending the loop orders the reads)
     let rp = finish_dir(
         Dir2(sh[0u], sh[MAX_WG], sh[4u * MAX_WG], sh[2u * MAX_WG], sh[3u * MAX_WG]), dp, dq, it);
     let rq = finish_dir(
         Dir2(sh[5u * MAX_WG], sh[6u * MAX_WG], sh[9u * MAX_WG], sh[7u * MAX_WG], sh[8u * MAX_WG]),
         dq, dp, it);
+    var tv = sh[10u * MAX_WG];
+    let gg = sh[11u * MAX_WG];
+    let near_mass = sh[12u * MAX_WG];
+    var lam = lam0;
+    if (rp.ok) {
+        lam = rp.lam - log1p_acc(-dq.out_frac);
+    }
+    // TV(λ) ≈ TV(λ0) − (λ − λ0)·Σ sign(q−p)·q, exact but for elements whose log-ratio lies
+    // within |λ − λ0| of 0 (error ≤ 2|λ − λ0|·their mass). When that bound is not negligible
+    // (near-identical or near-one-hot rows), pass 3 recomputes TV with the exact λ.
+    let dl = lam - lam0;
+    tv = tv - dl * gg;
+    if (t == 0u) {
+        let bound = 2.0 * abs(dl) * near_mass;
+        let again = rp.ok && (abs(dl) > TAU_KINK || bound > 1.0e-4 * abs(tv) + 1.0e-10);
+        wg_active = select(0u, 1u, again);
+    }
+    let again = workgroupUniformLoad(&wg_active);
+    if (again != 0u) {
+        // ---- pass 3 (only rows that need it) ----
+        var acc = 0.0;
+        for (var i = t; i < v; i += WG) {
+            let x = load_a(abase + i);
+            let y = load_b(bbase + i);
+            if (is_neg_inf(x) || is_neg_inf(y)) {
+                continue;
+            }
+            let p_i = exp((x - dp.m) * it) * dp.inv_s;
+            let vv = -((((x - y) - dp.c1) - dp.c2) * it) - lam;
+            if (abs(vv) <= 1.0) {
+                acc += p_i * abs(expm1_acc(vv));
+            } else {
+                acc += abs(p_i - exp((y - dq.m) * it) * dq.inv_s);
+            }
+        }
+        sh[t] = acc;
+        workgroupBarrier();
+        n = WG;
+        while (n > 1u) {
+            let half = (n + 1u) / 2u;
+            if (t + half < n) {
+                sh[t] = sh[t] + sh[t + half];
+            }
+            n = half;
+            workgroupBarrier();
+        }
+        tv = sh[0];
+    }
+    if (t != 0u) {
+        return;
+    }
     var kl = 0.0;
     if ((flags & F_KL_INF) == 0u) {
         kl = max(rp.kl - log1p_acc(-dq.out_frac), 0.0);
@@ -421,12 +478,6 @@ fn main(
     var klr = 0.0;
     if ((flags & F_KLR_INF) == 0u) {
         klr = max(rq.kl - log1p_acc(-dp.out_frac), 0.0);
-    }
-    var tv = sh[10u * MAX_WG];
-    let gg = sh[11u * MAX_WG];
-    if (rp.ok) {
-        let lam = rp.lam - log1p_acc(-dq.out_frac);
-        tv = tv - (lam - lam0) * gg;
     }
     tv = clamp(0.5 * (tv + dp.out_frac + dq.out_frac), 0.0, 1.0);
 

@@ -565,3 +565,29 @@ fn zero_copy_device_buffers_match_host_upload() {
         .unwrap();
     assert_eq!(bits(&dev), bits(&host));
 }
+
+#[test]
+fn gpu_more_rows_than_one_dispatch_dimension_and_odd_workgroup() {
+    use trmask::gpu::{ContextOptions, GpuEngine};
+    if common::gpu().is_none() {
+        return;
+    }
+    let seed = common::seed(0x5eed_0006);
+    // 66,000 rows > 65,535 workgroups per dimension: a 2-D grid (small workgroups: lavapipe
+    // runs every invocation on 2 cores)
+    let small_wg = GpuEngine::with_options(&ContextOptions {
+        workgroup_size: Some(64),
+        ..Default::default()
+    })
+    .expect("engine with workgroup 64");
+    let c = case(seed, 66_000, 1, DType::F16, DType::F32, 2.0, 0.1, 0.0);
+    run_case(&small_wg, &c, 1.0, 1.0, &format!("66000 rows seed {seed}"));
+    // a non-power-of-two workgroup (192) reduces with the same tree code
+    let odd = GpuEngine::with_options(&ContextOptions {
+        workgroup_size: Some(192),
+        ..Default::default()
+    })
+    .expect("engine with workgroup 192");
+    let c = case(seed + 1, 9, 30522, DType::BF16, DType::F32, 3.0, 0.02, 0.01);
+    run_case(&odd, &c, 1.0, 1.0, &format!("wg 192 seed {}", seed + 1));
+}

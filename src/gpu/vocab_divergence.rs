@@ -479,3 +479,43 @@ pub fn vocab_divergence_device(
     )?;
     finish_vocab_stats(&raw, mask.len(), None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_start_aligned_and_cover_the_rows() {
+        // bf16 rows of odd length: row 3 starts mid-word
+        let (off, size, first) = window(3 * 7 * 2, 5 * 7 * 2, 2);
+        assert_eq!((off, first), (0, 21));
+        assert_eq!(size, 72);
+        let (off, size, first) = window(1000, 1010, 2);
+        assert_eq!((off, size, first), (768, 244, 116));
+        assert_eq!(off % OFFSET_ALIGN, 0);
+    }
+
+    #[test]
+    fn plans_fit_the_limit_after_alignment_slack() {
+        let limits = ChunkLimits::new(8192);
+        let chunks = plan(100, 1900, DType::F32, DType::BF16, &limits).unwrap();
+        assert!(chunks.iter().all(|c| c.len() == 1));
+        let chunks = plan(1000, 7, DType::F16, DType::F16, &limits).unwrap();
+        assert_eq!(chunks.first().map(|c| c.start), Some(0));
+        assert_eq!(chunks.last().map(|c| c.end), Some(1000));
+        for c in &chunks {
+            let n = c.len() as u64;
+            assert!(n * 32 + OFFSET_ALIGN + 4 <= 8192);
+        }
+        assert!(plan(1, 3000, DType::F32, DType::F32, &limits).is_err());
+    }
+
+    #[test]
+    fn row_info_marks_masked_slots() {
+        assert_eq!(
+            row_info(Some(&[5, -1, 7]), &[true, false, true]),
+            vec![5, ROW_MASKED, 7]
+        );
+        assert_eq!(row_info(None, &[true, false]), vec![0, ROW_MASKED]);
+    }
+}
