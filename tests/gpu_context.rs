@@ -141,3 +141,35 @@ fn limits_too_small_are_errors_not_panics() {
     let r = e.segment_reduce(&values[..2], &seg).unwrap();
     assert_eq!(r[1].sum, vec![4.0]);
 }
+
+/// More than 65,535 workgroups: the 2-D grid path.
+#[test]
+fn two_dimensional_grids() {
+    if gpu().is_none() {
+        return;
+    }
+    let e = GpuEngine::with_options(&ContextOptions {
+        workgroup_size: Some(1),
+        ..Default::default()
+    })
+    .unwrap();
+    let n = 70_001;
+    let mut rng = Rng::new(seed(77));
+    let roll: Vec<f64> = (0..n).map(|_| rng.range(-5.0, 0.0)).collect();
+    let train: Vec<f64> = roll.iter().map(|r| r + rng.range(-1.0, 1.0)).collect();
+    let mask: Vec<bool> = (0..n).map(|i| i % 3 != 0).collect();
+    let cpu = CpuEngine::new();
+    let want = cpu.token_stats(&roll, &train, &mask).unwrap();
+    let got = e.token_stats(&roll, &train, &mask).unwrap();
+    assert_close("k3", &got.k3, &want.k3, 2e-5, 2e-6, 77);
+    assert_close("rho", &got.rho, &want.rho, 2e-5, 2e-6, 77);
+    let seg = Segments {
+        ranges: (0..n).map(|i| (i, i + 1)).collect(),
+        mask,
+    };
+    let w = cpu.segment_reduce(&[&want.k2], &seg).unwrap();
+    let g = e.segment_reduce(&[&want.k2], &seg).unwrap();
+    assert_eq!(g[0].count, w[0].count);
+    assert_eq!(g[0].argmax, w[0].argmax);
+    assert_close("sum", &g[0].sum, &w[0].sum, 2e-5, 2e-6, 77);
+}

@@ -312,3 +312,29 @@ fn bad_shapes_are_errors_not_panics() {
     assert!(gpu.is_gpu());
     assert!(gpu.name().starts_with("gpu: "));
 }
+
+/// Same input, same bits: no atomics, fixed trees; and buffers are reused across calls.
+#[test]
+fn deterministic_and_pooled() {
+    let Some(gpu) = gpu() else { return };
+    let s = seed(88);
+    let mut rng = Rng::new(s);
+    let case = padded_case(&mut rng, 12, 900);
+    let st = gpu
+        .token_stats(&case.roll, &case.train, case.batch.mask())
+        .unwrap();
+    let a = gpu
+        .segment_reduce(&[&st.k1, &st.k3], case.batch.segments())
+        .unwrap();
+    assert!(gpu.context().pool().idle_bytes() > 0);
+    for _ in 0..3 {
+        let st2 = gpu
+            .token_stats(&case.roll, &case.train, case.batch.mask())
+            .unwrap();
+        assert_eq!(st, st2);
+        let b = gpu
+            .segment_reduce(&[&st.k1, &st.k3], case.batch.segments())
+            .unwrap();
+        assert_eq!(a, b);
+    }
+}

@@ -19,8 +19,8 @@ pub struct ContextOptions {
     /// Pick the first adapter whose name contains this (case-insensitive); `None`:
     /// `WGPU_ADAPTER_NAME` if set, else wgpu's default choice (high performance).
     pub adapter_name: Option<String>,
-    /// Force a smaller binding-size limit (bytes) so that work splits into many chunks
-    /// (tests); `None`: the device's limit.
+    /// Force a smaller binding-size limit (bytes, at least 256) so that work splits into many
+    /// chunks (tests); `None`: the device's limit.
     pub max_binding_size: Option<u64>,
     /// Threads per workgroup for every kernel (`None`: each op's default, capped by the device).
     pub workgroup_size: Option<u32>,
@@ -461,17 +461,21 @@ impl Context {
             )));
         }
         let mut out = Vec::with_capacity(staging.len());
+        let mut read_error = None;
         for st in &staging {
-            let bytes = st
-                .raw()
-                .slice(0..st.len())
-                .get_mapped_range()
-                .map_err(|e| Error::Gpu(format!("reading results: {e}")))?
-                .to_vec();
+            match st.raw().slice(0..st.len()).get_mapped_range() {
+                Ok(view) => out.push(view.to_vec()),
+                Err(e) => read_error = Some(Error::Gpu(format!("reading results: {e}"))),
+            }
             st.raw().unmap();
-            out.push(bytes);
         }
-        Ok(out)
+        match read_error {
+            Some(e) => {
+                staging.into_iter().for_each(GpuBuffer::discard);
+                Err(e)
+            }
+            None => Ok(out),
+        }
     }
 
     fn record(

@@ -4,6 +4,20 @@
 //! Only `context.rs`, `pipeline.rs` and `buffers.rs` touch wgpu types; each op file
 //! (`token_stats.rs`, `segment_reduce.rs`, …) plans chunks, packs inputs and calls
 //! [`Context::run`].
+//!
+//! ```no_run
+//! use trmask::{Engine, GpuEngine};
+//! let gpu = GpuEngine::new()?; // honours WGPU_BACKEND / WGPU_ADAPTER_NAME
+//! println!("{}\n{}", gpu.name(), gpu.capabilities().describe());
+//! let s = gpu.token_stats(&[-1.0, -2.0], &[-1.1, -1.9], &[true, true])?;
+//! assert!(s.k3[0] > 0.0);
+//! # Ok::<(), trmask::Error>(())
+//! ```
+//!
+//! Accuracy: f32 on the device. Per-token estimators start from the log-ratio computed in f64
+//! on the host and rounded once (see `token_stats.rs`); k3 and `ser` use series for small
+//! |lr|. Segment sums are compensated (TwoSum) and finished in f64. Results match the CPU
+//! reference within `2e-5·|ref| + 2e-6` (tests/gpu_vs_cpu.rs).
 
 pub mod buffers;
 pub mod chunking;
