@@ -413,23 +413,25 @@ fn gpu_infinite_divergences_and_errors_match_cpu() {
     let v = 9;
     let ninf = f32::NEG_INFINITY;
     // row 0: q = 0 where p > 0 (KL = ∞); row 1: p = 0 where q > 0 (KL_rev = ∞); row 2: sampled
-    // token at p = 0 (logp = −∞)
+    // token at p = 0 (logp = −∞); row 3: disjoint supports (both KLs ∞, TV = 1)
     let a: Vec<f32> = [
         [0.5, 1.0, 2.0, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
         [0.5, ninf, 2.0, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
         [ninf, 1.0, 2.0, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
+        [0.0, 1.0, ninf, ninf, ninf, ninf, ninf, ninf, ninf],
     ]
     .concat();
     let b: Vec<f32> = [
         [0.4, 1.1, ninf, -1.0, 0.1, 0.3, 0.2, 0.1, 3.1],
         [0.5, 1.0, 2.0, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
         [ninf, 1.0, 2.1, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
+        [ninf, ninf, 2.0, 3.0, 0.5, ninf, ninf, ninf, 1.0],
     ]
     .concat();
-    let la = encode(&a, DType::F32, 3, v);
-    let lb = encode(&b, DType::BF16, 3, v);
-    let ids = [1i64, 2, 0];
-    let m = [true; 3];
+    let la = encode(&a, DType::F32, 4, v);
+    let lb = encode(&b, DType::BF16, 4, v);
+    let ids = [1i64, 2, 0, 0];
+    let m = [true; 4];
     let cpu = CpuEngine::new()
         .vocab_divergence(&la, &lb, Some(&ids), &m, 1.0)
         .unwrap();
@@ -437,11 +439,16 @@ fn gpu_infinite_divergences_and_errors_match_cpu() {
     assert_eq!(got.kl[0], f64::INFINITY);
     assert_eq!(got.kl_rev[1], f64::INFINITY);
     assert_eq!(got.rollout_logp[2], f64::NEG_INFINITY);
+    assert_eq!(
+        (got.kl[3], got.kl_rev[3], got.tv[3]),
+        (f64::INFINITY, f64::INFINITY, 1.0)
+    );
+    assert_eq!(got.train_logp[3], f64::NEG_INFINITY);
     compare("infinities", &got, &cpu, 1.0);
     // NaN / +inf in a valid row: the same error as the CPU path
     let mut bad = a.clone();
     bad[v + 4] = f32::NAN;
-    let lbad = encode(&bad, DType::F32, 3, v);
+    let lbad = encode(&bad, DType::F32, 4, v);
     let e_cpu = CpuEngine::new()
         .vocab_divergence(&lbad, &lb, Some(&ids), &m, 1.0)
         .unwrap_err();
@@ -450,8 +457,8 @@ fn gpu_infinite_divergences_and_errors_match_cpu() {
         .unwrap_err();
     assert_eq!(e_gpu, e_cpu);
     // every entry −inf
-    let allinf = vec![ninf; 3 * v];
-    let l = encode(&allinf, DType::F16, 3, v);
+    let allinf = vec![ninf; 4 * v];
+    let l = encode(&allinf, DType::F16, 4, v);
     let e_cpu = CpuEngine::new()
         .vocab_divergence(&la, &l, None, &m, 1.0)
         .unwrap_err();
@@ -460,7 +467,7 @@ fn gpu_infinite_divergences_and_errors_match_cpu() {
     // bad temperature / out-of-range ids
     assert!(gpu.vocab_divergence(&la, &lb, None, &m, 0.0).is_err());
     assert!(gpu
-        .vocab_divergence(&la, &lb, Some(&[0, 9, 0]), &m, 1.0)
+        .vocab_divergence(&la, &lb, Some(&[0, 9, 0, 0]), &m, 1.0)
         .is_err());
     // no rows at all
     let e = Logits::from_bytes(Vec::new(), DType::F32, 0, v).unwrap();

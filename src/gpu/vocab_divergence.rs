@@ -386,6 +386,13 @@ pub fn finish_vocab_stats(
                 return Err(Error::input(name, format!("row {r}: every entry is -inf")));
             }
         }
+        if o[..7].iter().any(|x| !x.is_finite()) {
+            // never a silent wrong answer (e.g. an absurd temperature overflowing f32)
+            return Err(Error::Gpu(format!(
+                "non-finite vocab_divergence result at row {r}: {:?}",
+                &o[..7]
+            )));
+        }
         let inf = |bit: u32, v: f32, x: f64| if flags & bit != 0 { x } else { v as f64 };
         s.kl[r] = inf(F_KL_INF, o[0], f64::INFINITY);
         s.kl_rev[r] = inf(F_KLR_INF, o[1], f64::INFINITY);
