@@ -176,6 +176,7 @@ struct Dir {
     inv_s: f32,
     log_s: f32,
     out_frac: f32, // own mass where the other side is −inf
+    s_in: f32, // Σ e^{(x−m)it} over the common support
     c1: f32, // mc − yc (raw)
     c2: f32, // mean of d − c1 (raw)
     mc: f32,
@@ -190,6 +191,7 @@ fn make_dir(st: Acc1) -> Dir {
     r.inv_s = 1.0 / r.s;
     r.log_s = log(r.s);
     r.out_frac = st.s_out * r.inv_s;
+    r.s_in = st.s_in;
     r.c1 = st.mc - st.yc;
     r.c2 = 0.0;
     if (st.s_in > 0.0) {
@@ -254,6 +256,23 @@ fn finish_dir(st: Dir2, dx: Dir, dy: Dir, it: f32) -> Kl {
     r.lam = lam;
     r.ok = ok;
     return r;
+}
+
+// −log(own mass on the common support): log1p while the outside mass is ≤ ½, else from the
+// sums (`ok` false when the common-support sum underflowed: pass 3 recomputes it).
+struct NegLogIn {
+    v: f32,
+    ok: bool,
+}
+
+fn neg_log_in(d: Dir) -> NegLogIn {
+    if (d.out_frac <= 0.5) {
+        return NegLogIn(-log1p_acc(-d.out_frac), true);
+    }
+    if (d.s_in > 1.0e-30) {
+        return NegLogIn(d.log_s - log(d.s_in), true);
+    }
+    return NegLogIn(d.log_s - log(1.0e-30), false);
 }
 
 @compute @workgroup_size(WG)
@@ -423,24 +442,30 @@ fn main(
     var tv = sh[10u * MAX_WG];
     let gg = sh[11u * MAX_WG];
     let near_mass = sh[12u * MAX_WG];
+    var nq = neg_log_in(dq);
+    var np = neg_log_in(dp);
     var lam = lam0;
     if (rp.ok) {
-        lam = rp.lam - log1p_acc(-dq.out_frac);
+        lam = rp.lam + nq.v;
     }
     // TV(λ) ≈ TV(λ0) − (λ − λ0)·Σ sign(q−p)·q, exact but for elements whose log-ratio lies
     // within |λ − λ0| of 0 (error ≤ 2|λ − λ0|·their mass). When that bound is not negligible
-    // (near-identical or near-one-hot rows), pass 3 recomputes TV with the exact λ.
+    // (near-identical or near-one-hot rows), pass 3 recomputes TV with the exact λ; it also
+    // recomputes the common-support masses when they underflowed in pass 1.
     let dl = lam - lam0;
     tv = tv - dl * gg;
     if (t == 0u) {
         let bound = 2.0 * abs(dl) * near_mass;
-        let again = rp.ok && (abs(dl) > TAU_KINK || bound > 1.0e-4 * abs(tv) + 1.0e-10);
+        let again = (rp.ok && (abs(dl) > TAU_KINK || bound > 1.0e-4 * abs(tv) + 1.0e-10))
+            || !nq.ok || !np.ok;
         wg_active = select(0u, 1u, again);
     }
     let again = workgroupUniformLoad(&wg_active);
     if (again != 0u) {
         // ---- pass 3 (only rows that need it) ----
         var acc = 0.0;
+        var cq = 0.0; // Σ_common e^{(y − mc_q)it}
+        var cp = 0.0; // Σ_common e^{(x − mc_p)it}
         for (var i = t; i < v; i += WG) {
             let x = load_a(abase + i);
             let y = load_b(bbase + i);
@@ -454,30 +479,46 @@ fn main(
             } else {
                 acc += abs(p_i - exp((y - dq.m) * it) * dq.inv_s);
             }
+            if (!nq.ok) {
+                cq += exp((y - dq.mc) * it);
+            }
+            if (!np.ok) {
+                cp += exp((x - dp.mc) * it);
+            }
         }
         sh[t] = acc;
+        sh[MAX_WG + t] = cq;
+        sh[2u * MAX_WG + t] = cp;
         workgroupBarrier();
         n = WG;
         while (n > 1u) {
             let half = (n + 1u) / 2u;
             if (t + half < n) {
-                sh[t] = sh[t] + sh[t + half];
+                for (var k = 0u; k < 3u; k++) {
+                    sh[k * MAX_WG + t] = sh[k * MAX_WG + t] + sh[k * MAX_WG + t + half];
+                }
             }
             n = half;
             workgroupBarrier();
         }
         tv = sh[0];
+        if (!nq.ok) {
+            nq.v = dq.log_s - ((dq.mc - dq.m) * it + log(sh[MAX_WG]));
+        }
+        if (!np.ok) {
+            np.v = dp.log_s - ((dp.mc - dp.m) * it + log(sh[2u * MAX_WG]));
+        }
     }
     if (t != 0u) {
         return;
     }
     var kl = 0.0;
     if ((flags & F_KL_INF) == 0u) {
-        kl = max(rp.kl - log1p_acc(-dq.out_frac), 0.0);
+        kl = max(rp.kl + nq.v, 0.0);
     }
     var klr = 0.0;
     if ((flags & F_KLR_INF) == 0u) {
-        klr = max(rq.kl - log1p_acc(-dp.out_frac), 0.0);
+        klr = max(rq.kl + np.v, 0.0);
     }
     tv = clamp(0.5 * (tv + dp.out_frac + dq.out_frac), 0.0, 1.0);
 

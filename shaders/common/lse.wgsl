@@ -29,5 +29,8 @@ fn log1p_minus_x(x: f32) -> f32 {
 }
 
 fn log1p_acc(x: f32) -> f32 {
-    return x + log1p_minus_x(x);
+    if (abs(x) <= 0.0625) {
+        return x + log1p_minus_x(x);
+    }
+    return log(1.0 + x);
 }

@@ -442,18 +442,35 @@ fn row(sc: &mut Scratch, y: Option<usize>) -> std::result::Result<Row, (&'static
     }
     let (klp, lam_p) = fp.finish(&dp, &dq);
     let (klq, _) = fq.finish(&dq, &dp);
+    // −log(mass on the other side's support): log1p while that mass is ≥ ½, else a log-sum-exp
+    // over the common support around its own maximum (the plain sums may underflow there).
+    let neg_log_in = |own: &[f64], other: &[f64], mode: usize, m: f64, d: &Dir| -> f64 {
+        if d.out <= 0.5 {
+            return -(-d.out).ln_1p();
+        }
+        let top = own[mode];
+        let s: f64 = own
+            .iter()
+            .zip(other.iter())
+            .filter(|(&x, &y)| x > ninf && y > ninf)
+            .map(|(&x, _)| (x - top).exp())
+            .sum();
+        d.ln_s - ((top - m) + s.ln())
+    };
+    let nq = neg_log_in(b, a, cb, mb, &dq);
+    let np = neg_log_in(a, b, ca, ma, &dp);
     let kl = if inf_fwd {
         f64::INFINITY
     } else {
-        (klp - (-dq.out).ln_1p()).max(0.0)
+        (klp + nq).max(0.0)
     };
     let kl_rev = if inf_rev {
         f64::INFINITY
     } else {
-        (klq - (-dp.out).ln_1p()).max(0.0)
+        (klq + np).max(0.0)
     };
     // pass 4: TV with the exact λ
-    let lam = lam_p - (-dq.out).ln_1p();
+    let lam = lam_p + nq;
     let (isa, isb) = (1.0 / dp.s, 1.0 / dq.s);
     let mut tv = 0.0;
     for i in 0..a.len() {
