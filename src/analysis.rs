@@ -2,6 +2,9 @@
 //! (SPEC §4), on any [`Engine`].
 
 use crate::batch::Batch;
+use crate::certificate::{certificate, Certificate};
+use crate::config::CorrectionConfig;
+use crate::correction::{self, Corrections};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::io::{seq_output, token_output, Output};
@@ -39,8 +42,36 @@ pub fn training_log_prob(batch: &Batch) -> Option<&Vec<f64>> {
     batch.old_log_prob.as_ref().or(batch.log_prob.as_ref())
 }
 
-/// Computes every per-token statistic the batch's inputs allow.
+/// The training policy's log-probs for a mode: bypass mode uses `log_prob` (π_θ); decoupled
+/// mode uses `old_log_prob`, falling back to `log_prob` when the batch has none.
+pub fn training_log_prob_for(batch: &Batch, bypass: bool) -> Result<Option<&Vec<f64>>> {
+    if bypass {
+        if batch.log_prob.is_none() && batch.old_log_prob.is_some() {
+            return Err(Error::input(
+                "log_prob",
+                "is missing: bypass_mode uses log_prob (the current policy) as the training policy",
+            ));
+        }
+        Ok(batch.log_prob.as_ref())
+    } else {
+        Ok(training_log_prob(batch))
+    }
+}
+
+/// Computes every per-token statistic the batch's inputs allow (decoupled mode).
 pub fn token_table(engine: &dyn Engine, batch: &Batch, temperature: f64) -> Result<StatTable> {
+    token_table_for(engine, batch, temperature, false)
+}
+
+/// Computes every per-token statistic the batch's inputs allow; `bypass` selects `log_prob` as
+/// the training policy. The table also holds the policies' sampled-token log-probs as
+/// `rollout_log_prob` and `train_log_prob`.
+pub fn token_table_for(
+    engine: &dyn Engine,
+    batch: &Batch,
+    temperature: f64,
+    bypass: bool,
+) -> Result<StatTable> {
     batch.validate()?;
     let mut table = StatTable::default();
     let mask = batch.mask();
@@ -64,9 +95,17 @@ pub fn token_table(engine: &dyn Engine, batch: &Batch, temperature: f64) -> Resu
         .rollout_log_prob
         .as_ref()
         .or(derived.as_ref().map(|d| &d.0));
-    let train = training_log_prob(batch).or(derived.as_ref().map(|d| &d.1));
+    let train = training_log_prob_for(batch, bypass)?.or(derived.as_ref().map(|d| &d.1));
     if let (Some(r), Some(t)) = (roll, train) {
         let s = engine.token_stats(r, t, mask)?;
+        let masked = |v: &Vec<f64>| -> Vec<f64> {
+            v.iter()
+                .zip(mask)
+                .map(|(&x, &m)| if m { x } else { 0.0 })
+                .collect()
+        };
+        table.stats.insert("rollout_log_prob".into(), masked(r));
+        table.stats.insert("train_log_prob".into(), masked(t));
         for (name, v) in [
             ("log_ratio", s.log_ratio),
             ("rho", s.rho),
@@ -96,8 +135,13 @@ pub fn token_table(engine: &dyn Engine, batch: &Batch, temperature: f64) -> Resu
 pub struct Analysis {
     /// Per-token and per-sequence output tensors, in the batch's layout.
     pub outputs: Vec<Output>,
-    /// Metrics by name.
+    /// Metrics by name (verl's `rollout_corr/*`, trmask's `trmask/*`).
     pub metrics: BTreeMap<String, f64>,
+    /// Weights, mask, per-sequence decisions (also in `outputs` / `metrics`).
+    pub corrections: Corrections,
+    /// The TRM paper's bounds estimated from this batch (also as `trmask/bound_*` metrics);
+    /// `None` when the batch has no valid token or an infinite KL.
+    pub certificate: Option<Certificate>,
 }
 
 /// Per-token outputs of SPEC §4 written by `trmask analyze`.
@@ -113,22 +157,34 @@ pub const TOKEN_OUTPUTS: [&str; 9] = [
     "training_entropy",
 ];
 
-/// Runs the estimators (and vocabulary divergences when logits are present) and reduces them
-/// per sequence.
-pub fn analyze(engine: &dyn Engine, batch: &Batch, temperature: f64) -> Result<Analysis> {
-    let table = token_table(engine, batch, temperature)?;
+/// Runs the estimators (and vocabulary divergences when logits are present), reduces them per
+/// sequence, and computes the configured IS weights, rejection masks and metrics
+/// ([`crate::correction`]). The single entry point used by `trmask analyze`.
+pub fn analyze(engine: &dyn Engine, batch: &Batch, config: &CorrectionConfig) -> Result<Analysis> {
+    let resolved = config.resolve()?;
+    let table = token_table_for(engine, batch, config.temperature, config.bypass_mode)?;
+    let corrections = correction::compute(engine, batch, &table, &resolved)?;
     let mut outputs = Vec::new();
     let mut metrics = BTreeMap::new();
-    let names: Vec<&str> = TOKEN_OUTPUTS
-        .iter()
-        .copied()
-        .filter(|n| table.stats.contains_key(*n))
+    // trmask/<stat>_mean (exact, over valid tokens) and _max of every per-token statistic
+    let stat_names: Vec<&str> = table
+        .stats
+        .keys()
+        .map(String::as_str)
+        .filter(|n| !matches!(*n, "rollout_log_prob" | "train_log_prob"))
         .collect();
-    let values: Vec<&[f64]> = names.iter().map(|n| table.stats[*n].as_slice()).collect();
-    let reduced = engine.segment_reduce(&values, batch.segments())?;
+    let stat_values: Vec<&[f64]> = stat_names
+        .iter()
+        .map(|n| table.stats[*n].as_slice())
+        .collect();
+    let reduced = engine.segment_reduce(&stat_values, batch.segments())?;
     let valid = batch.mask().iter().filter(|&&m| m).count();
-    for ((name, v), r) in names.iter().zip(&values).zip(&reduced) {
-        outputs.push(token_output(batch, name, v.to_vec()));
+    let criterion_outputs: Vec<&str> = corrections
+        .criteria
+        .iter()
+        .map(|c| c.output_name.as_str())
+        .collect();
+    for ((name, v), r) in stat_names.iter().zip(&stat_values).zip(&reduced) {
         let mean = if valid > 0 {
             r.sum.iter().sum::<f64>() / valid as f64
         } else {
@@ -145,16 +201,58 @@ pub fn analyze(engine: &dyn Engine, batch: &Batch, temperature: f64) -> Result<A
         if max.is_finite() {
             metrics.insert(format!("trmask/{name}_max"), max);
         }
-        outputs.push(seq_output(&format!("seq_mean_{name}"), r.mean.clone()));
-        outputs.push(seq_output(&format!("seq_max_{name}"), r.max.clone()));
+        if !TOKEN_OUTPUTS.contains(name) {
+            continue;
+        }
+        outputs.push(token_output(batch, name, v.to_vec()));
+        for (agg, data) in [("mean", &r.mean), ("max", &r.max)] {
+            let out = format!("seq_{agg}_{name}");
+            // a criterion of the same name writes its own (decision-making) values below
+            if !criterion_outputs.contains(&out.as_str()) {
+                outputs.push(seq_output(&out, data.clone()));
+            }
+        }
     }
-    let mask: Vec<f64> = batch.mask().iter().map(|&m| m as u8 as f64).collect();
-    outputs.push(token_output(batch, "modified_response_mask", mask));
-    let lens = batch.segments().lengths();
+    if let Some(w) = &corrections.weights {
+        outputs.push(token_output(batch, "rollout_is_weights", w.clone()));
+    }
+    outputs.push(token_output(
+        batch,
+        "modified_response_mask",
+        corrections.mask.clone(),
+    ));
     outputs.push(seq_output(
         "seq_len",
-        lens.iter().map(|&l| l as f64).collect(),
+        corrections.seq_len.iter().map(|&l| l as f64).collect(),
     ));
-    outputs.push(seq_output("seq_accept", vec![1.0; lens.len()]));
-    Ok(Analysis { outputs, metrics })
+    for c in &corrections.criteria {
+        outputs.push(seq_output(&c.output_name, c.seq_stat.clone()));
+    }
+    outputs.push(seq_output(
+        "seq_accept",
+        corrections
+            .seq_accept
+            .iter()
+            .map(|&a| a as u8 as f64)
+            .collect(),
+    ));
+    outputs.push(seq_output(
+        "seq_reject_bits",
+        corrections
+            .seq_reject_bits
+            .iter()
+            .map(|&b| b as f64)
+            .collect(),
+    ));
+    metrics.extend(corrections.metrics.iter().map(|(k, v)| (k.clone(), *v)));
+    let certificate = certificate(&table, batch.segments(), &corrections.seq_accept)?;
+    if let Some(c) = &certificate {
+        metrics.extend(c.metrics());
+    }
+    Ok(Analysis {
+        outputs,
+        metrics,
+        corrections,
+        certificate,
+    })
 }

@@ -7,6 +7,12 @@
 //! sequences leaving the trust region (Li et al., *Trust Region Masking*, arXiv 2512.23075).
 //! Every computation runs on the GPU through wgpu compute shaders and on an f64 CPU reference.
 //!
+//! Once per training step a trainer calls [`correction::correct`] with a [`CorrectionConfig`]
+//! (verl's `rollout_corr` keys verbatim, its 19 presets, plus trmask's LN-TRM, token veto and
+//! exact-KL criteria) and gets [`Corrections`]: IS weights, the modified response mask,
+//! per-sequence decisions and statistics, and verl's `rollout_corr/*` metrics plus `trmask/*`.
+//! Read the loss-normalisation notes in [`correction`] and `examples/policy_loss.rs`.
+//!
 //! ```
 //! use trmask::{Batch, Engine, cpu::CpuEngine};
 //! // Two sequences in a padded [2, 3] batch; the padding may hold anything.
@@ -29,14 +35,19 @@ pub mod backend;
 pub mod batch;
 pub mod bounds;
 pub mod certificate;
+pub mod config;
+pub mod correction;
 pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod gpu;
 pub mod io;
+pub mod legacy;
 pub mod topk;
 
 pub use batch::{Batch, DType, Layout, Logits, Segments};
+pub use config::CorrectionConfig;
+pub use correction::Corrections;
 pub use engine::{Engine, SegmentStats, TokenStats, VocabStats, SAFETY_BOUND};
 pub use error::{Error, Result};
 pub use gpu::GpuEngine;

@@ -27,9 +27,16 @@ enum Command {
         /// auto (GPU when an adapter exists), gpu or cpu.
         #[arg(long, default_value = "auto")]
         backend: String,
-        /// Softmax temperature applied to both logits tensors.
-        #[arg(allow_negative_numbers = true, long, default_value_t = 1.0)]
-        temperature: f64,
+        /// Correction config (JSON with verl's keys plus trmask's; see `trmask::config`).
+        #[arg(long, conflicts_with = "preset")]
+        config: Option<PathBuf>,
+        /// A verl preset (`decoupled_k3_rs`, …) or paper alias (`trm_max`, `trm_avg`,
+        /// `geo_mask`, `seq_mis`).
+        #[arg(long)]
+        preset: Option<String>,
+        /// Softmax temperature applied to both logits tensors (overrides the config's).
+        #[arg(allow_negative_numbers = true, long)]
+        temperature: Option<f64>,
         /// Write per-token / per-sequence outputs (.safetensors or .json).
         #[arg(long)]
         output: Option<PathBuf>,
@@ -67,18 +74,34 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
         Command::Analyze {
             input,
             backend,
+            config,
+            preset,
             temperature,
             output,
             metrics,
         } => {
             let backend: Backend = backend.parse()?;
+            let mut cfg = match (&config, &preset) {
+                (Some(path), _) => trmask::CorrectionConfig::from_file(path)?,
+                (None, Some(name)) => trmask::CorrectionConfig::preset(name)?,
+                (None, None) => trmask::CorrectionConfig::default(),
+            };
+            if let Some(t) = temperature {
+                if !(t > 0.0 && t.is_finite()) {
+                    return Err(trmask::Error::config(
+                        "temperature",
+                        format!("must be > 0, got {t}"),
+                    ));
+                }
+                cfg.temperature = t;
+            }
             let batch = trmask::io::read_batch(&input)?;
             let mut notes = Vec::new();
             let engine = open_engine(backend, &mut notes)?;
             for n in &notes {
                 eprintln!("{n}");
             }
-            let analysis = trmask::analysis::analyze(engine.as_ref(), &batch, temperature)?;
+            let analysis = trmask::analysis::analyze(engine.as_ref(), &batch, &cfg)?;
             if let Some(path) = &output {
                 trmask::io::write_outputs(path, &analysis.outputs)?;
             }
@@ -91,8 +114,14 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                 batch.num_seqs(),
                 batch.slots()
             );
+            let c = &analysis.corrections;
+            let accepted = c.seq_accept.iter().filter(|&&a| a).count();
+            println!("accepted sequences: {accepted} of {}", c.seq_accept.len());
             for (k, v) in &analysis.metrics {
-                println!("{k:<40} {v:.6e}");
+                println!("{k:<48} {v:.6e}");
+            }
+            if let Some(cert) = &analysis.certificate {
+                println!("{}", cert.summary());
             }
             Ok(())
         }
@@ -144,7 +173,26 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
     }
 }
 
+/// Vulkan loaders print two error lines per instance when `XDG_RUNTIME_DIR` is unset (headless
+/// boxes, CI); give them a private directory before any thread exists.
+fn ensure_runtime_dir() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join("trmask-xdg-runtime");
+    if std::fs::create_dir_all(&dir).is_ok() {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+        }
+        // SAFETY: single-threaded at this point (first statement of main).
+        std::env::set_var("XDG_RUNTIME_DIR", &dir);
+    }
+}
+
 fn main() -> ExitCode {
+    ensure_runtime_dir();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -1,0 +1,797 @@
+//! What a trainer consumes each step: importance weights, the modified response mask, per-sequence
+//! decisions and statistics, and the metrics (verl's `rollout_corr/*` plus trmask's `trmask/*`).
+//!
+//! Every per-token statistic comes from the [`StatTable`] (computed by `Engine::token_stats` /
+//! `Engine::vocab_divergence`) and every per-sequence reduction from `Engine::segment_reduce`, so
+//! the CPU and GPU engines run the same code; the host finishes masks, weights and metrics from
+//! those per-sequence results in f64. verl's quirks (`mmean = Σ / (L + 1e-8)`, means over all
+//! B rows including empty ones, float32-rounded fractions) are applied on top of exact sums and
+//! counts, only for the quantities verl names.
+//!
+//! # Policies
+//!
+//! `lr = log π_train − log π_roll` where π_train is `old_log_prob` (verl's decoupled mode, as in
+//! `compute_rollout_correction_and_rejection_mask`), or `log_prob` when the config sets
+//! `bypass_mode` or the batch has no `old_log_prob`.
+//!
+//! # Loss normalisation (read this before wiring the outputs into a loss)
+//!
+//! * Multiply the per-token loss by `weights` (when IS is on) and by `mask`
+//!   (`modified_response_mask`). Rejected tokens contribute nothing.
+//! * verl's decoupled mode replaces `response_mask` by the modified mask *before* the loss, so a
+//!   `token-mean` loss divides by the number of tokens that **survive** RS. In bypass mode the
+//!   engine path passes the token count of the mask **before** RS (`batch_num_tokens`), so
+//!   rejected tokens stay in the denominator and rejection shrinks the gradient. Pick one and
+//!   keep it fixed; see `examples/policy_loss.rs`.
+//! * GRPO/RLOO baselines are computed before RS: rejected sequences still enter the group
+//!   means/stds of the advantages. trmask does not touch advantages.
+//!
+//! # `seq_reject_bits`
+//!
+//! Bit `i` (value `1 << i`) is set when criterion `i` of `rollout_rs` (in config order, after
+//! verl's de-duplication) rejected at least one valid token of the sequence; when `token_veto`
+//! is set it is bit `criteria.len()`. `seq_accept` is 1 when no bit is set. Empty sequences are
+//! accepted (nothing to reject) and excluded from trmask's own statistics.
+
+use crate::analysis::StatTable;
+use crate::batch::{Batch, Segments};
+use crate::config::{Agg, Criterion, IsLevel, Resolved};
+use crate::engine::{Engine, SegmentStats, SAFETY_BOUND};
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+
+/// Per-sequence statistic and decision of one criterion.
+#[derive(Clone, Debug)]
+pub struct CriterionResult {
+    /// The criterion (`seq_mean_k3`, `token_k1`, `seq_lntrm`, `token_veto`).
+    pub name: String,
+    /// Output tensor name: the criterion's name when it starts with `seq_`, else `seq_` + name.
+    pub output_name: String,
+    /// The per-sequence statistic: the aggregated value for sequence criteria (verl's `+1e-8`
+    /// mean for verl's `seq_mean_k*`); for token criteria the fraction of the sequence's valid
+    /// tokens it rejected; for `token_veto` the minimum ρ_t (1 for an empty sequence).
+    pub seq_stat: Vec<f64>,
+    /// True where the criterion rejected at least one valid token of the sequence.
+    pub seq_reject: Vec<bool>,
+}
+
+/// Everything a trainer needs for one step.
+#[derive(Clone, Debug)]
+pub struct Corrections {
+    /// `rollout_is_weights` per slot (0 at invalid slots), `None` when IS is off.
+    pub weights: Option<Vec<f64>>,
+    /// `modified_response_mask` per slot (1 keep, 0 rejected or invalid).
+    pub mask: Vec<f64>,
+    /// Per sequence: no criterion rejected any of its tokens.
+    pub seq_accept: Vec<bool>,
+    /// Per sequence: number of valid tokens.
+    pub seq_len: Vec<usize>,
+    /// Per sequence: bit i = criterion i rejected it (see the module docs).
+    pub seq_reject_bits: Vec<u64>,
+    /// Per criterion: per-sequence statistic and decision.
+    pub criteria: Vec<CriterionResult>,
+    /// verl's `rollout_corr/*` and trmask's `trmask/*` metrics.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+pub(crate) struct Ctx<'a> {
+    pub(crate) engine: &'a dyn Engine,
+    pub(crate) segs: &'a Segments,
+    pub(crate) mask: &'a [bool],
+    pub(crate) owner: Vec<usize>,
+    pub(crate) len: Vec<f64>,
+    pub(crate) n: f64,
+    pub(crate) b: usize,
+}
+
+pub(crate) fn f32_frac(k: usize, n: usize) -> f64 {
+    (k as f32 / n as f32) as f64
+}
+
+impl Ctx<'_> {
+    pub(crate) fn reduce(&self, v: &[f64]) -> Result<SegmentStats> {
+        let mut r = self.engine.segment_reduce(&[v], self.segs)?;
+        r.pop()
+            .ok_or_else(|| Error::Gpu("segment_reduce returned nothing".into()))
+    }
+    /// Per-slot array from a per-token function (0 at invalid slots).
+    pub(crate) fn tok(&self, f: impl Fn(usize) -> f64) -> Vec<f64> {
+        (0..self.mask.len())
+            .map(|i| if self.mask[i] { f(i) } else { 0.0 })
+            .collect()
+    }
+    /// verl's per-row `masked_mean`: `Σ / (L + 1e-8)`.
+    pub(crate) fn mmean_rows(&self, s: &SegmentStats) -> Vec<f64> {
+        s.sum
+            .iter()
+            .zip(&self.len)
+            .map(|(x, l)| x / (l + 1e-8))
+            .collect()
+    }
+    /// verl's batch `masked_mean`: `Σ / (N + 1e-8)`.
+    pub(crate) fn mmean_all(&self, s: &SegmentStats) -> f64 {
+        s.sum.iter().sum::<f64>() / (self.n + 1e-8)
+    }
+    pub(crate) fn mmean(&self, v: &[f64]) -> Result<f64> {
+        Ok(self.mmean_all(&self.reduce(v)?))
+    }
+    pub(crate) fn valid(&self, b: usize) -> bool {
+        self.len[b] > 0.0
+    }
+    pub(crate) fn tok_max(&self, s: &SegmentStats) -> f64 {
+        (0..self.b)
+            .filter(|&b| s.count[b] > 0)
+            .map(|b| s.max[b])
+            .fold(f64::NEG_INFINITY, f64::max)
+    }
+    pub(crate) fn tok_min(&self, s: &SegmentStats) -> f64 {
+        (0..self.b)
+            .filter(|&b| s.count[b] > 0)
+            .map(|b| s.min[b])
+            .fold(f64::INFINITY, f64::min)
+    }
+}
+
+pub(crate) fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// torch's unbiased `std()`.
+pub(crate) fn std_unbiased(v: &[f64]) -> f64 {
+    let m = mean(v);
+    (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() as f64 - 1.0)).sqrt()
+}
+
+pub(crate) fn vmax(v: impl IntoIterator<Item = f64>) -> f64 {
+    v.into_iter().fold(f64::NEG_INFINITY, f64::max)
+}
+pub(crate) fn vmin(v: impl IntoIterator<Item = f64>) -> f64 {
+    v.into_iter().fold(f64::INFINITY, f64::min)
+}
+
+/// The once-per-step entry point for a trainer: batch in, [`Corrections`] out.
+///
+/// ```
+/// use trmask::{Batch, CorrectionConfig, cpu::CpuEngine};
+/// let batch = Batch::padded(2, 3, &[1.0, 1.0, 1.0, 1.0, 1.0, 0.0])?
+///     .with_log_probs("rollout_log_prob", vec![-1.0, -0.5, -0.2, -2.0, -1.0, 0.0])?
+///     .with_log_probs("old_log_prob", vec![-1.0, -0.5, -0.2, -1.0, -3.0, 0.0])?;
+/// let cfg = CorrectionConfig::preset("decoupled_k3_rs_token_tis")?;
+/// let c = trmask::correction::correct(&CpuEngine::new(), &batch, &cfg)?;
+/// assert_eq!(c.seq_accept, vec![true, false]); // sequence 1 drifts: seq_mean_k3 > 0.01
+/// assert_eq!(c.mask, vec![1.0, 1.0, 1.0, 0.0, 0.0, 0.0]);
+/// assert!(c.weights.is_some() && c.metrics.contains_key("rollout_corr/rollout_is_mean"));
+/// # Ok::<(), trmask::Error>(())
+/// ```
+pub fn correct(
+    engine: &dyn Engine,
+    batch: &Batch,
+    config: &crate::CorrectionConfig,
+) -> Result<Corrections> {
+    let resolved = config.resolve()?;
+    let table =
+        crate::analysis::token_table_for(engine, batch, config.temperature, config.bypass_mode)?;
+    compute(engine, batch, &table, &resolved)
+}
+
+/// Computes weights, masks and metrics for `batch` from its per-token statistics.
+pub fn compute(
+    engine: &dyn Engine,
+    batch: &Batch,
+    table: &StatTable,
+    cfg: &Resolved,
+) -> Result<Corrections> {
+    let segs = batch.segments();
+    let mask = batch.mask();
+    let seq_len = segs.lengths();
+    let b = seq_len.len();
+    let n_tok: usize = seq_len.iter().sum();
+    let ctx = Ctx {
+        engine,
+        segs,
+        mask,
+        owner: segs.slot_owner(),
+        len: seq_len.iter().map(|&l| l as f64).collect(),
+        n: n_tok as f64,
+        b,
+    };
+    if n_tok == 0 {
+        return Err(Error::input(
+            "response_mask",
+            "response_mask must contain at least one valid token (1).",
+        ));
+    }
+    if let Some(legacy) = &cfg.legacy {
+        return crate::legacy::compute(&ctx, table, cfg.is, legacy, seq_len);
+    }
+    let lr = table.get("log_ratio")?;
+    let rho = table.get("rho")?;
+    let k1 = table.get("k1")?;
+    let mut metrics = BTreeMap::new();
+
+    // ---- off-policy metrics (verl's compute_offpolicy_metrics) ----
+    let s_lr = ctx.reduce(lr)?;
+    offpolicy_metrics(&ctx, table, lr, rho, &s_lr, &mut metrics)?;
+
+    // ---- IS weights ----
+    let weights = match cfg.is {
+        None => None,
+        Some(is) => Some(is_weights(&ctx, is, rho, &s_lr, &mut metrics)?),
+    };
+
+    // ---- RS criteria ----
+    let mut keep: Vec<bool> = mask.to_vec();
+    let mut criteria = Vec::new();
+    for c in &cfg.criteria {
+        let (res, token_keep) = criterion(&ctx, table, c, cfg, rho, k1, &mut metrics)?;
+        for (k, t) in keep.iter_mut().zip(&token_keep) {
+            *k = *k && *t;
+        }
+        criteria.push(res);
+    }
+    if !cfg.criteria.is_empty() {
+        let rej = ctx.tok(|i| if keep[i] { 0.0 } else { 1.0 });
+        let s = ctx.reduce(&rej)?;
+        metrics.insert(
+            "rollout_corr/rollout_rs_masked_fraction".into(),
+            ctx.mmean_all(&s),
+        );
+        let k = (0..b).filter(|&i| s.sum[i] > 0.0).count();
+        metrics.insert(
+            "rollout_corr/rollout_rs_seq_masked_fraction".into(),
+            f32_frac(k, b),
+        );
+    }
+
+    // ---- token veto (trmask; legacy verl semantics: any ρ_t < τ rejects the sequence) ----
+    if let Some(tau) = cfg.token_veto {
+        let s = ctx.reduce(rho)?;
+        let seq_stat: Vec<f64> = (0..b)
+            .map(|i| if s.count[i] > 0 { s.min[i] } else { 1.0 })
+            .collect();
+        let seq_reject: Vec<bool> = (0..b).map(|i| s.count[i] > 0 && s.min[i] < tau).collect();
+        for (i, k) in keep.iter_mut().enumerate() {
+            if mask[i] && seq_reject[ctx.owner[i]] {
+                *k = false;
+            }
+        }
+        criteria.push(CriterionResult {
+            name: "token_veto".into(),
+            output_name: "seq_token_veto".into(),
+            seq_stat,
+            seq_reject,
+        });
+    }
+
+    let mut bits = vec![0u64; b];
+    for (ci, c) in criteria.iter().enumerate() {
+        for (bb, r) in bits.iter_mut().zip(&c.seq_reject) {
+            if *r && ci < 64 {
+                *bb |= 1 << ci;
+            }
+        }
+    }
+    let seq_accept: Vec<bool> = (0..b)
+        .map(|i| criteria.iter().all(|c| !c.seq_reject[i]))
+        .collect();
+    let final_mask: Vec<f64> = keep.iter().map(|&k| k as u8 as f64).collect();
+
+    trmask_metrics(
+        &ctx,
+        &criteria,
+        &seq_accept,
+        &seq_len,
+        &final_mask,
+        weights.as_deref(),
+        &mut metrics,
+    )?;
+
+    Ok(Corrections {
+        weights,
+        mask: final_mask,
+        seq_accept,
+        seq_len,
+        seq_reject_bits: bits,
+        criteria,
+        metrics,
+    })
+}
+
+pub(crate) fn offpolicy_metrics(
+    ctx: &Ctx,
+    table: &StatTable,
+    lr: &[f64],
+    rho: &[f64],
+    s_lr: &SegmentStats,
+    m: &mut BTreeMap<String, f64>,
+) -> Result<()> {
+    let p = |k: &str| format!("rollout_corr/{k}");
+    if let (Ok(train), Ok(roll)) = (table.get("train_log_prob"), table.get("rollout_log_prob")) {
+        let mt = ctx.mmean_rows(&ctx.reduce(train)?);
+        let mr = ctx.mmean_rows(&ctx.reduce(roll)?);
+        m.insert(
+            p("training_ppl"),
+            mean(&mt.iter().map(|x| (-x).exp()).collect::<Vec<_>>()),
+        );
+        m.insert(
+            p("training_log_ppl"),
+            mean(&mt.iter().map(|x| -x).collect::<Vec<_>>()),
+        );
+        m.insert(
+            p("rollout_ppl"),
+            mean(&mr.iter().map(|x| (-x).exp()).collect::<Vec<_>>()),
+        );
+        m.insert(
+            p("rollout_log_ppl"),
+            mean(&mr.iter().map(|x| -x).collect::<Vec<_>>()),
+        );
+        let d: Vec<f64> = mr.iter().zip(&mt).map(|(r, t)| r - t).collect();
+        m.insert(p("log_ppl_diff"), mean(&d));
+        m.insert(
+            p("log_ppl_abs_diff"),
+            mean(&d.iter().map(|x| x.abs()).collect::<Vec<_>>()),
+        );
+        m.insert(p("log_ppl_diff_max"), vmax(d.iter().copied()));
+        m.insert(p("log_ppl_diff_min"), vmin(d.iter().copied()));
+        m.insert(
+            p("ppl_ratio"),
+            mean(&d.iter().map(|x| x.exp()).collect::<Vec<_>>()),
+        );
+    }
+    // kl = mmean(rollout − old) = mmean(−lr)
+    let neg = ctx.tok(|i| -lr[i]);
+    m.insert(p("kl"), ctx.mmean(&neg)?);
+    let k3u = ctx.tok(|i| (lr[i].exp() - lr[i]) - 1.0);
+    m.insert(p("k3_kl"), ctx.mmean(&k3u)?);
+    let rho2 = ctx.tok(|i| rho[i] * rho[i]);
+    m.insert(p("chi2_token"), ctx.mmean(&rho2)? - 1.0);
+    let chi: Vec<f64> = s_lr
+        .sum
+        .iter()
+        .map(|s| (2.0 * s.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp())
+        .collect();
+    m.insert(p("chi2_seq"), mean(&chi) - 1.0);
+    Ok(())
+}
+
+fn is_weights(
+    ctx: &Ctx,
+    is: crate::config::IsSpec,
+    rho: &[f64],
+    s_lr: &SegmentStats,
+    m: &mut BTreeMap<String, f64>,
+) -> Result<Vec<f64>> {
+    let p = |k: &str| format!("rollout_corr/{k}");
+    let upper = is.upper;
+    let b = ctx.b;
+    let seq_w: Vec<f64> = s_lr
+        .sum
+        .iter()
+        .map(|s| s.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp())
+        .collect();
+    let raw = match is.level {
+        IsLevel::Token => ctx.tok(|i| rho[i]),
+        IsLevel::Sequence => ctx.tok(|i| seq_w[ctx.owner[i]]),
+    };
+    let mut w: Vec<f64> = match is.lower {
+        None => raw.iter().map(|&x| x.min(upper)).collect(),
+        Some(l) => raw
+            .iter()
+            .map(|&x| if x >= l && x <= upper { x } else { 0.0 })
+            .collect(),
+    };
+    // ---- compute_is_metrics (before batch normalisation) ----
+    let lower = is.lower.unwrap_or(1.0 / upper);
+    let s_w = ctx.reduce(&w)?;
+    let is_mean = ctx.mmean_all(&s_w);
+    match is.level {
+        IsLevel::Sequence => {
+            let lmax = vmax(s_lr.sum.iter().copied());
+            let lmin = vmin(s_lr.sum.iter().copied());
+            m.insert(p("rollout_is_max"), lmax.min(SAFETY_BOUND).exp());
+            m.insert(p("rollout_is_min"), lmin.exp());
+            m.insert(p("rollout_is_mean"), is_mean);
+            // torch.log(torch.tensor(U)) is float32 under the default dtype
+            let lu = (upper as f32).ln() as f64;
+            let ll = (lower as f32).ln() as f64;
+            let hi = s_lr.sum.iter().filter(|&&s| s > lu).count();
+            let lo = s_lr.sum.iter().filter(|&&s| s < ll).count();
+            m.insert(p("rollout_is_ratio_fraction_high"), f32_frac(hi, b));
+            m.insert(p("rollout_is_ratio_fraction_low"), f32_frac(lo, b));
+        }
+        IsLevel::Token => {
+            m.insert(p("rollout_is_mean"), is_mean);
+            let hi = ctx.tok(|i| (raw[i] > upper) as u8 as f64);
+            let lo = ctx.tok(|i| (raw[i] < lower) as u8 as f64);
+            m.insert(p("rollout_is_ratio_fraction_high"), ctx.mmean(&hi)?);
+            m.insert(p("rollout_is_ratio_fraction_low"), ctx.mmean(&lo)?);
+            m.insert(p("rollout_is_max"), ctx.tok_max(&s_w));
+            m.insert(p("rollout_is_min"), ctx.tok_min(&s_w));
+        }
+    }
+    let wc = ctx.tok(|i| w[i].clamp(0.0, upper));
+    let mean_c = ctx.mmean(&wc)?;
+    if ctx.n > 1.0 {
+        let wc2 = ctx.tok(|i| wc[i] * wc[i]);
+        let var = ctx.mmean(&wc2)? - mean_c * mean_c;
+        m.insert(p("rollout_is_std"), var.max(0.0).sqrt());
+    } else {
+        m.insert(p("rollout_is_std"), 0.0);
+    }
+    let norm2 = ctx.tok(|i| {
+        let x = wc[i] / (mean_c + 1e-8);
+        x * x
+    });
+    let denom = ctx.mmean(&norm2)?;
+    if denom == 0.0 {
+        return Err(Error::config(
+            "rollout_is_threshold",
+            "every IS weight is zero, so the effective sample size is 1/0 \
+             (verl raises ZeroDivisionError: float division by zero)",
+        ));
+    }
+    m.insert(p("rollout_is_eff_sample_size"), 1.0 / denom);
+    let seq_mean = ctx.mmean_rows(&s_w);
+    m.insert(p("rollout_is_seq_mean"), mean(&seq_mean));
+    m.insert(
+        p("rollout_is_seq_std"),
+        if b > 1 { std_unbiased(&seq_mean) } else { 0.0 },
+    );
+    m.insert(p("rollout_is_seq_max"), vmax(seq_mean.iter().copied()));
+    m.insert(p("rollout_is_seq_min"), vmin(seq_mean.iter().copied()));
+    m.insert(
+        p("rollout_is_seq_max_deviation"),
+        vmax(seq_mean.iter().map(|x| (x - 1.0).abs())),
+    );
+    let raw_seq = ctx.mmean_rows(&ctx.reduce(&raw)?);
+    let hi = raw_seq.iter().filter(|&&x| x > upper).count();
+    let lo = raw_seq.iter().filter(|&&x| x < lower).count();
+    m.insert(p("rollout_is_seq_fraction_high"), f32_frac(hi, b));
+    m.insert(p("rollout_is_seq_fraction_low"), f32_frac(lo, b));
+    if let Some(l) = is.lower {
+        let oob = ctx.tok(|i| (raw[i] < l || raw[i] > upper) as u8 as f64);
+        m.insert(p("rollout_is_oob_ratio"), ctx.mmean(&oob)?);
+    }
+    if is.batch_normalize {
+        let wmean = match is.level {
+            IsLevel::Token => is_mean,
+            IsLevel::Sequence => {
+                let valid: Vec<f64> = (0..b).map(|i| ctx.valid(i) as u8 as f64).collect();
+                let num: f64 = seq_mean.iter().zip(&valid).map(|(a, v)| a * v).sum();
+                num / valid.iter().sum::<f64>().max(1e-8)
+            }
+        };
+        if wmean > 1e-8 {
+            w.iter_mut().for_each(|x| *x /= wmean);
+            m.insert(p("rollout_is_batch_norm_factor"), wmean);
+        } else {
+            m.insert(p("rollout_is_batch_norm_factor"), 1.0);
+        }
+    }
+    Ok(w)
+}
+
+/// LN-TRM token weights `w_j = min(1, (L−j)ε, sqrt((L−j)δ/2))`, j = 1..L (missing terms dropped).
+pub fn lntrm_weight(l: usize, j: usize, eps: Option<f64>, delta: Option<f64>) -> f64 {
+    let r = (l - j) as f64;
+    let mut w: f64 = 1.0;
+    if let Some(e) = eps {
+        w = w.min(r * e);
+    }
+    if let Some(d) = delta {
+        w = w.min((r * d / 2.0).sqrt());
+    }
+    w
+}
+
+/// LN-TRM of one sequence from its per-token ρ: `W/Z`, 0 when `Z = 0`.
+pub fn lntrm(rho: &[f64], eps: Option<f64>, delta: Option<f64>) -> f64 {
+    let l = rho.len();
+    let (mut w, mut z) = (0.0, 0.0);
+    for (j, r) in rho.iter().enumerate() {
+        let wt = lntrm_weight(l, j + 1, eps, delta);
+        w += (r - 1.0).abs() * wt;
+        z += wt;
+    }
+    if z > 0.0 {
+        w / z
+    } else {
+        0.0
+    }
+}
+
+fn criterion(
+    ctx: &Ctx,
+    table: &StatTable,
+    c: &Criterion,
+    cfg: &Resolved,
+    rho: &[f64],
+    k1: &[f64],
+    m: &mut BTreeMap<String, f64>,
+) -> Result<(CriterionResult, Vec<bool>)> {
+    let b = ctx.b;
+    let k3v: Vec<f64>;
+    // verl's own per-token statistic, else the table's
+    let st: &[f64] = match c.stat.as_str() {
+        "k3" if c.is_verl() => {
+            // verl: exp(c) − 1 − c
+            k3v = ctx.tok(|i| (rho[i] - 1.0) + k1[i]);
+            &k3v
+        }
+        "lntrm" => {
+            // per-token |ρ_t − 1|·w_t, w_t from the token's rank among its sequence's valid tokens
+            let ser = table.get("ser")?;
+            let mut rank = vec![0usize; ctx.segs.len()];
+            let (e, d) = (cfg.ln_trm.eps, cfg.ln_trm.delta);
+            k3v = (0..ctx.mask.len())
+                .map(|i| {
+                    if !ctx.mask[i] {
+                        return 0.0;
+                    }
+                    let s = ctx.owner[i];
+                    rank[s] += 1;
+                    ser[i] * lntrm_weight(ctx.len[s] as usize, rank[s], e, d)
+                })
+                .collect();
+            &k3v
+        }
+        s => table.get(s)?,
+    };
+    let (lower_log, upper_log) = if c.is_k1() {
+        (c.lower.map(f64::ln), c.upper.ln())
+    } else {
+        (None, c.upper)
+    };
+    let keep_val = |x: f64| match lower_log {
+        Some(l) => x >= l && x <= upper_log,
+        None => x <= upper_log,
+    };
+    let s = ctx.reduce(st)?;
+    let seq_stat: Option<Vec<f64>> = match c.agg {
+        Agg::Token => None,
+        Agg::SeqSum => Some(s.sum.clone()),
+        Agg::SeqMean if c.is_verl() => Some(ctx.mmean_rows(&s)),
+        Agg::SeqMean => Some(
+            (0..b)
+                .map(|i| if s.count[i] > 0 { s.mean[i] } else { 0.0 })
+                .collect(),
+        ),
+        Agg::SeqMax => Some(
+            (0..b)
+                .map(|i| if s.count[i] > 0 { s.max[i] } else { 0.0 })
+                .collect(),
+        ),
+        Agg::LnTrm => Some(
+            (0..b)
+                .map(|i| {
+                    let l = ctx.len[i] as usize;
+                    let z: f64 = (1..=l)
+                        .map(|j| lntrm_weight(l, j, cfg.ln_trm.eps, cfg.ln_trm.delta))
+                        .sum();
+                    if z > 0.0 {
+                        s.sum[i] / z
+                    } else {
+                        0.0
+                    }
+                })
+                .collect(),
+        ),
+    };
+    let token_keep: Vec<bool> = match &seq_stat {
+        None => (0..ctx.mask.len())
+            .map(|i| !ctx.mask[i] || keep_val(st[i]))
+            .collect(),
+        Some(v) => {
+            let kb: Vec<bool> = v.iter().map(|&x| keep_val(x)).collect();
+            (0..ctx.mask.len())
+                .map(|i| !ctx.mask[i] || kb[ctx.owner[i]])
+                .collect()
+        }
+    };
+    // ---- verl's compute_rs_metrics on the per-token statistic (broadcast for sequences) ----
+    let pts: Vec<f64> = match &seq_stat {
+        None => ctx.tok(|i| st[i]),
+        Some(v) => ctx.tok(|i| v[ctx.owner[i]]),
+    };
+    let pre = format!("rollout_corr/rollout_rs_{}", c.name);
+    let s_pts = if seq_stat.is_none() {
+        s.clone()
+    } else {
+        ctx.reduce(&pts)?
+    };
+    let seq_values: Vec<f64> = match &seq_stat {
+        None => ctx.mmean_rows(&s_pts),
+        Some(v) => v.clone(),
+    };
+    let valid_vals: Vec<f64> = (0..b)
+        .filter(|&i| ctx.valid(i))
+        .map(|i| seq_values[i])
+        .collect();
+    let nv = valid_vals.len();
+    let is_seq = seq_stat.is_some();
+    let thr_l = lower_log.unwrap_or(0.0);
+    m.insert(format!("{pre}_mean"), ctx.mmean_all(&s_pts));
+    if is_seq {
+        m.insert(format!("{pre}_max"), vmax(valid_vals.iter().copied()));
+        m.insert(format!("{pre}_min"), vmin(valid_vals.iter().copied()));
+        let hi = valid_vals.iter().filter(|&&x| x > upper_log).count();
+        m.insert(format!("{pre}_fraction_high"), f32_frac(hi, nv));
+        let lo = if lower_log.is_some() {
+            f32_frac(valid_vals.iter().filter(|&&x| x < thr_l).count(), nv)
+        } else {
+            0.0
+        };
+        m.insert(format!("{pre}_fraction_low"), lo);
+    } else {
+        m.insert(format!("{pre}_max"), ctx.tok_max(&s_pts));
+        m.insert(format!("{pre}_min"), ctx.tok_min(&s_pts));
+        let hi = ctx.tok(|i| (pts[i] > upper_log) as u8 as f64);
+        m.insert(format!("{pre}_fraction_high"), ctx.mmean(&hi)?);
+        let lo = if lower_log.is_some() {
+            let lo = ctx.tok(|i| (pts[i] < thr_l) as u8 as f64);
+            ctx.mmean(&lo)?
+        } else {
+            0.0
+        };
+        m.insert(format!("{pre}_fraction_low"), lo);
+    }
+    if ctx.n > 1.0 {
+        let cmin = lower_log.unwrap_or(0.0);
+        let sc = ctx.tok(|i| pts[i].max(cmin).min(upper_log));
+        let sc2 = ctx.tok(|i| sc[i] * sc[i]);
+        let mc = ctx.mmean(&sc)?;
+        let var = ctx.mmean(&sc2)? - mc * mc;
+        m.insert(format!("{pre}_std"), var.max(0.0).sqrt());
+    } else {
+        m.insert(format!("{pre}_std"), 0.0);
+    }
+    m.insert(format!("{pre}_seq_mean"), mean(&valid_vals));
+    m.insert(
+        format!("{pre}_seq_std"),
+        if nv > 1 {
+            std_unbiased(&valid_vals)
+        } else {
+            0.0
+        },
+    );
+    m.insert(format!("{pre}_seq_max"), vmax(valid_vals.iter().copied()));
+    m.insert(format!("{pre}_seq_min"), vmin(valid_vals.iter().copied()));
+    m.insert(
+        format!("{pre}_seq_max_deviation"),
+        vmax(valid_vals.iter().map(|x| x.abs())),
+    );
+    m.insert(
+        format!("{pre}_seq_fraction_high"),
+        f32_frac(valid_vals.iter().filter(|&&x| x > upper_log).count(), nv),
+    );
+    if lower_log.is_some() {
+        m.insert(
+            format!("{pre}_seq_fraction_low"),
+            f32_frac(valid_vals.iter().filter(|&&x| x < thr_l).count(), nv),
+        );
+    }
+    let rej = ctx.tok(|i| (!token_keep[i]) as u8 as f64);
+    let s_rej = ctx.reduce(&rej)?;
+    m.insert(format!("{pre}_masked_fraction"), ctx.mmean_all(&s_rej));
+    let seq_reject: Vec<bool> = (0..b).map(|i| s_rej.sum[i] > 0.0).collect();
+    let k = (0..b).filter(|&i| ctx.valid(i) && seq_reject[i]).count();
+    m.insert(format!("{pre}_seq_masked_fraction"), k as f64 / nv as f64);
+
+    let out_stat = match seq_stat {
+        Some(v) => v,
+        None => (0..b)
+            .map(|i| {
+                if s_rej.count[i] > 0 {
+                    s_rej.sum[i] / s_rej.count[i] as f64
+                } else {
+                    0.0
+                }
+            })
+            .collect(),
+    };
+    let output_name = if c.name.starts_with("seq_") {
+        c.name.clone()
+    } else {
+        format!("seq_{}", c.name)
+    };
+    Ok((
+        CriterionResult {
+            name: c.name.clone(),
+            output_name,
+            seq_stat: out_stat,
+            seq_reject,
+        },
+        token_keep,
+    ))
+}
+
+/// Linear-interpolation percentile (numpy's default) of sorted values.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let pos = q * (sorted.len() - 1) as f64;
+    let lo = pos.floor() as usize;
+    let hi = pos.ceil() as usize;
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
+fn ess(v: &[f64]) -> f64 {
+    let s: f64 = v.iter().sum();
+    let s2: f64 = v.iter().map(|x| x * x).sum();
+    if s2 > 0.0 {
+        s * s / (v.len() as f64 * s2)
+    } else {
+        0.0
+    }
+}
+
+pub(crate) fn trmask_metrics(
+    ctx: &Ctx,
+    criteria: &[CriterionResult],
+    seq_accept: &[bool],
+    seq_len: &[usize],
+    final_mask: &[f64],
+    weights: Option<&[f64]>,
+    m: &mut BTreeMap<String, f64>,
+) -> Result<()> {
+    let nonempty: Vec<usize> = (0..ctx.b).filter(|&i| seq_len[i] > 0).collect();
+    let ne = nonempty.len() as f64;
+    let rejected = nonempty.iter().filter(|&&i| !seq_accept[i]).count();
+    m.insert("trmask/reject_rate".into(), rejected as f64 / ne);
+    for c in criteria {
+        let k = nonempty.iter().filter(|&&i| c.seq_reject[i]).count();
+        m.insert(format!("trmask/reject_rate/{}", c.name), k as f64 / ne);
+    }
+    let kept: f64 = final_mask.iter().sum();
+    m.insert("trmask/token_reject_rate".into(), 1.0 - kept / ctx.n);
+    let mut lens = |prefix: &str, idx: Vec<usize>| {
+        if idx.is_empty() {
+            return;
+        }
+        let mut v: Vec<f64> = idx.iter().map(|&i| seq_len[i] as f64).collect();
+        v.sort_by(f64::total_cmp);
+        m.insert(format!("trmask/{prefix}_mean"), mean(&v));
+        m.insert(format!("trmask/{prefix}_p50"), percentile(&v, 0.5));
+        m.insert(format!("trmask/{prefix}_p90"), percentile(&v, 0.9));
+        m.insert(format!("trmask/{prefix}_max"), v[v.len() - 1]);
+    };
+    lens("seq_len", nonempty.clone());
+    lens(
+        "accepted_seq_len",
+        nonempty
+            .iter()
+            .copied()
+            .filter(|&i| seq_accept[i])
+            .collect(),
+    );
+    if let Some(w) = weights {
+        // final weights on the tokens the final mask keeps
+        let wk = ctx.tok(|i| w[i] * final_mask[i]);
+        let s = ctx.reduce(&wk)?;
+        let kept_tok: Vec<f64> = (0..w.len())
+            .filter(|&i| ctx.mask[i] && final_mask[i] > 0.0)
+            .map(|i| w[i])
+            .collect();
+        if !kept_tok.is_empty() {
+            m.insert("trmask/ess_token".into(), ess(&kept_tok));
+        }
+        let cnt = ctx.reduce(final_mask)?;
+        let seq_w: Vec<f64> = (0..ctx.b)
+            .filter(|&i| cnt.sum[i] > 0.0)
+            .map(|i| s.sum[i] / cnt.sum[i])
+            .collect();
+        if !seq_w.is_empty() {
+            m.insert("trmask/ess_seq".into(), ess(&seq_w));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lntrm_example() {
+        let v = lntrm(&[1.0, 1.1, 0.9, 2.0, 0.5], Some(0.1), Some(0.02));
+        assert!((v - 0.21389031741350378).abs() < 1e-15, "{v}");
+    }
+}

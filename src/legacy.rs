@@ -1,0 +1,300 @@
+//! verl's legacy rollout-correction API (commit 9b718e1a, the parent of PR #4544), selected by
+//! `"legacy": true` or by either legacy key (`rollout_rs_threshold_lower`,
+//! `rollout_token_veto_threshold`):
+//!
+//! * IS metrics are computed on the raw weights **before** truncation; std/ESS clamp them to
+//!   `[1/U, U]`; no IcePop.
+//! * RS `rollout_rs` ∈ `token` (`exp(clamp20(lr))`), `sequence` (`exp(clamp20(Σ lr))`),
+//!   `geometric` (`exp(clamp20(mmean(lr)))`), kept when `lower ≤ w ≤ upper`
+//!   (`lower` defaults to `1/upper`), with the `rollout_rs_*` IS-style metrics.
+//! * Token veto: a sequence with any valid `lr < ln τ` (τ rounded to float32) is rejected;
+//!   `rollout_is_veto_fraction` and `rollout_is_catastrophic_token_fraction` are always logged.
+
+use crate::analysis::StatTable;
+use crate::config::{IsLevel, IsSpec, LegacySpec};
+use crate::correction::{
+    f32_frac, mean, offpolicy_metrics, std_unbiased, trmask_metrics, vmax, vmin, Corrections,
+    CriterionResult, Ctx,
+};
+use crate::engine::SAFETY_BOUND;
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+
+/// verl's legacy IS-style metrics of weights `w` (per slot, valid slots only read).
+#[allow(clippy::too_many_arguments)]
+fn ratio_metrics(
+    ctx: &Ctx,
+    prefix: &str,
+    w: &[f64],
+    seq_level: bool,
+    log_for_metrics: &[f64],
+    upper: f64,
+    lower: f64,
+    m: &mut BTreeMap<String, f64>,
+) -> Result<()> {
+    let p = |k: &str| format!("rollout_corr/{prefix}_{k}");
+    let b = ctx.b;
+    let lu = (upper as f32).ln() as f64;
+    let ll = (lower as f32).ln() as f64;
+    let s_w = ctx.reduce(w)?;
+    m.insert(p("mean"), ctx.mmean_all(&s_w));
+    if seq_level {
+        let lmax = vmax(log_for_metrics.iter().copied());
+        let lmin = vmin(log_for_metrics.iter().copied());
+        m.insert(p("max"), lmax.min(SAFETY_BOUND).exp());
+        m.insert(p("min"), lmin.exp());
+        let hi = log_for_metrics.iter().filter(|&&x| x > lu).count();
+        let lo = log_for_metrics.iter().filter(|&&x| x < ll).count();
+        m.insert(p("ratio_fraction_high"), f32_frac(hi, b));
+        m.insert(p("ratio_fraction_low"), f32_frac(lo, b));
+    } else {
+        let hi = ctx.tok(|i| (w[i] > upper) as u8 as f64);
+        let lo = ctx.tok(|i| (w[i] < lower) as u8 as f64);
+        m.insert(p("ratio_fraction_high"), ctx.mmean(&hi)?);
+        m.insert(p("ratio_fraction_low"), ctx.mmean(&lo)?);
+        m.insert(p("max"), ctx.tok_max(&s_w));
+        m.insert(p("min"), ctx.tok_min(&s_w));
+    }
+    let wc = ctx.tok(|i| w[i].max(lower).min(upper));
+    let mean_c = ctx.mmean(&wc)?;
+    if ctx.n > 1.0 {
+        let wc2 = ctx.tok(|i| wc[i] * wc[i]);
+        let var = ctx.mmean(&wc2)? - mean_c * mean_c;
+        m.insert(p("std"), var.max(0.0).sqrt());
+    } else {
+        m.insert(p("std"), 0.0);
+    }
+    let norm2 = ctx.tok(|i| {
+        let x = wc[i] / (mean_c + 1e-8);
+        x * x
+    });
+    let denom = ctx.mmean(&norm2)?;
+    if denom == 0.0 {
+        return Err(Error::config(
+            prefix,
+            "the effective sample size is 1/0 (verl raises ZeroDivisionError)",
+        ));
+    }
+    m.insert(p("eff_sample_size"), 1.0 / denom);
+    let seq_mean = ctx.mmean_rows(&s_w);
+    m.insert(p("seq_mean"), mean(&seq_mean));
+    m.insert(
+        p("seq_std"),
+        if b > 1 { std_unbiased(&seq_mean) } else { 0.0 },
+    );
+    m.insert(p("seq_max"), vmax(seq_mean.iter().copied()));
+    m.insert(p("seq_min"), vmin(seq_mean.iter().copied()));
+    m.insert(
+        p("seq_max_deviation"),
+        vmax(seq_mean.iter().map(|x| (x - 1.0).abs())),
+    );
+    let hi = seq_mean.iter().filter(|&&x| x > upper).count();
+    let lo = seq_mean.iter().filter(|&&x| x < lower).count();
+    m.insert(p("seq_fraction_high"), f32_frac(hi, b));
+    m.insert(p("seq_fraction_low"), f32_frac(lo, b));
+    Ok(())
+}
+
+/// Legacy weights, masks and metrics.
+pub(crate) fn compute(
+    ctx: &Ctx,
+    table: &StatTable,
+    is: Option<IsSpec>,
+    spec: &LegacySpec,
+    seq_len: Vec<usize>,
+) -> Result<Corrections> {
+    let lr = table.get("log_ratio")?;
+    let rho = table.get("rho")?;
+    let b = ctx.b;
+    let mut m = BTreeMap::new();
+    let s_lr = ctx.reduce(lr)?;
+    let seq_sum = s_lr.sum.clone();
+    let seq_mean_lr = ctx.mmean_rows(&s_lr);
+    let clamp_exp = |x: f64| x.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp();
+
+    // ---- IS (metrics before truncation) ----
+    let weights = match is {
+        None => None,
+        Some(is) => {
+            let upper = is.upper;
+            let raw = match is.level {
+                IsLevel::Token => ctx.tok(|i| rho[i]),
+                IsLevel::Sequence => ctx.tok(|i| clamp_exp(seq_sum[ctx.owner[i]])),
+            };
+            let seq = is.level == IsLevel::Sequence;
+            ratio_metrics(
+                ctx,
+                "rollout_is",
+                &raw,
+                seq,
+                &seq_sum,
+                upper,
+                1.0 / upper,
+                &mut m,
+            )?;
+            let mut w: Vec<f64> = raw.iter().map(|x| x.min(upper)).collect();
+            if is.batch_normalize {
+                let wmean = match is.level {
+                    IsLevel::Token => ctx.mmean(&w)?,
+                    IsLevel::Sequence => {
+                        let sm = ctx.mmean_rows(&ctx.reduce(&w)?);
+                        let valid: Vec<f64> = (0..b).map(|i| ctx.valid(i) as u8 as f64).collect();
+                        let num: f64 = sm.iter().zip(&valid).map(|(a, v)| a * v).sum();
+                        num / valid.iter().sum::<f64>().max(1e-8)
+                    }
+                };
+                if wmean > 1e-8 {
+                    w.iter_mut().for_each(|x| *x /= wmean);
+                    m.insert("rollout_corr/rollout_is_batch_norm_factor".into(), wmean);
+                } else {
+                    m.insert("rollout_corr/rollout_is_batch_norm_factor".into(), 1.0);
+                }
+            }
+            Some(w)
+        }
+    };
+
+    // ---- RS ----
+    let mut keep: Vec<bool> = ctx.mask.to_vec();
+    let mut criteria = Vec::new();
+    if let Some(rs) = &spec.rs {
+        let (w, seq_level, log_m, seq_stat): (Vec<f64>, bool, Vec<f64>, Option<Vec<f64>>) =
+            match rs.mode.as_str() {
+                "token" => (ctx.tok(|i| rho[i]), false, Vec::new(), None),
+                "sequence" => (
+                    ctx.tok(|i| clamp_exp(seq_sum[ctx.owner[i]])),
+                    true,
+                    seq_sum.clone(),
+                    Some(seq_sum.clone()),
+                ),
+                _ => (
+                    ctx.tok(|i| clamp_exp(seq_mean_lr[ctx.owner[i]])),
+                    true,
+                    seq_mean_lr.clone(),
+                    Some(seq_mean_lr.clone()),
+                ),
+            };
+        ratio_metrics(
+            ctx,
+            "rollout_rs",
+            &w,
+            seq_level,
+            &log_m,
+            rs.upper,
+            rs.lower,
+            &mut m,
+        )?;
+        let ok = |x: f64| x >= rs.lower && x <= rs.upper;
+        let tok_keep: Vec<bool> = (0..ctx.mask.len())
+            .map(|i| !ctx.mask[i] || ok(w[i]))
+            .collect();
+        let rej = ctx.tok(|i| (!tok_keep[i]) as u8 as f64);
+        let s_rej = ctx.reduce(&rej)?;
+        m.insert(
+            "rollout_corr/rollout_rs_masked_fraction".into(),
+            ctx.mmean_all(&s_rej),
+        );
+        let seq_reject: Vec<bool> = (0..b).map(|i| s_rej.sum[i] > 0.0).collect();
+        let frac = match &seq_stat {
+            // row-level weight (an empty row has weight exp(0) = 1 and is kept)
+            Some(v) => f32_frac(v.iter().filter(|&&x| !ok(clamp_exp(x))).count(), b),
+            None => f32_frac(seq_reject.iter().filter(|&&r| r).count(), b),
+        };
+        m.insert("rollout_corr/rollout_rs_seq_masked_fraction".into(), frac);
+        for (k, t) in keep.iter_mut().zip(&tok_keep) {
+            *k = *k && *t;
+        }
+        let out_stat = seq_stat.unwrap_or_else(|| {
+            (0..b)
+                .map(|i| {
+                    if s_rej.count[i] > 0 {
+                        s_rej.sum[i] / s_rej.count[i] as f64
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        });
+        criteria.push(CriterionResult {
+            name: rs.mode.clone(),
+            output_name: format!("seq_rs_{}", rs.mode),
+            seq_stat: out_stat,
+            seq_reject,
+        });
+    }
+
+    // ---- token veto ----
+    if let Some(tau) = spec.veto {
+        let lv = (tau as f32).ln() as f64;
+        let cat = ctx.tok(|i| (lr[i] < lv) as u8 as f64);
+        let s_cat = ctx.reduce(&cat)?;
+        let seq_reject: Vec<bool> = (0..b).map(|i| s_cat.sum[i] > 0.0).collect();
+        m.insert(
+            "rollout_corr/rollout_is_veto_fraction".into(),
+            f32_frac(seq_reject.iter().filter(|&&r| r).count(), b),
+        );
+        m.insert(
+            "rollout_corr/rollout_is_catastrophic_token_fraction".into(),
+            ctx.mmean_all(&s_cat),
+        );
+        for (i, k) in keep.iter_mut().enumerate() {
+            if ctx.mask[i] && seq_reject[ctx.owner[i]] {
+                *k = false;
+            }
+        }
+        let s_rho = ctx.reduce(rho)?;
+        criteria.push(CriterionResult {
+            name: "token_veto".into(),
+            output_name: "seq_token_veto".into(),
+            seq_stat: (0..b)
+                .map(|i| {
+                    if s_rho.count[i] > 0 {
+                        s_rho.min[i]
+                    } else {
+                        1.0
+                    }
+                })
+                .collect(),
+            seq_reject,
+        });
+    } else {
+        m.insert("rollout_corr/rollout_is_veto_fraction".into(), 0.0);
+        m.insert(
+            "rollout_corr/rollout_is_catastrophic_token_fraction".into(),
+            0.0,
+        );
+    }
+
+    offpolicy_metrics(ctx, table, lr, rho, &s_lr, &mut m)?;
+
+    let mut bits = vec![0u64; b];
+    for (ci, c) in criteria.iter().enumerate() {
+        for (bb, r) in bits.iter_mut().zip(&c.seq_reject) {
+            if *r {
+                *bb |= 1 << ci;
+            }
+        }
+    }
+    let seq_accept: Vec<bool> = (0..b)
+        .map(|i| criteria.iter().all(|c| !c.seq_reject[i]))
+        .collect();
+    let final_mask: Vec<f64> = keep.iter().map(|&k| k as u8 as f64).collect();
+    trmask_metrics(
+        ctx,
+        &criteria,
+        &seq_accept,
+        &seq_len,
+        &final_mask,
+        weights.as_deref(),
+        &mut m,
+    )?;
+    Ok(Corrections {
+        weights,
+        mask: final_mask,
+        seq_accept,
+        seq_len,
+        seq_reject_bits: bits,
+        criteria,
+        metrics: m,
+    })
+}
