@@ -8,7 +8,8 @@ use crate::gpu::GpuEngine;
 /// Which engine to run on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Backend {
-    /// The GPU when an adapter exists, else the CPU reference.
+    /// The GPU when a hardware adapter exists, else the CPU reference (a software adapter such
+    /// as Mesa's lavapipe is used only with [`Backend::Gpu`]).
     #[default]
     Auto,
     /// The GPU engine; an error when no adapter exists.
@@ -38,6 +39,15 @@ pub fn open_engine(backend: Backend, notes: &mut Vec<String>) -> Result<Box<dyn 
         Backend::Cpu => Ok(Box::new(CpuEngine::new())),
         Backend::Gpu => Ok(Box::new(GpuEngine::new()?)),
         Backend::Auto => match GpuEngine::new() {
+            // A software rasterizer (Mesa lavapipe / llvmpipe, WARP) runs on the same CPU cores
+            // as the reference path, in f32: the f64 reference is then both exact and faster.
+            Ok(gpu) if gpu.capabilities().device_type == "Cpu" => {
+                notes.push(format!(
+                    "trmask: backend auto chose the CPU reference (the best adapter, {}, is a software rasterizer; --backend gpu uses it anyway)",
+                    gpu.capabilities().adapter_name
+                ));
+                Ok(Box::new(CpuEngine::new()))
+            }
             Ok(gpu) => {
                 notes.push(format!("trmask: backend auto chose {}", gpu.name()));
                 Ok(Box::new(gpu))
