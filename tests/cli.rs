@@ -256,3 +256,49 @@ fn bounds_json_matches_the_paper() {
         &["--delta"],
     );
 }
+
+#[allow(dead_code)]
+mod common;
+
+/// The GPU backend through the binary agrees with the CPU reference at the GPU tolerance.
+#[test]
+fn analyze_gpu_matches_cpu_through_the_binary() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let read = |backend: &str| -> serde_json::Value {
+        let out = tmp(&format!("sample_{backend}.json"));
+        let (code, _, err) = run(&[
+            "analyze",
+            "data/sample/real-small.safetensors",
+            "--backend",
+            backend,
+            "--preset",
+            "decoupled_k3_rs",
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+    };
+    let (g, c) = (read("gpu"), read("cpu"));
+    for (k, rtol, atol) in [
+        ("kl", 2e-3, 1e-7),
+        ("kl_rev", 2e-3, 1e-7),
+        ("tv", 2e-3, 1e-7),
+        ("rollout_entropy", 1e-4, 1e-6),
+        ("log_ratio", 2e-5, 2e-6),
+        ("k3", 2e-5, 2e-6),
+    ] {
+        let (gv, cv) = (g[k].as_array().unwrap(), c[k].as_array().unwrap());
+        assert_eq!(gv.len(), 30, "{k}");
+        for (i, (a, b)) in gv.iter().zip(cv).enumerate() {
+            let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+            assert!(
+                (a - b).abs() <= atol + rtol * b.abs(),
+                "{k}[{i}]: gpu {a} cpu {b}"
+            );
+        }
+    }
+    assert_eq!(g["seq_accept"], c["seq_accept"]);
+}
