@@ -257,7 +257,6 @@ fn bounds_json_matches_the_paper() {
     );
 }
 
-#[allow(dead_code)]
 mod common;
 
 /// The GPU backend through the binary agrees with the CPU reference at the GPU tolerance.
