@@ -29,10 +29,11 @@ pub mod topk_divergence;
 
 pub use context::{list_adapters, Capabilities, Context, ContextOptions, Pass};
 
-use crate::batch::{Logits, Segments};
+use crate::batch::{Batch, Logits, Segments};
 use crate::cpu::CpuEngine;
 use crate::engine::{Engine, SegmentStats, TokenStats, VocabStats};
 use crate::error::Result;
+use crate::topk::{TopkStats, TopkSupport, TrainerTopk};
 use std::sync::Arc;
 
 /// The GPU engine: every [`Engine`] op as wgpu compute kernels on one device.
@@ -111,5 +112,14 @@ impl Engine for GpuEngine {
         // replaced by the GPU kernel on branch vocab
         self.cpu
             .vocab_divergence(rollout, train, responses, mask, temperature)
+    }
+
+    fn topk_divergence(
+        &self,
+        batch: &Batch,
+        support: TopkSupport,
+        trainer: TrainerTopk<'_>,
+    ) -> Result<TopkStats> {
+        topk_divergence::topk_divergence(&self.ctx, batch, support, trainer)
     }
 }
