@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use std::sync::Arc;
 
 /// Element type of a logits tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F32,
     F16,

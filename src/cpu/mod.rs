@@ -10,6 +10,9 @@ pub use segment_reduce::segment_reduce;
 pub use token_stats::{k3_from_log_ratio, token_stats};
 pub use topk_divergence::{neumaier_sum, topk_divergence, topk_row, TopkRow};
 pub use vocab_divergence::vocab_divergence;
+pub(crate) use vocab_divergence::{
+    check_inputs as check_vocab_inputs, first_bad as first_bad_logit,
+};
 
 use crate::batch::{Batch, Logits, Segments};
 use crate::engine::{Engine, SegmentStats, TokenStats, VocabStats};

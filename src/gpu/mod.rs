@@ -26,11 +26,11 @@ pub mod pipeline;
 pub mod segment_reduce;
 pub mod token_stats;
 pub mod topk_divergence;
+pub mod vocab_divergence;
 
 pub use context::{list_adapters, Capabilities, Context, ContextOptions, Pass};
 
 use crate::batch::{Batch, Logits, Segments};
-use crate::cpu::CpuEngine;
 use crate::engine::{Engine, SegmentStats, TokenStats, VocabStats};
 use crate::error::Result;
 use crate::topk::{TopkStats, TopkSupport, TrainerTopk};
@@ -40,7 +40,6 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct GpuEngine {
     ctx: Arc<Context>,
-    cpu: CpuEngine,
 }
 
 impl GpuEngine {
@@ -56,10 +55,7 @@ impl GpuEngine {
 
     /// An engine on an existing context (e.g. [`Context::from_wgpu`]).
     pub fn from_context(ctx: Arc<Context>) -> Self {
-        GpuEngine {
-            ctx,
-            cpu: CpuEngine::new(),
-        }
+        GpuEngine { ctx }
     }
 
     /// The device context.
@@ -109,9 +105,7 @@ impl Engine for GpuEngine {
         mask: &[bool],
         temperature: f64,
     ) -> Result<VocabStats> {
-        // replaced by the GPU kernel on branch vocab
-        self.cpu
-            .vocab_divergence(rollout, train, responses, mask, temperature)
+        vocab_divergence::vocab_divergence(&self.ctx, rollout, train, responses, mask, temperature)
     }
 
     fn topk_divergence(

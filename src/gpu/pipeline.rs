@@ -38,11 +38,21 @@ pub enum Op {
     SegmentReduce,
     /// Top-K divergences from trainer logits (`shaders/topk_divergence.wgsl`).
     TopkDivergence,
+    /// Exact vocabulary divergences (`shaders/vocab_divergence.wgsl`); the trainer logits'
+    /// dtype (the key's `dtype` is the rollout logits').
+    VocabDivergence(DType),
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: &'static [Op] = &[Op::TokenStats, Op::SegmentReduce, Op::TopkDivergence];
+    pub const ALL: &'static [Op] = &[
+        Op::TokenStats,
+        Op::SegmentReduce,
+        Op::TopkDivergence,
+        Op::VocabDivergence(DType::F32),
+        Op::VocabDivergence(DType::F16),
+        Op::VocabDivergence(DType::BF16),
+    ];
 
     /// The op's description: shader composition, bindings, variants.
     pub fn spec(self) -> &'static OpSpec {
@@ -50,6 +60,7 @@ impl Op {
             Op::TokenStats => &TOKEN_STATS_SPEC,
             Op::SegmentReduce => &SEGMENT_REDUCE_SPEC,
             Op::TopkDivergence => &TOPK_DIVERGENCE_SPEC,
+            Op::VocabDivergence(_) => &super::vocab_divergence::VOCAB_DIVERGENCE_SPEC,
         }
     }
 }

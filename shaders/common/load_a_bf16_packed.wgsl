@@ -1,0 +1,6 @@
+// rollout logits as bfloat16, two per u32 word (little endian: element 2k in the low half).
+@group(0) @binding(1) var<storage, read> a_words: array<u32>;
+
+fn load_a(e: u32) -> f32 {
+    return decode_bf16_bits((a_words[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu);
+}

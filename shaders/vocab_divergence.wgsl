@@ -1,0 +1,550 @@
+// Exact vocabulary divergences, one workgroup per row (token slot).
+// Composed as: common/prelude.wgsl (Meta `params`, WG, MAX_WG) + common/unpack.wgsl +
+// common/lse.wgsl + common/load_a_<rollout dtype>.wgsl + common/load_b_<trainer dtype>.wgsl
+// (bindings 1 and 2, `load_a` / `load_b`) + this file.
+//
+// Per row, with x = rollout logits, y = trainer logits, it = 1/temperature,
+// a = x·it, b = y·it, p = softmax(a), q = softmax(b), d = a − b:
+//
+// Pass 1 (online, merged by a fixed tree; no exp can overflow): per direction the log-partition
+//   (max m, Σe^{a−m} over the common support and outside q's support), Σe^{a−m}(a−m) for the
+//   entropy, the row's argmax (a*, b*) over the common support and the p-mean of
+//   d − (a* − b*), recentred whenever the argmax moves. This gives the shift c = c1 + c2
+//   (c1 = a* − b*, c2 ≈ E_p[d − c1]) and a first estimate λ0 of lse_b − lse_a + c.
+// Pass 2 (fixed shift): u = d − c, U = E_p[u] ≈ 0 and W = E_p[w(u)], w(u) = expm1(−u) + u ≥ 0
+//   (series for small |u|), elements with u < −T kept apart so nothing overflows. Then
+//   E_p[e^{−u}] = 1 + x, x = W − U − P_out (+ extreme terms) and
+//   KL(p‖q) = W + (log1p(x) − x) − log1p(−Q_out): every term is second order, nothing cancels.
+//   The same for KL(q‖p) with the roles swapped. TV = ½Σ|p−q| with p_i|expm1(−u_i − λ0)| is
+//   accumulated in the same pass together with its derivative in λ, and corrected to first
+//   order to the exact λ = log(1 + x) − log1p(−Q_out) found by pass 2.
+// Pass 3 (only rows where the first-order correction is not provably negligible, i.e. much
+//   p-mass sits within |λ − λ0| of TV's kink): TV again with the exact λ.
+// Raw logit differences are formed before scaling by `it`, so temperature costs no accuracy.
+
+const SLOTS: u32 = 16u;
+const NEG_INIT: f32 = -1.0e30; // running max of an empty state
+const T_EXT: f32 = 30.0; // u < −T_EXT: e^{−u} handled in log space
+const TAU_KINK: f32 = 1.0e-5; // |log(q/p)| window around TV's kink (see pass 3)
+
+// flags written to out[8·row + 7] (as an exact small float)
+const F_KL_INF: u32 = 1u;
+const F_KLR_INF: u32 = 2u;
+const F_LP_NEGINF: u32 = 4u;
+const F_LQ_NEGINF: u32 = 8u;
+const F_A_BAD: u32 = 16u;
+const F_B_BAD: u32 = 32u;
+const F_A_EMPTY: u32 = 64u;
+const F_B_EMPTY: u32 = 128u;
+
+// params (the prelude's Meta): count = rows in this chunk, width = vocabulary size,
+// stride = index of the chunk's first rollout element inside binding 1, extra0 = the same for
+// binding 2, extra1 = index of the chunk's first row inside binding 3 (row_info; binding 4
+// holds 8 results per row from row extra1 % 8, both windows starting at a multiple of 256
+// bytes), flags bit 0 = responses given, scale = 1 / temperature.
+
+// per row: the sampled token id, or ROW_MASKED for an invalid slot
+@group(0) @binding(3) var<storage, read> row_info: array<u32>;
+@group(0) @binding(4) var<storage, read_write> results: array<f32>;
+
+const ROW_MASKED: u32 = 0xffffffffu;
+
+var<workgroup> sh: array<f32, 4096>; // SLOTS × MAX_WG
+var<workgroup> wg_active: u32;
+
+// ---- pass 1 state (raw logit units; `it` applied to differences) -------------------------
+struct Acc1 {
+    m: f32, // running max of x (raw)
+    s_in: f32, // Σ e^{(x−m)it} where the other side is finite
+    s_out: f32, // Σ e^{(x−m)it} where the other side is −inf
+    h: f32, // Σ e^{(x−m)it}·(x−m)it
+    mc: f32, // x at the argmax over the common support
+    yc: f32, // the other tensor's value there
+    su: f32, // Σ_common e^{(x−m)it}·((x−y) − (mc−yc))   (raw units)
+}
+
+fn acc1_empty() -> Acc1 {
+    return Acc1(NEG_INIT, 0.0, 0.0, 0.0, NEG_INIT, 0.0, 0.0);
+}
+
+fn acc1_push(st: ptr<function, Acc1>, x: f32, y: f32, y_fin: bool, it: f32) {
+    if (x > (*st).m) {
+        let k = exp(((*st).m - x) * it);
+        let s = (*st).s_in + (*st).s_out;
+        (*st).h = k * ((*st).h + ((*st).m - x) * it * s);
+        (*st).s_in = k * (*st).s_in;
+        (*st).s_out = k * (*st).s_out;
+        (*st).su = k * (*st).su;
+        (*st).m = x;
+    }
+    let lx = (x - (*st).m) * it;
+    let e = exp(lx);
+    (*st).h = (*st).h + e * lx;
+    if (y_fin) {
+        let d = x - y;
+        if (x > (*st).mc) {
+            let c_new = d;
+            (*st).su = (*st).su + (((*st).mc - (*st).yc) - c_new) * (*st).s_in;
+            (*st).mc = x;
+            (*st).yc = y;
+        }
+        (*st).s_in = (*st).s_in + e;
+        (*st).su = (*st).su + e * (d - ((*st).mc - (*st).yc));
+    } else {
+        (*st).s_out = (*st).s_out + e;
+    }
+}
+
+fn acc1_merge(p: Acc1, q: Acc1, it: f32) -> Acc1 {
+    var hi = p;
+    var lo = q;
+    if (q.m > p.m) {
+        hi = q;
+        lo = p;
+    }
+    // common shift: the state with the larger common-support argmax wins (ties: hi)
+    var mc = hi.mc;
+    var yc = hi.yc;
+    var su_hi = hi.su;
+    var su_lo = lo.su;
+    if (lo.mc > hi.mc) {
+        mc = lo.mc;
+        yc = lo.yc;
+        su_hi = hi.su + ((hi.mc - hi.yc) - (mc - yc)) * hi.s_in;
+    } else {
+        su_lo = lo.su + ((lo.mc - lo.yc) - (mc - yc)) * lo.s_in;
+    }
+    let k = exp((lo.m - hi.m) * it);
+    let s_lo = lo.s_in + lo.s_out;
+    var r: Acc1;
+    r.m = hi.m;
+    r.s_in = hi.s_in + k * lo.s_in;
+    r.s_out = hi.s_out + k * lo.s_out;
+    r.h = hi.h + k * (lo.h + (lo.m - hi.m) * it * s_lo);
+    r.mc = mc;
+    r.yc = yc;
+    r.su = su_hi + k * su_lo;
+    return r;
+}
+
+fn acc1_store(base: u32, t: u32, st: Acc1) {
+    sh[(base + 0u) * MAX_WG + t] = st.m;
+    sh[(base + 1u) * MAX_WG + t] = st.s_in;
+    sh[(base + 2u) * MAX_WG + t] = st.s_out;
+    sh[(base + 3u) * MAX_WG + t] = st.h;
+    sh[(base + 4u) * MAX_WG + t] = st.mc;
+    sh[(base + 5u) * MAX_WG + t] = st.yc;
+    sh[(base + 6u) * MAX_WG + t] = st.su;
+}
+
+fn acc1_load(base: u32, t: u32) -> Acc1 {
+    return Acc1(
+        sh[(base + 0u) * MAX_WG + t],
+        sh[(base + 1u) * MAX_WG + t],
+        sh[(base + 2u) * MAX_WG + t],
+        sh[(base + 3u) * MAX_WG + t],
+        sh[(base + 4u) * MAX_WG + t],
+        sh[(base + 5u) * MAX_WG + t],
+        sh[(base + 6u) * MAX_WG + t],
+    );
+}
+
+// ---- pass 2 state --------------------------------------------------------------------
+struct Dir2 {
+    u: f32, // Σ e^{..}·u where u >= −T_EXT
+    w: f32, // Σ e^{..}·w(u) where u >= −T_EXT
+    ue: f32, // Σ e^{..}·u where u < −T_EXT
+    pe: f32, // Σ e^{..} where u < −T_EXT
+    ee: f32, // Σ e^{(y−m_y)it} where u < −T_EXT (the other side's weights)
+}
+
+fn dir2_push(st: ptr<function, Dir2>, u: f32, wx: f32, wy: f32) {
+    if (u >= -T_EXT) {
+        (*st).u = (*st).u + wx * u;
+        (*st).w = (*st).w + wx * w_of(u);
+    } else {
+        (*st).ue = (*st).ue + wx * u;
+        (*st).pe = (*st).pe + wx;
+        (*st).ee = (*st).ee + wy;
+    }
+}
+
+// Per-direction constants derived from pass 1.
+struct Dir {
+    m: f32,
+    s: f32, // s_in + s_out
+    inv_s: f32,
+    log_s: f32,
+    out_frac: f32, // own mass where the other side is −inf
+    s_in: f32, // Σ e^{(x−m)it} over the common support
+    c1: f32, // mc − yc (raw)
+    c2: f32, // mean of d − c1 (raw)
+    mc: f32,
+    yc: f32,
+    entropy: f32,
+}
+
+fn make_dir(st: Acc1) -> Dir {
+    var r: Dir;
+    r.m = st.m;
+    r.s = st.s_in + st.s_out;
+    r.inv_s = 1.0 / r.s;
+    r.log_s = log(r.s);
+    r.out_frac = st.s_out * r.inv_s;
+    r.s_in = st.s_in;
+    r.c1 = st.mc - st.yc;
+    r.c2 = 0.0;
+    if (st.s_in > 0.0) {
+        r.c2 = st.su / st.s_in;
+    }
+    r.mc = st.mc;
+    r.yc = st.yc;
+    r.entropy = max(r.log_s - st.h * r.inv_s, 0.0);
+    return r;
+}
+
+struct Kl {
+    kl: f32,
+    lam: f32, // log E_x[e^{−u}]   (valid when ok)
+    ok: bool,
+}
+
+// Final KL of one direction. `dx`: own constants, `dy`: the other side's, `other_out`: the
+// other side's mass outside our support, `st`: pass-2 sums.
+fn finish_dir(st: Dir2, dx: Dir, dy: Dir, it: f32) -> Kl {
+    let uu = st.u * dx.inv_s;
+    let ww = st.w * dx.inv_s;
+    let ue = st.ue * dx.inv_s;
+    let pe = st.pe * dx.inv_s;
+    // E_x[e^{−u}] = 1 + x, x = W − U_mod − out − P_ext + Σ_ext p e^{−u}
+    let base = ww - uu - dx.out_frac - pe; // x without the extreme e^{−u} terms
+    var x = base;
+    var lam = 0.0;
+    var ok = true;
+    var big = false;
+    var ext = 0.0; // Σ_ext p·e^{−u}
+    if (st.ee > 0.0) {
+        // Σ_ext p e^{−u} = ee · e^{K},  K = (m_y − y_c) + (x_c − m_x) ... in scaled units
+        let kk = ((dy.m - dx.yc) + (dx.mc - dx.m) + dx.c2) * it - dx.log_s;
+        let lk = kk + log(st.ee);
+        if (lk < 60.0) {
+            ext = exp(lk);
+            x = base + ext;
+        } else {
+            big = true;
+            // log(1 + base + ee·e^{K}) = lk + log1p((1 + base)·e^{−lk})
+            lam = lk + log(1.0 + max(1.0 + base, 0.0) * exp(-lk));
+        }
+    }
+    if (!big) {
+        if (x > -1.0) {
+            lam = log1p_acc(x);
+        } else {
+            ok = false;
+        }
+    }
+    var kl = 0.0;
+    if (big || abs(x) > 0.5) {
+        kl = (uu + ue) + lam;
+    } else {
+        // KL = U + log1p(x) = (U + x) + (log1p(x) − x), and U + x = W − out + Σ_ext p·w(u)
+        // symbolically, so the first-order U never meets the rounding of x.
+        kl = (ww - dx.out_frac + (ext - pe + ue)) + log1p_minus_x(x);
+    }
+    var r: Kl;
+    r.kl = kl;
+    r.lam = lam;
+    r.ok = ok;
+    return r;
+}
+
+// −log(own mass on the common support): log1p while the outside mass is ≤ ½, else from the
+// sums (`ok` false when the common-support sum underflowed: pass 3 recomputes it).
+struct NegLogIn {
+    v: f32,
+    ok: bool,
+}
+
+fn neg_log_in(d: Dir) -> NegLogIn {
+    if (d.out_frac <= 0.5) {
+        return NegLogIn(-log1p_acc(-d.out_frac), true);
+    }
+    if (d.s_in > 1.0e-30) {
+        return NegLogIn(d.log_s - log(d.s_in), true);
+    }
+    return NegLogIn(d.log_s - log(1.0e-30), false);
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let row = flat_workgroup(wid, nwg);
+    if (row >= params.count) {
+        return;
+    }
+    let ob = 8u * (params.extra1 % 8u + row);
+    let info = row_info[params.extra1 + row];
+    if (t == 0u) {
+        wg_active = select(1u, 0u, info == ROW_MASKED);
+    }
+    let row_on = workgroupUniformLoad(&wg_active);
+    if (row_on == 0u) {
+        if (t < 8u) {
+            results[ob + t] = 0.0;
+        }
+        return;
+    }
+    let v = params.width;
+    let it = params.scale;
+    let abase = params.stride + row * v;
+    let bbase = params.extra0 + row * v;
+
+    // ---- pass 1 ----
+    var sp = acc1_empty();
+    var sq = acc1_empty();
+    var flags = 0u;
+    for (var i = t; i < v; i += WG) {
+        let x = load_a(abase + i);
+        let y = load_b(bbase + i);
+        let x_ok = !is_neg_inf(x);
+        let y_ok = !is_neg_inf(y);
+        if (is_bad(x)) {
+            flags |= F_A_BAD;
+        }
+        if (is_bad(y)) {
+            flags |= F_B_BAD;
+        }
+        if (x_ok && !y_ok) {
+            flags |= F_KL_INF; // p > 0 where q = 0
+        }
+        if (y_ok && !x_ok) {
+            flags |= F_KLR_INF;
+        }
+        if (x_ok && !is_bad(x)) {
+            acc1_push(&sp, x, y, y_ok && !is_bad(y), it);
+        }
+        if (y_ok && !is_bad(y)) {
+            acc1_push(&sq, y, x, x_ok && !is_bad(x), it);
+        }
+    }
+    acc1_store(0u, t, sp);
+    acc1_store(7u, t, sq);
+    sh[14u * MAX_WG + t] = f32(flags);
+    workgroupBarrier();
+    var n = WG;
+    while (n > 1u) {
+        let half = (n + 1u) / 2u;
+        if (t + half < n) {
+            let o = t + half;
+            acc1_store(0u, t, acc1_merge(acc1_load(0u, t), acc1_load(0u, o), it));
+            acc1_store(7u, t, acc1_merge(acc1_load(7u, t), acc1_load(7u, o), it));
+            let f = u32(sh[14u * MAX_WG + t]) | u32(sh[14u * MAX_WG + o]);
+            sh[14u * MAX_WG + t] = f32(f);
+        }
+        n = half;
+        workgroupBarrier();
+    }
+    let gp = acc1_load(0u, 0u);
+    let gq = acc1_load(7u, 0u);
+    if (t == 0u) {
+        var f = u32(sh[14u * MAX_WG]);
+        if (gp.m <= NEG_INIT) {
+            f |= F_A_EMPTY;
+        }
+        if (gq.m <= NEG_INIT) {
+            f |= F_B_EMPTY;
+        }
+        wg_active = f;
+    }
+    flags = workgroupUniformLoad(&wg_active);
+    if ((flags & (F_A_BAD | F_B_BAD | F_A_EMPTY | F_B_EMPTY)) != 0u) {
+        if (t < 7u) {
+            results[ob + t] = 0.0;
+        }
+        if (t == 7u) {
+            results[ob + 7u] = f32(flags);
+        }
+        return;
+    }
+    let dp = make_dir(gp);
+    let dq = make_dir(gq);
+    // λ0 = lse_b − lse_a + c (scaled), c = c1 + c2 of p's direction
+    let lam0 = ((dq.m - dp.yc) + (dp.mc - dp.m) + dp.c2) * it + dq.log_s - dp.log_s;
+
+    // ---- pass 2 ----
+    var fp = Dir2(0.0, 0.0, 0.0, 0.0, 0.0);
+    var fq = Dir2(0.0, 0.0, 0.0, 0.0, 0.0);
+    var tv0 = 0.0;
+    var g = 0.0;
+    var near = 0.0; // p-mass with |v| <= TAU_KINK (whose |·| may flip sign between λ0 and λ)
+    for (var i = t; i < v; i += WG) {
+        let x = load_a(abase + i);
+        let y = load_b(bbase + i);
+        if (is_neg_inf(x) || is_neg_inf(y)) {
+            continue;
+        }
+        let wx = exp((x - dp.m) * it);
+        let wy = exp((y - dq.m) * it);
+        let d = x - y;
+        let u = ((d - dp.c1) - dp.c2) * it;
+        let ur = ((-d - dq.c1) - dq.c2) * it;
+        dir2_push(&fp, u, wx, wy);
+        dir2_push(&fq, ur, wy, wx);
+        let p_i = wx * dp.inv_s;
+        let vv = -u - lam0; // log(q_i / p_i) at λ0
+        if (abs(vv) <= 1.0) {
+            let em = expm1_acc(vv);
+            tv0 += p_i * abs(em);
+            g += sign(vv) * (p_i + p_i * em);
+            if (abs(vv) <= TAU_KINK) {
+                near += p_i;
+            }
+        } else {
+            let q_i = wy * dq.inv_s;
+            tv0 += abs(p_i - q_i);
+            g += sign(q_i - p_i) * q_i;
+        }
+    }
+    sh[0u * MAX_WG + t] = fp.u;
+    sh[1u * MAX_WG + t] = fp.w;
+    sh[2u * MAX_WG + t] = fp.pe;
+    sh[3u * MAX_WG + t] = fp.ee;
+    sh[4u * MAX_WG + t] = fp.ue;
+    sh[5u * MAX_WG + t] = fq.u;
+    sh[6u * MAX_WG + t] = fq.w;
+    sh[7u * MAX_WG + t] = fq.pe;
+    sh[8u * MAX_WG + t] = fq.ee;
+    sh[9u * MAX_WG + t] = fq.ue;
+    sh[10u * MAX_WG + t] = tv0;
+    sh[11u * MAX_WG + t] = g;
+    sh[12u * MAX_WG + t] = near;
+    workgroupBarrier();
+    n = WG;
+    while (n > 1u) {
+        let half = (n + 1u) / 2u;
+        if (t + half < n) {
+            for (var k = 0u; k < 13u; k++) {
+                sh[k * MAX_WG + t] = sh[k * MAX_WG + t] + sh[k * MAX_WG + t + half];
+            }
+        }
+        n = half;
+        workgroupBarrier();
+    }
+    // every thread reads the reduced sums (the barrier ending the loop orders the reads)
+    let rp = finish_dir(
+        Dir2(sh[0u], sh[MAX_WG], sh[4u * MAX_WG], sh[2u * MAX_WG], sh[3u * MAX_WG]), dp, dq, it);
+    let rq = finish_dir(
+        Dir2(sh[5u * MAX_WG], sh[6u * MAX_WG], sh[9u * MAX_WG], sh[7u * MAX_WG], sh[8u * MAX_WG]),
+        dq, dp, it);
+    var tv = sh[10u * MAX_WG];
+    let gg = sh[11u * MAX_WG];
+    let near_mass = sh[12u * MAX_WG];
+    var nq = neg_log_in(dq);
+    var np = neg_log_in(dp);
+    var lam = lam0;
+    if (rp.ok) {
+        lam = rp.lam + nq.v;
+    }
+    // TV(λ) ≈ TV(λ0) − (λ − λ0)·Σ sign(q−p)·q, exact but for elements whose log-ratio lies
+    // within |λ − λ0| of 0 (error ≤ 2|λ − λ0|·their mass). When that bound is not negligible
+    // (near-identical or near-one-hot rows), pass 3 recomputes TV with the exact λ; it also
+    // recomputes the common-support masses when they underflowed in pass 1.
+    let dl = lam - lam0;
+    tv = tv - dl * gg;
+    if (t == 0u) {
+        let bound = 2.0 * abs(dl) * near_mass;
+        let again = (rp.ok && (abs(dl) > TAU_KINK || bound > 1.0e-4 * abs(tv) + 1.0e-10))
+            || !nq.ok || !np.ok;
+        wg_active = select(0u, 1u, again);
+    }
+    let again = workgroupUniformLoad(&wg_active);
+    if (again != 0u) {
+        // ---- pass 3 (only rows that need it) ----
+        var acc = 0.0;
+        var cq = 0.0; // Σ_common e^{(y − mc_q)it}
+        var cp = 0.0; // Σ_common e^{(x − mc_p)it}
+        for (var i = t; i < v; i += WG) {
+            let x = load_a(abase + i);
+            let y = load_b(bbase + i);
+            if (is_neg_inf(x) || is_neg_inf(y)) {
+                continue;
+            }
+            let p_i = exp((x - dp.m) * it) * dp.inv_s;
+            let vv = -((((x - y) - dp.c1) - dp.c2) * it) - lam;
+            if (abs(vv) <= 1.0) {
+                acc += p_i * abs(expm1_acc(vv));
+            } else {
+                acc += abs(p_i - exp((y - dq.m) * it) * dq.inv_s);
+            }
+            if (!nq.ok) {
+                cq += exp((y - dq.mc) * it);
+            }
+            if (!np.ok) {
+                cp += exp((x - dp.mc) * it);
+            }
+        }
+        sh[t] = acc;
+        sh[MAX_WG + t] = cq;
+        sh[2u * MAX_WG + t] = cp;
+        workgroupBarrier();
+        n = WG;
+        while (n > 1u) {
+            let half = (n + 1u) / 2u;
+            if (t + half < n) {
+                for (var k = 0u; k < 3u; k++) {
+                    sh[k * MAX_WG + t] = sh[k * MAX_WG + t] + sh[k * MAX_WG + t + half];
+                }
+            }
+            n = half;
+            workgroupBarrier();
+        }
+        tv = sh[0];
+        if (!nq.ok) {
+            nq.v = dq.log_s - ((dq.mc - dq.m) * it + log(sh[MAX_WG]));
+        }
+        if (!np.ok) {
+            np.v = dp.log_s - ((dp.mc - dp.m) * it + log(sh[2u * MAX_WG]));
+        }
+    }
+    if (t != 0u) {
+        return;
+    }
+    var kl = 0.0;
+    if ((flags & F_KL_INF) == 0u) {
+        kl = max(rp.kl + nq.v, 0.0);
+    }
+    var klr = 0.0;
+    if ((flags & F_KLR_INF) == 0u) {
+        klr = max(rq.kl + np.v, 0.0);
+    }
+    tv = clamp(0.5 * (tv + dp.out_frac + dq.out_frac), 0.0, 1.0);
+
+    var lp = 0.0;
+    var lq = 0.0;
+    if ((params.flags & 1u) != 0u) {
+        let yid = info;
+        let xa = load_a(abase + yid);
+        let xb = load_b(bbase + yid);
+        if (is_neg_inf(xa)) {
+            flags |= F_LP_NEGINF;
+        } else {
+            lp = (xa - dp.m) * it - dp.log_s;
+        }
+        if (is_neg_inf(xb)) {
+            flags |= F_LQ_NEGINF;
+        } else {
+            lq = (xb - dq.m) * it - dq.log_s;
+        }
+    }
+    results[ob + 0u] = kl;
+    results[ob + 1u] = klr;
+    results[ob + 2u] = tv;
+    results[ob + 3u] = dp.entropy;
+    results[ob + 4u] = dq.entropy;
+    results[ob + 5u] = lp;
+    results[ob + 6u] = lq;
+    results[ob + 7u] = f32(flags);
+}

@@ -1,0 +1,600 @@
+//! Exact vocabulary divergences: CPU reference vs float64 references on real logits, GPU vs
+//! those references and vs the CPU on random batches.
+
+mod common;
+
+use common::Rng;
+use safetensors::SafeTensors;
+use trmask::cpu::CpuEngine;
+use trmask::{DType, Engine, Logits, VocabStats};
+
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/real-small");
+
+struct Real {
+    rollout_bf16: Logits,
+    rollout_f16: Logits,
+    trainer: Logits,
+    sampled: Vec<i64>,
+    sampled_f16: Vec<i64>,
+    refs: Vec<(String, Vec<f64>)>,
+}
+
+fn f64s(st: &SafeTensors, name: &str) -> Vec<f64> {
+    let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(t.dtype(), safetensors::Dtype::F64, "{name}");
+    t.data()
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn i32s(st: &SafeTensors, name: &str) -> Vec<i64> {
+    let t = st.tensor(name).unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::I32, "{name}");
+    t.data()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+        .collect()
+}
+
+fn logits(st: &SafeTensors, name: &str, dtype: DType) -> Logits {
+    let t = st.tensor(name).unwrap();
+    let shape = t.shape();
+    Logits::from_bytes(t.data().to_vec(), dtype, shape[0], shape[1]).unwrap()
+}
+
+fn real() -> Real {
+    let lb = std::fs::read(format!("{DATA}/logits.safetensors")).unwrap();
+    let rb = std::fs::read(format!("{DATA}/reference.safetensors")).unwrap();
+    let l = SafeTensors::deserialize(&lb).unwrap();
+    let r = SafeTensors::deserialize(&rb).unwrap();
+    let mut refs = Vec::new();
+    for pre in ["bf16.", "fp16."] {
+        for k in [
+            "kl_rollout_trainer",
+            "kl_trainer_rollout",
+            "tv",
+            "entropy_rollout",
+            "entropy_trainer",
+            "logp_rollout_sampled",
+            "logp_trainer_sampled",
+        ] {
+            let name = format!("{pre}{k}");
+            refs.push((name.clone(), f64s(&r, &name)));
+        }
+    }
+    let cu = i32s(&l, "cu_seqlens");
+    assert_eq!(cu, i32s(&r, "cu_seqlens"));
+    Real {
+        rollout_bf16: logits(&l, "rollout_logits", DType::BF16),
+        rollout_f16: logits(&l, "rollout_fp16_logits", DType::F16),
+        trainer: logits(&l, "trainer_logits", DType::F32),
+        sampled: i32s(&l, "sampled_ids"),
+        sampled_f16: i32s(&l, "sampled_ids_fp16"),
+        refs,
+    }
+}
+
+impl Real {
+    fn reference(&self, name: &str) -> &[f64] {
+        &self.refs.iter().find(|(n, _)| n == name).unwrap().1
+    }
+}
+
+fn fields(s: &VocabStats) -> [(&'static str, &[f64]); 7] {
+    [
+        ("kl_rollout_trainer", &s.kl),
+        ("kl_trainer_rollout", &s.kl_rev),
+        ("tv", &s.tv),
+        ("entropy_rollout", &s.rollout_entropy),
+        ("entropy_trainer", &s.training_entropy),
+        ("logp_rollout_sampled", &s.rollout_logp),
+        ("logp_trainer_sampled", &s.train_logp),
+    ]
+}
+
+/// Checks `got` against the real-small references; returns per field the worst relative error
+/// where it is meaningful (`|ref| ≥ 100·atol`) and the worst absolute error.
+/// `tol(field) = (rtol, atol)`.
+fn check_real(
+    who: &str,
+    engine: &dyn Engine,
+    data: &Real,
+    tol: impl Fn(&str) -> (f64, f64),
+) -> Vec<(String, f64, f64)> {
+    let mut worst = Vec::new();
+    for (pre, roll, ids) in [
+        ("bf16.", &data.rollout_bf16, &data.sampled),
+        ("fp16.", &data.rollout_f16, &data.sampled_f16),
+    ] {
+        let n = roll.rows();
+        let got = engine
+            .vocab_divergence(roll, &data.trainer, Some(ids), &vec![true; n], 1.0)
+            .unwrap();
+        for (field, vals) in fields(&got) {
+            let want = data.reference(&format!("{pre}{field}"));
+            let (rtol, atol) = tol(field);
+            let (mut w, mut wa) = (0.0f64, 0.0f64);
+            for (i, (&g, &r)) in vals.iter().zip(want).enumerate() {
+                let err = (g - r).abs();
+                assert!(
+                    err <= rtol * r.abs() + atol,
+                    "{who} {pre}{field}[{i}]: got {g:e}, reference {r:e} (err {err:e})"
+                );
+                if r.abs() >= 100.0 * atol {
+                    w = w.max(err / r.abs());
+                }
+                wa = wa.max(err);
+            }
+            worst.push((format!("{pre}{field}"), w, wa));
+        }
+    }
+    worst
+}
+
+#[test]
+fn cpu_matches_float64_references() {
+    let data = real();
+    let worst = check_real("cpu", &CpuEngine::new(), &data, |_| (1e-9, 1e-13));
+    for (f, w, wa) in worst {
+        println!("cpu {f}: max rel err {w:.3e} (|ref| >= 1e-11), max abs err {wa:.3e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random batches
+
+fn normal(rng: &mut Rng) -> f64 {
+    let (u, v) = (rng.f64().max(1e-300), rng.f64());
+    (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+}
+
+/// Encodes f32 values in `dtype` (rounding to nearest).
+fn encode(values: &[f32], dtype: DType, rows: usize, vocab: usize) -> Logits {
+    let bytes: Vec<u8> = match dtype {
+        DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F16 => values
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        DType::BF16 => values
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+    };
+    Logits::from_bytes(bytes, dtype, rows, vocab).unwrap()
+}
+
+/// A random pair of logits tensors: trainer = rollout + noise, both scaled by `scale`, with a
+/// fraction of −inf entries and a few masked rows full of NaN.
+struct Case {
+    rows: usize,
+    vocab: usize,
+    rollout: Logits,
+    train: Logits,
+    responses: Vec<i64>,
+    mask: Vec<bool>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn case(
+    seed: u64,
+    rows: usize,
+    vocab: usize,
+    da: DType,
+    db: DType,
+    scale: f64,
+    noise: f64,
+    neg_inf: f64,
+) -> Case {
+    let mut rng = Rng::new(seed);
+    let n = rows * vocab;
+    let mut a = vec![0f32; n];
+    let mut b = vec![0f32; n];
+    // every 5th row masked (not when there is a single row)
+    let mask: Vec<bool> = (0..rows).map(|r| !(rows > 1 && r % 5 == 3)).collect();
+    for (r, &valid) in mask.iter().enumerate() {
+        let masked = !valid;
+        let sharp = 0.5 + 3.0 * rng.f64();
+        for i in 0..vocab {
+            let k = r * vocab + i;
+            if masked {
+                a[k] = f32::NAN;
+                b[k] = if i % 2 == 0 { f32::INFINITY } else { f32::NAN };
+                continue;
+            }
+            let x = normal(&mut rng) * sharp;
+            a[k] = (x * scale) as f32;
+            b[k] = ((x + noise * normal(&mut rng)) * scale + 0.37 * scale) as f32;
+            if vocab > 1 && rng.f64() < neg_inf && i != r % vocab {
+                a[k] = f32::NEG_INFINITY;
+                if rng.f64() < 0.7 {
+                    b[k] = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    let mut responses = vec![0i64; rows];
+    for (r, y) in responses.iter_mut().enumerate() {
+        *y = if mask[r] { (r % vocab) as i64 } else { -7 };
+    }
+    Case {
+        rows,
+        vocab,
+        rollout: encode(&a, da, rows, vocab),
+        train: encode(&b, db, rows, vocab),
+        responses,
+        mask,
+    }
+}
+
+/// `(rtol, atol)` of the GPU against a float64 reference on the same inputs.
+fn gpu_tol(field: &str) -> (f64, f64) {
+    match field {
+        "kl_rollout_trainer" | "kl_trainer_rollout" | "tv" => (2e-3, 1e-7),
+        "entropy_rollout" | "entropy_trainer" => (1e-4, 1e-6),
+        _ => (1e-5, 1e-5), // log-probs
+    }
+}
+
+/// Compares two results field by field (`±inf` must match exactly), reporting the worst index.
+/// `scale` multiplies the absolute tolerance (inputs of magnitude `scale`).
+fn compare(what: &str, got: &VocabStats, want: &VocabStats, scale: f64) {
+    for ((field, g), (_, w)) in fields(got).into_iter().zip(fields(want)) {
+        let (rtol, atol) = gpu_tol(field);
+        let atol = if field.starts_with("logp") {
+            atol * scale
+        } else {
+            atol
+        };
+        let mut worst: Option<(usize, f64)> = None;
+        for (i, (&g, &w)) in g.iter().zip(w).enumerate() {
+            if w.is_infinite() || g.is_infinite() {
+                assert_eq!(g, w, "{what} {field}[{i}]");
+                continue;
+            }
+            let excess = (g - w).abs() - (rtol * w.abs() + atol);
+            assert!(!g.is_nan(), "{what} {field}[{i}] is NaN (want {w:e})");
+            if worst.is_none_or(|(_, e)| excess > e) {
+                worst = Some((i, excess));
+            }
+        }
+        if let Some((i, e)) = worst {
+            assert!(
+                e <= 0.0,
+                "{what} {field}[{i}]: gpu {:e} vs cpu {:e} (rtol {rtol:e}, atol {atol:e})",
+                g[i],
+                w[i]
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU
+
+#[test]
+fn every_dtype_pair_has_kernel_keys() {
+    use trmask::gpu::pipeline::{all_kernel_keys, Op};
+    let keys = all_kernel_keys();
+    for a in [DType::F32, DType::F16, DType::BF16] {
+        for b in [DType::F32, DType::F16, DType::BF16] {
+            assert!(
+                keys.iter()
+                    .any(|k| k.op == Op::VocabDivergence(b) && k.dtype == a),
+                "no vocab_divergence key for rollout {a:?} / trainer {b:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gpu_matches_float64_references() {
+    let Some(gpu) = common::gpu() else { return };
+    let data = real();
+    let worst = check_real("gpu", gpu.as_ref(), &data, gpu_tol);
+    for (f, w, wa) in worst {
+        println!("gpu {f}: max rel err {w:.3e} (|ref| >= 100 atol), max abs err {wa:.3e}");
+    }
+}
+
+fn run_case(gpu: &dyn Engine, c: &Case, temperature: f64, scale: f64, what: &str) {
+    let cpu = CpuEngine::new()
+        .vocab_divergence(
+            &c.rollout,
+            &c.train,
+            Some(&c.responses),
+            &c.mask,
+            temperature,
+        )
+        .unwrap_or_else(|e| panic!("{what}: cpu: {e}"));
+    let got = gpu
+        .vocab_divergence(
+            &c.rollout,
+            &c.train,
+            Some(&c.responses),
+            &c.mask,
+            temperature,
+        )
+        .unwrap_or_else(|e| panic!("{what}: gpu: {e}"));
+    compare(what, &got, &cpu, scale);
+    for (r, &m) in c.mask.iter().enumerate() {
+        if !m {
+            for (f, v) in fields(&got) {
+                assert_eq!(v[r], 0.0, "{what}: masked row {r} {f}");
+            }
+        }
+    }
+}
+
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+#[test]
+fn gpu_matches_cpu_on_random_batches_every_dtype_pair() {
+    let Some(gpu) = common::gpu() else { return };
+    let seed = common::seed(0x5eed_0001);
+    let mut k = 0u64;
+    for da in DTYPES {
+        for db in DTYPES {
+            for &v in &[1usize, 2, 3, 7, 255, 256, 257, 4099] {
+                k += 1;
+                let rows = if v < 300 { 11 } else { 6 };
+                let c = case(seed + k, rows, v, da, db, 1.0, 0.05, 0.1);
+                let what = format!("{da:?}/{db:?} V={v} seed={}", seed + k);
+                run_case(gpu.as_ref(), &c, 1.0, 1.0, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_matches_cpu_on_large_vocabularies() {
+    let Some(gpu) = common::gpu() else { return };
+    let seed = common::seed(0x5eed_0002);
+    for (i, (v, rows, da, db)) in [
+        (32000usize, 4usize, DType::BF16, DType::F32),
+        (151_936, 2, DType::BF16, DType::F32),
+        (151_936, 1, DType::F16, DType::F16),
+        (30522, 3, DType::F32, DType::BF16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let s = seed + i as u64;
+        let c = case(s, rows, v, da, db, 4.0, 0.01, 0.01);
+        run_case(
+            gpu.as_ref(),
+            &c,
+            1.0,
+            1.0,
+            &format!("{da:?}/{db:?} V={v} seed={s}"),
+        );
+    }
+}
+
+#[test]
+fn gpu_handles_extreme_magnitudes_temperature_and_identical_inputs() {
+    let Some(gpu) = common::gpu() else { return };
+    let seed = common::seed(0x5eed_0003);
+    for (i, (scale, noise, temp)) in [
+        (1e4, 1e-4, 1.0), // ±1e4 logits, small mismatch
+        (1e4, 1.0, 1.0),  // ±1e4 logits, huge mismatch (KL ~ 1e4)
+        (1.0, 0.05, 0.7), // temperature ≠ 1
+        (30.0, 0.01, 1.6),
+        (1.0, 0.0, 1.0), // identical up to a constant shift
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for (da, db) in [(DType::F32, DType::F32), (DType::BF16, DType::F32)] {
+            let s = seed + i as u64;
+            let c = case(s, 7, 1000, da, db, scale, noise, 0.05);
+            let what = format!("scale {scale} noise {noise} T {temp} {da:?}/{db:?} seed {s}");
+            run_case(gpu.as_ref(), &c, temp, scale, &what);
+        }
+    }
+    // exactly identical tensors: KL, KL_rev and TV vanish
+    let c = case(seed, 5, 4099, DType::BF16, DType::BF16, 10.0, 0.1, 0.05);
+    let got = gpu
+        .vocab_divergence(&c.rollout, &c.rollout, Some(&c.responses), &c.mask, 1.0)
+        .unwrap();
+    for r in 0..c.rows {
+        assert!(
+            got.kl[r].abs() < 1e-7 && got.kl_rev[r].abs() < 1e-7,
+            "row {r}: {got:?}"
+        );
+        assert!(got.tv[r].abs() < 1e-6, "row {r}: tv {}", got.tv[r]);
+    }
+}
+
+#[test]
+fn gpu_infinite_divergences_and_errors_match_cpu() {
+    let Some(gpu) = common::gpu() else { return };
+    let v = 9;
+    let ninf = f32::NEG_INFINITY;
+    // row 0: q = 0 where p > 0 (KL = ∞); row 1: p = 0 where q > 0 (KL_rev = ∞); row 2: sampled
+    // token at p = 0 (logp = −∞); row 3: disjoint supports (both KLs ∞, TV = 1)
+    let a: Vec<f32> = [
+        [0.5, 1.0, 2.0, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
+        [0.5, ninf, 2.0, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
+        [ninf, 1.0, 2.0, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
+        [0.0, 1.0, ninf, ninf, ninf, ninf, ninf, ninf, ninf],
+    ]
+    .concat();
+    let b: Vec<f32> = [
+        [0.4, 1.1, ninf, -1.0, 0.1, 0.3, 0.2, 0.1, 3.1],
+        [0.5, 1.0, 2.0, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
+        [ninf, 1.0, 2.1, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
+        [ninf, ninf, 2.0, 3.0, 0.5, ninf, ninf, ninf, 1.0],
+    ]
+    .concat();
+    let la = encode(&a, DType::F32, 4, v);
+    let lb = encode(&b, DType::BF16, 4, v);
+    let ids = [1i64, 2, 0, 0];
+    let m = [true; 4];
+    let cpu = CpuEngine::new()
+        .vocab_divergence(&la, &lb, Some(&ids), &m, 1.0)
+        .unwrap();
+    let got = gpu.vocab_divergence(&la, &lb, Some(&ids), &m, 1.0).unwrap();
+    assert_eq!(got.kl[0], f64::INFINITY);
+    assert_eq!(got.kl_rev[1], f64::INFINITY);
+    assert_eq!(got.rollout_logp[2], f64::NEG_INFINITY);
+    assert_eq!(
+        (got.kl[3], got.kl_rev[3], got.tv[3]),
+        (f64::INFINITY, f64::INFINITY, 1.0)
+    );
+    assert_eq!(got.train_logp[3], f64::NEG_INFINITY);
+    compare("infinities", &got, &cpu, 1.0);
+    // NaN / +inf in a valid row: the same error as the CPU path
+    let mut bad = a.clone();
+    bad[v + 4] = f32::NAN;
+    let lbad = encode(&bad, DType::F32, 4, v);
+    let e_cpu = CpuEngine::new()
+        .vocab_divergence(&lbad, &lb, Some(&ids), &m, 1.0)
+        .unwrap_err();
+    let e_gpu = gpu
+        .vocab_divergence(&lbad, &lb, Some(&ids), &m, 1.0)
+        .unwrap_err();
+    assert_eq!(e_gpu, e_cpu);
+    // every entry −inf
+    let allinf = vec![ninf; 4 * v];
+    let l = encode(&allinf, DType::F16, 4, v);
+    let e_cpu = CpuEngine::new()
+        .vocab_divergence(&la, &l, None, &m, 1.0)
+        .unwrap_err();
+    let e_gpu = gpu.vocab_divergence(&la, &l, None, &m, 1.0).unwrap_err();
+    assert_eq!(e_gpu, e_cpu);
+    // bad temperature / out-of-range ids
+    assert!(gpu.vocab_divergence(&la, &lb, None, &m, 0.0).is_err());
+    assert!(gpu
+        .vocab_divergence(&la, &lb, Some(&[0, 9, 0, 0]), &m, 1.0)
+        .is_err());
+    // no rows at all
+    let e = Logits::from_bytes(Vec::new(), DType::F32, 0, v).unwrap();
+    let s = gpu.vocab_divergence(&e, &e, None, &[], 1.0).unwrap();
+    assert!(s.kl.is_empty());
+}
+
+fn bits(s: &VocabStats) -> Vec<u64> {
+    fields(s)
+        .iter()
+        .flat_map(|(_, v)| v.iter().map(|x| x.to_bits()))
+        .collect()
+}
+
+#[test]
+fn multi_chunk_runs_equal_single_chunk_runs_bit_for_bit() {
+    use trmask::gpu::{ContextOptions, GpuEngine};
+    let Some(gpu) = common::gpu() else { return };
+    let seed = common::seed(0x5eed_0004);
+    let wg = gpu
+        .context()
+        .workgroup_size(trmask::gpu::pipeline::Op::VocabDivergence(DType::F32));
+    // binding limit: a handful of rows per chunk (and 1 row per chunk for the widest case)
+    let small = GpuEngine::with_options(&ContextOptions {
+        max_binding_size: Some(8192),
+        workgroup_size: Some(wg),
+        ..Default::default()
+    })
+    .expect("second engine on the same adapter");
+    for (i, (v, rows, da, db)) in [
+        (257usize, 40usize, DType::BF16, DType::F32),
+        (7, 300, DType::F16, DType::BF16),
+        (1, 200, DType::F32, DType::F16),
+        (1900, 6, DType::F32, DType::F32),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let s = seed + i as u64;
+        let c = case(s, rows, v, da, db, 3.0, 0.05, 0.05);
+        let one = gpu
+            .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.9)
+            .unwrap();
+        let many = small
+            .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.9)
+            .unwrap();
+        assert_eq!(
+            bits(&one),
+            bits(&many),
+            "V={v} rows={rows} {da:?}/{db:?} seed {s}"
+        );
+    }
+    // and the forced 1 KiB limit of the shared small-chunk engine
+    if let Some(tiny) = common::gpu_small_chunks() {
+        let c = case(seed, 50, 33, DType::BF16, DType::F16, 2.0, 0.1, 0.1);
+        let got = tiny
+            .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 1.0)
+            .unwrap();
+        let cpu = CpuEngine::new()
+            .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 1.0)
+            .unwrap();
+        compare("1 KiB chunks", &got, &cpu, 1.0);
+    }
+}
+
+#[test]
+fn zero_copy_device_buffers_match_host_upload() {
+    use wgpu::util::DeviceExt;
+    let Some(gpu) = common::gpu() else { return };
+    let ctx = gpu.context();
+    let seed = common::seed(0x5eed_0005);
+    // odd vocabulary with 16-bit rows: rows start mid-word; odd byte count padded
+    let c = case(seed, 9, 4099, DType::BF16, DType::F32, 5.0, 0.02, 0.02);
+    let pad = |b: &[u8]| {
+        let mut v = b.to_vec();
+        v.resize(v.len().div_ceil(4) * 4, 0);
+        v
+    };
+    let mk = |b: &[u8]| {
+        ctx.device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("test logits"),
+                contents: &pad(b),
+                usage: wgpu::BufferUsages::STORAGE,
+            })
+    };
+    let (ba, bb) = (mk(c.rollout.bytes()), mk(c.train.bytes()));
+    let dev = trmask::gpu::vocab_divergence::vocab_divergence_device(
+        ctx,
+        &ba,
+        DType::BF16,
+        &bb,
+        DType::F32,
+        c.vocab,
+        Some(&c.responses),
+        &c.mask,
+        1.0,
+    )
+    .unwrap();
+    let host = gpu
+        .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 1.0)
+        .unwrap();
+    assert_eq!(bits(&dev), bits(&host));
+}
+
+#[test]
+fn gpu_more_rows_than_one_dispatch_dimension_and_odd_workgroup() {
+    use trmask::gpu::{ContextOptions, GpuEngine};
+    if common::gpu().is_none() {
+        return;
+    }
+    let seed = common::seed(0x5eed_0006);
+    // 66,000 rows > 65,535 workgroups per dimension: a 2-D grid (small workgroups: lavapipe
+    // runs every invocation on 2 cores)
+    let small_wg = GpuEngine::with_options(&ContextOptions {
+        workgroup_size: Some(64),
+        ..Default::default()
+    })
+    .expect("engine with workgroup 64");
+    let c = case(seed, 66_000, 1, DType::F16, DType::F32, 2.0, 0.1, 0.0);
+    run_case(&small_wg, &c, 1.0, 1.0, &format!("66000 rows seed {seed}"));
+    // a non-power-of-two workgroup (192) reduces with the same tree code
+    let odd = GpuEngine::with_options(&ContextOptions {
+        workgroup_size: Some(192),
+        ..Default::default()
+    })
+    .expect("engine with workgroup 192");
+    let c = case(seed + 1, 9, 30522, DType::BF16, DType::F32, 3.0, 0.02, 0.01);
+    run_case(&odd, &c, 1.0, 1.0, &format!("wg 192 seed {}", seed + 1));
+}
