@@ -14,7 +14,7 @@
 //! | `temperature` | softmax temperature for logits (default 1) |
 //! | `ln_trm` | `{eps, delta}` for `seq_lntrm`; a missing one drops its term from `w_t` |
 //! | `token_veto` | τ: reject a sequence if any ρ_t < τ |
-//! | `dppo` | kept verbatim (typed by the DPPO module) |
+//! | `dppo` | `{divergence, delta, delta_low, delta_high, direction, top_k_support}`: the DPPO / PDM token mask ([`crate::topk::DppoConfig`]; errors name `dppo.<key>`); `top_k_support` also picks the support of the `topk_*` statistics |
 //! | `legacy`, `rollout_rs_threshold_lower`, `rollout_token_veto_threshold` | verl's legacy API (see [`CorrectionConfig::legacy`]) |
 //!
 //! Threshold grammar (verl's `_parse_rollout_rs_thresholds`): for `k1` criteria `"L_U"` keeps
@@ -23,6 +23,7 @@
 //! upper bound `U` (keep if `stat ≤ U`, `U > 0`). Comparisons are inclusive.
 
 use crate::error::{Error, Result};
+use crate::topk::{DppoConfig, TopkSupport};
 use serde_json::{Map, Value};
 
 /// IS weight aggregation level (`rollout_is`).
@@ -93,7 +94,8 @@ pub struct CorrectionConfig {
     pub temperature: f64,
     pub ln_trm: Option<LnTrm>,
     pub token_veto: Option<f64>,
-    pub dppo: Option<Value>,
+    /// The DPPO / PDM token mask (SPEC §7), ANDed into `modified_response_mask`.
+    pub dppo: Option<DppoConfig>,
     /// verl's legacy API (commit 9b718e1a, before PR #4544): `rollout_rs` ∈ {token, sequence,
     /// geometric} with `rollout_rs_threshold` / `rollout_rs_threshold_lower` on the IS ratio,
     /// and `rollout_token_veto_threshold`. Set by `"legacy": true` or by either legacy key.
@@ -509,7 +511,13 @@ impl CorrectionConfig {
                         Some(t)
                     }
                 }
-                "dppo" => c.dppo = if val.is_null() { None } else { Some(val.clone()) },
+                "dppo" => {
+                    c.dppo = if val.is_null() {
+                        None
+                    } else {
+                        Some(DppoConfig::from_json(val)?)
+                    }
+                }
                 "legacy" => {
                     c.legacy |= val
                         .as_bool()
@@ -609,7 +617,10 @@ impl CorrectionConfig {
             m.insert("token_veto".into(), num_json(t));
         }
         if let Some(d) = &self.dppo {
-            m.insert("dppo".into(), d.clone());
+            m.insert(
+                "dppo".into(),
+                serde_json::to_value(d).unwrap_or(Value::Null),
+            );
         }
         if self.legacy {
             m.insert("legacy".into(), Value::Bool(true));
@@ -704,10 +715,29 @@ impl CorrectionConfig {
             ln_trm: self.ln_trm.unwrap_or_default(),
             token_veto: self.token_veto,
             legacy: None,
+            dppo: match &self.dppo {
+                Some(d) => {
+                    d.validate()?;
+                    Some(d.clone())
+                }
+                None => None,
+            },
         })
     }
 
+    /// The support of the `topk_*` statistics: `dppo.top_k_support`, else the union.
+    pub fn top_k_support(&self) -> TopkSupport {
+        self.dppo.as_ref().map(|d| d.support).unwrap_or_default()
+    }
+
     fn resolve_legacy(&self) -> Result<Resolved> {
+        if self.dppo.is_some() {
+            return Err(Error::config(
+                "dppo",
+                "is not available with verl's legacy API (legacy / rollout_rs_threshold_lower / \
+                 rollout_token_veto_threshold)",
+            ));
+        }
         let num = |key: &str, spec: &ThresholdSpec| -> Result<f64> {
             match spec {
                 ThresholdSpec::Number(x) => Ok(*x),
@@ -775,6 +805,7 @@ impl CorrectionConfig {
             criteria: Vec::new(),
             ln_trm: LnTrm::default(),
             token_veto: None,
+            dppo: None,
             legacy: Some(LegacySpec {
                 rs,
                 veto: self.rollout_token_veto_threshold,
@@ -896,6 +927,8 @@ pub struct Resolved {
     pub token_veto: Option<f64>,
     /// `Some` in legacy mode.
     pub legacy: Option<LegacySpec>,
+    /// The DPPO / PDM token mask, when configured (never in legacy mode).
+    pub dppo: Option<DppoConfig>,
 }
 
 /// Python's `float(str)`: surrounding whitespace, underscores between digits, inf/nan.
@@ -1116,6 +1149,29 @@ mod tests {
         let e = CorrectionConfig::from_json_str(r#"{"rollout_iss": "token"}"#).unwrap_err();
         assert!(e.to_string().contains("rollout_iss"));
         let c = CorrectionConfig::from_json_str(r#"{"dppo": {"delta": 0.1}}"#).unwrap();
-        assert!(c.dppo.is_some());
+        assert_eq!(c.dppo.as_ref().map(|d| d.delta), Some(0.1));
+        assert_eq!(c.top_k_support(), TopkSupport::Union);
+        let back = CorrectionConfig::from_json_value(&c.to_json_value()).unwrap();
+        assert_eq!(back, c);
+        for (bad, key) in [
+            (
+                r#"{"dppo": {"delta": 0.1, "direction": "up"}}"#,
+                "dppo.direction",
+            ),
+            (r#"{"dppo": {"delta": -1}}"#, "dppo.delta"),
+            (r#"{"dppo": {"delta": 0.1, "detla": 1}}"#, "dppo.detla"),
+            (r#"{"dppo": 3}"#, "dppo"),
+        ] {
+            match CorrectionConfig::from_json_str(bad) {
+                Err(Error::InvalidConfig { key: k, .. }) => assert_eq!(k, key, "{bad}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        let c = CorrectionConfig::from_json_str(
+            r#"{"rollout_is": "token", "dppo": {"delta": 0.1, "top_k_support": "replace_kth"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.top_k_support(), TopkSupport::ReplaceKth);
+        assert!(c.resolve().unwrap().dppo.is_some());
     }
 }

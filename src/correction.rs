@@ -32,6 +32,19 @@
 //! verl's de-duplication) rejected at least one valid token of the sequence; when `token_veto`
 //! is set it is bit `criteria.len()`. `seq_accept` is 1 when no bit is set. Empty sequences are
 //! accepted (nothing to reject) and excluded from trmask's own statistics.
+//!
+//! # Token masks (DPPO / PDM) and sequence criteria
+//!
+//! `modified_response_mask` is the AND of, per valid token: every `rollout_rs` criterion
+//! (a sequence criterion rejects all tokens of its sequence, a `token_*` criterion only its
+//! token), the token veto, and — when the config has a `dppo` block — the DPPO / PDM keep mask
+//! of [`crate::topk::dppo_mask`] (SPEC §7; needs the rollout top-K, `responses`, `old_logits`
+//! and `advantages`). The DPPO mask drops single tokens only: it never rejects a sequence, so
+//! it sets no bit of `seq_reject_bits` and leaves `seq_accept`, verl's `rollout_corr/*` RS
+//! metrics and the per-criterion `trmask/reject_rate/*` unchanged; `trmask/token_reject_rate`
+//! counts every dropped token, and the `trmask/dppo_*` / `trmask/topk_*` metrics describe the
+//! DPPO mask itself. The `topk_kl` / `topk_tv` statistics (TRM on the reduced support) are
+//! ordinary `<agg>_<stat>` criteria and behave like any other sequence criterion.
 
 use crate::analysis::StatTable;
 use crate::batch::{Batch, Segments};
@@ -169,8 +182,7 @@ pub fn correct(
     config: &crate::CorrectionConfig,
 ) -> Result<Corrections> {
     let resolved = config.resolve()?;
-    let table =
-        crate::analysis::token_table_for(engine, batch, config.temperature, config.bypass_mode)?;
+    let table = crate::analysis::token_table_config(engine, batch, config)?;
     compute(engine, batch, &table, &resolved)
 }
 
@@ -263,6 +275,11 @@ pub fn compute(
         });
     }
 
+    // ---- DPPO / PDM token mask (SPEC §7): ANDed in, no sequence decision ----
+    if let Some(d) = &cfg.dppo {
+        dppo_keep(batch, table, d, &mut keep, &mut metrics)?;
+    }
+
     let mut bits = vec![0u64; b];
     for (ci, c) in criteria.iter().enumerate() {
         for (bb, r) in bits.iter_mut().zip(&c.seq_reject) {
@@ -295,6 +312,39 @@ pub fn compute(
         criteria,
         metrics,
     })
+}
+
+/// ANDs the DPPO / PDM keep mask into `keep` and adds its `trmask/*` metrics.
+fn dppo_keep(
+    batch: &Batch,
+    table: &StatTable,
+    cfg: &crate::topk::DppoConfig,
+    keep: &mut [bool],
+    metrics: &mut BTreeMap<String, f64>,
+) -> Result<()> {
+    let stats = match &table.topk {
+        Some(s) => s,
+        None => {
+            let missing = crate::analysis::topk_missing_input(batch).unwrap_or("old_logits");
+            return Err(Error::input(
+                missing,
+                "is missing: dppo needs the rollout top-K (rollout_topk_ids, \
+                 rollout_topk_log_prob), responses and old_logits",
+            ));
+        }
+    };
+    let adv = batch.advantages.as_deref().ok_or_else(|| {
+        Error::input(
+            "advantages",
+            "is missing: dppo's direction test needs per-token advantages",
+        )
+    })?;
+    let (dppo_keep, m) = crate::topk::dppo_mask(stats, adv, batch.mask(), cfg)?;
+    for (k, d) in keep.iter_mut().zip(&dppo_keep) {
+        *k = *k && *d > 0.0;
+    }
+    metrics.extend(m);
+    Ok(())
 }
 
 pub(crate) fn offpolicy_metrics(

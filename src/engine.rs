@@ -1,8 +1,9 @@
 //! The one trait implemented by the CPU reference ([`crate::cpu::CpuEngine`]) and the GPU
 //! engine ([`crate::gpu::GpuEngine`]), so every computation and every test body runs on both.
 
-use crate::batch::{Logits, Segments};
+use crate::batch::{Batch, Logits, Segments};
 use crate::error::Result;
+use crate::topk::{TopkStats, TopkSupport, TrainerTopk};
 
 /// verl's `SAFETY_BOUND`: log-ratios are clamped to ±20 before `exp` and in k1/k2/k3.
 pub const SAFETY_BOUND: f64 = 20.0;
@@ -84,4 +85,14 @@ pub trait Engine: Send + Sync {
         mask: &[bool],
         temperature: f64,
     ) -> Result<VocabStats>;
+
+    /// Per-slot top-K divergences (SPEC §7, [`crate::topk`]): the batch's rollout top-K
+    /// (`rollout_topk_ids`, `rollout_topk_log_prob`, `responses`, and `rollout_log_prob` where
+    /// y ∉ top-K) against `trainer` on the support `support`. Errors name the tensor and row.
+    fn topk_divergence(
+        &self,
+        batch: &Batch,
+        support: TopkSupport,
+        trainer: TrainerTopk<'_>,
+    ) -> Result<TopkStats>;
 }

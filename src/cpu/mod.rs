@@ -8,15 +8,16 @@ mod vocab_divergence;
 
 pub use segment_reduce::segment_reduce;
 pub use token_stats::{k3_from_log_ratio, token_stats};
-pub use topk_divergence::{topk_divergence, topk_row, TopkRow};
+pub use topk_divergence::{neumaier_sum, topk_divergence, topk_row, TopkRow};
 pub use vocab_divergence::vocab_divergence;
 pub(crate) use vocab_divergence::{
     check_inputs as check_vocab_inputs, first_bad as first_bad_logit,
 };
 
-use crate::batch::{Logits, Segments};
+use crate::batch::{Batch, Logits, Segments};
 use crate::engine::{Engine, SegmentStats, TokenStats, VocabStats};
 use crate::error::Result;
+use crate::topk::{TopkStats, TopkSupport, TrainerTopk};
 
 /// The CPU reference engine.
 #[derive(Clone, Debug, Default)]
@@ -56,5 +57,14 @@ impl Engine for CpuEngine {
         temperature: f64,
     ) -> Result<VocabStats> {
         vocab_divergence(rollout, train, responses, mask, temperature)
+    }
+
+    fn topk_divergence(
+        &self,
+        batch: &Batch,
+        support: TopkSupport,
+        trainer: TrainerTopk<'_>,
+    ) -> Result<TopkStats> {
+        crate::topk::topk_divergence(batch, support, trainer)
     }
 }

@@ -39,9 +39,10 @@ pub mod vocab_divergence;
 
 pub use context::{list_adapters, Capabilities, Context, ContextOptions, Pass};
 
-use crate::batch::{Logits, Segments};
+use crate::batch::{Batch, Logits, Segments};
 use crate::engine::{Engine, SegmentStats, TokenStats, VocabStats};
 use crate::error::Result;
+use crate::topk::{TopkStats, TopkSupport, TrainerTopk};
 use std::sync::Arc;
 
 /// The GPU engine: every [`Engine`] op as wgpu compute kernels on one device.
@@ -114,5 +115,14 @@ impl Engine for GpuEngine {
         temperature: f64,
     ) -> Result<VocabStats> {
         vocab_divergence::vocab_divergence(&self.ctx, rollout, train, responses, mask, temperature)
+    }
+
+    fn topk_divergence(
+        &self,
+        batch: &Batch,
+        support: TopkSupport,
+        trainer: TrainerTopk<'_>,
+    ) -> Result<TopkStats> {
+        topk_divergence::topk_divergence(&self.ctx, batch, support, trainer)
     }
 }
