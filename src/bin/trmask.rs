@@ -2,6 +2,14 @@
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
+
+/// `println!` that never panics: a closed stdout (`trmask analyze … | head`) ends output quietly.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
 use std::process::ExitCode;
 use trmask::backend::{open_engine, Backend};
 use trmask::Engine;
@@ -108,20 +116,20 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             if let Some(path) = &metrics {
                 trmask::io::write_metrics(path, &analysis.metrics)?;
             }
-            println!("engine: {}", engine.name());
-            println!(
+            say!("engine: {}", engine.name());
+            say!(
                 "sequences: {}  token slots: {}",
                 batch.num_seqs(),
                 batch.slots()
             );
             let c = &analysis.corrections;
             let accepted = c.seq_accept.iter().filter(|&&a| a).count();
-            println!("accepted sequences: {accepted} of {}", c.seq_accept.len());
+            say!("accepted sequences: {accepted} of {}", c.seq_accept.len());
             for (k, v) in &analysis.metrics {
-                println!("{k:<48} {v:.6e}");
+                say!("{k:<48} {v:.6e}");
             }
             if let Some(cert) = &analysis.certificate {
-                println!("{}", cert.summary());
+                say!("{}", cert.summary());
             }
             Ok(())
         }
@@ -145,29 +153,29 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             if json {
                 let text = serde_json::to_string_pretty(&b)
                     .map_err(|e| trmask::Error::file("<stdout>", e.to_string()))?;
-                println!("{text}");
+                say!("{text}");
             } else {
-                println!("{}", b.table().trim_end());
+                say!("{}", b.table().trim_end());
             }
             Ok(())
         }
         Command::Devices => {
             let adapters = trmask::gpu::list_adapters();
             if adapters.is_empty() {
-                println!("no GPU adapter found (WGPU_BACKEND / WGPU_ADAPTER_NAME select one)");
+                say!("no GPU adapter found (WGPU_BACKEND / WGPU_ADAPTER_NAME select one)");
             }
             for a in &adapters {
-                println!("adapter: {a}");
+                say!("adapter: {a}");
             }
             match trmask::GpuEngine::new() {
-                Ok(gpu) => println!(
+                Ok(gpu) => say!(
                     "selected: {}\n{}",
                     gpu.name(),
                     gpu.capabilities().describe()
                 ),
-                Err(e) => println!("selected: none ({e})"),
+                Err(e) => say!("selected: none ({e})"),
             }
-            println!("cpu: {}", trmask::cpu::CpuEngine::new().name());
+            say!("cpu: {}", trmask::cpu::CpuEngine::new().name());
             Ok(())
         }
     }
