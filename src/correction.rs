@@ -1,10 +1,13 @@
 //! What a trainer consumes each step: importance weights, the modified response mask, per-sequence
 //! decisions and statistics, and the metrics (verl's `rollout_corr/*` plus trmask's `trmask/*`).
 //!
-//! Every per-token statistic comes from the [`StatTable`] (computed by `Engine::token_stats` /
-//! `Engine::vocab_divergence`) and every per-sequence reduction from `Engine::segment_reduce`, so
-//! the CPU and GPU engines run the same code; the host finishes masks, weights and metrics from
-//! those per-sequence results in f64. verl's quirks (`mmean = Σ / (L + 1e-8)`, means over all
+//! Weights and masks come from one `Engine::corrections_pass` call (a [`MaskPlan`] built from the
+//! config): token statistics, the per-sequence reduction of every criterion's statistic, the
+//! per-criterion keep decisions, the modified mask and the IS weights before batch
+//! normalisation. On the GPU that is one submission (`shaders/masks.wgsl`); on the CPU it is the
+//! f64 reference (`cpu/masks.rs`). The host then finishes batch normalisation, the token veto
+//! and every metric in f64 from the per-token / per-sequence results and the [`StatTable`]
+//! (host reductions, no device round trip per metric). verl's quirks (`mmean = Σ / (L + 1e-8)`, means over all
 //! B rows including empty ones, float32-rounded fractions) are applied on top of exact sums and
 //! counts, only for the quantities verl names.
 //!

@@ -115,6 +115,11 @@ pub fn corrections_pass(
     let Some(chunks) = plan_chunks(segments, slot_bytes, limits.max_binding_bytes, max_seqs) else {
         return Ok(None);
     };
+    if chunks.is_empty() {
+        // no sequence: nothing to dispatch
+        return crate::cpu::corrections_pass(&crate::cpu::CpuEngine::new(), lr, segments, plan)
+            .map(Some);
+    }
     let mask = &segments.mask;
     let kernel = ctx.kernel(Op::Masks, DType::F32)?;
     let plan_buf = ctx.upload(bytemuck::cast_slice(&plan_words(plan)))?;
