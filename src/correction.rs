@@ -1,10 +1,13 @@
 //! What a trainer consumes each step: importance weights, the modified response mask, per-sequence
 //! decisions and statistics, and the metrics (verl's `rollout_corr/*` plus trmask's `trmask/*`).
 //!
-//! Every per-token statistic comes from the [`StatTable`] (computed by `Engine::token_stats` /
-//! `Engine::vocab_divergence`) and every per-sequence reduction from `Engine::segment_reduce`, so
-//! the CPU and GPU engines run the same code; the host finishes masks, weights and metrics from
-//! those per-sequence results in f64. verl's quirks (`mmean = Σ / (L + 1e-8)`, means over all
+//! Weights and masks come from one `Engine::corrections_pass` call (a [`MaskPlan`] built from the
+//! config): token statistics, the per-sequence reduction of every criterion's statistic, the
+//! per-criterion keep decisions, the modified mask and the IS weights before batch
+//! normalisation. On the GPU that is one submission (`shaders/masks.wgsl`); on the CPU it is the
+//! f64 reference (`cpu/masks.rs`). The host then finishes batch normalisation, the token veto
+//! and every metric in f64 from the per-token / per-sequence results and the [`StatTable`]
+//! (host reductions, no device round trip per metric). verl's quirks (`mmean = Σ / (L + 1e-8)`, means over all
 //! B rows including empty ones, float32-rounded fractions) are applied on top of exact sums and
 //! counts, only for the quantities verl names.
 //!
@@ -49,7 +52,10 @@
 use crate::analysis::StatTable;
 use crate::batch::{Batch, Segments};
 use crate::config::{Agg, Criterion, IsLevel, Resolved};
-use crate::engine::{Engine, SegmentStats, SAFETY_BOUND};
+use crate::engine::{
+    CorrectionsRaw, Engine, MaskAgg, MaskCriterion, MaskIs, MaskPlan, MaskSource, SegmentStats,
+    SAFETY_BOUND,
+};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 
@@ -88,7 +94,6 @@ pub struct Corrections {
 }
 
 pub(crate) struct Ctx<'a> {
-    pub(crate) engine: &'a dyn Engine,
     pub(crate) segs: &'a Segments,
     pub(crate) mask: &'a [bool],
     pub(crate) owner: Vec<usize>,
@@ -102,10 +107,10 @@ pub(crate) fn f32_frac(k: usize, n: usize) -> f64 {
 }
 
 impl Ctx<'_> {
+    /// Host f64 reduction for metric finishing (the engines' per-token and per-sequence
+    /// results come from `Engine::corrections_pass`; no device round trip per metric).
     pub(crate) fn reduce(&self, v: &[f64]) -> Result<SegmentStats> {
-        let mut r = self.engine.segment_reduce(&[v], self.segs)?;
-        r.pop()
-            .ok_or_else(|| Error::Gpu("segment_reduce returned nothing".into()))
+        Ok(crate::cpu::segment_reduce(v, self.segs))
     }
     /// Per-slot array from a per-token function (0 at invalid slots).
     pub(crate) fn tok(&self, f: impl Fn(usize) -> f64) -> Vec<f64> {
@@ -199,7 +204,6 @@ pub fn compute(
     let b = seq_len.len();
     let n_tok: usize = seq_len.iter().sum();
     let ctx = Ctx {
-        engine,
         segs,
         mask,
         owner: segs.slot_owner(),
@@ -225,20 +229,22 @@ pub fn compute(
     let s_lr = ctx.reduce(lr)?;
     offpolicy_metrics(&ctx, table, lr, rho, &s_lr, &mut metrics)?;
 
+    // ---- weights and masks: one engine pass (one GPU submission) ----
+    let lntrm_w = lntrm_column(&ctx, cfg);
+    let plan = mask_plan(table, cfg, &lntrm_w)?;
+    let raw = engine.corrections_pass(lr, segs, &plan)?;
+
     // ---- IS weights ----
-    let weights = match cfg.is {
-        None => None,
-        Some(is) => Some(is_weights(&ctx, is, rho, &s_lr, &mut metrics)?),
+    let weights = match (cfg.is, &raw.weights) {
+        (Some(is), Some(w)) => Some(is_weights(&ctx, is, rho, &s_lr, w.clone(), &mut metrics)?),
+        _ => None,
     };
 
     // ---- RS criteria ----
-    let mut keep: Vec<bool> = mask.to_vec();
+    let mut keep: Vec<bool> = raw.mask.clone();
     let mut criteria = Vec::new();
-    for c in &cfg.criteria {
-        let (res, token_keep) = criterion(&ctx, table, c, cfg, rho, k1, &mut metrics)?;
-        for (k, t) in keep.iter_mut().zip(&token_keep) {
-            *k = *k && *t;
-        }
+    for (ci, c) in cfg.criteria.iter().enumerate() {
+        let res = criterion(&ctx, table, c, ci, &raw, cfg, rho, k1, &mut metrics)?;
         criteria.push(res);
     }
     if !cfg.criteria.is_empty() {
@@ -404,11 +410,91 @@ pub(crate) fn offpolicy_metrics(
     Ok(())
 }
 
+/// LN-TRM token weights per slot (`w_t` from the token's rank among its sequence's valid
+/// tokens; 0 at invalid slots), empty when no criterion needs them.
+fn lntrm_column(ctx: &Ctx, cfg: &Resolved) -> Vec<f64> {
+    if !cfg.criteria.iter().any(|c| c.stat == "lntrm") {
+        return Vec::new();
+    }
+    let (e, d) = (cfg.ln_trm.eps, cfg.ln_trm.delta);
+    let mut rank = vec![0usize; ctx.segs.len()];
+    (0..ctx.mask.len())
+        .map(|i| {
+            if !ctx.mask[i] {
+                return 0.0;
+            }
+            let s = ctx.owner[i];
+            rank[s] += 1;
+            lntrm_weight(ctx.len[s] as usize, rank[s], e, d)
+        })
+        .collect()
+}
+
+/// The engine-side description of the configured criteria and IS weights.
+fn mask_plan<'a>(table: &'a StatTable, cfg: &Resolved, lntrm_w: &'a [f64]) -> Result<MaskPlan<'a>> {
+    let mut columns: Vec<&'a [f64]> = Vec::new();
+    let mut lntrm_col = None;
+    let mut criteria = Vec::with_capacity(cfg.criteria.len());
+    for c in &cfg.criteria {
+        let mut col = |v: &'a [f64]| {
+            columns.push(v);
+            columns.len() - 1
+        };
+        let source = match c.stat.as_str() {
+            "k1" => MaskSource::K1,
+            "k2" => MaskSource::K2,
+            "k3" if c.is_verl() => MaskSource::K3Verl,
+            "k3" => MaskSource::K3,
+            "abs" => MaskSource::Abs,
+            "ser" => MaskSource::Ser,
+            "lntrm" => {
+                let j = *lntrm_col.get_or_insert_with(|| col(lntrm_w));
+                MaskSource::SerWeighted(j)
+            }
+            s => MaskSource::Column(col(table.get(s)?)),
+        };
+        let agg = match c.agg {
+            Agg::Token => MaskAgg::Token,
+            Agg::SeqSum => MaskAgg::Sum,
+            Agg::SeqMean if c.is_verl() => MaskAgg::MeanVerl,
+            Agg::SeqMean => MaskAgg::Mean,
+            Agg::SeqMax => MaskAgg::Max,
+            Agg::LnTrm => {
+                let j = *lntrm_col.get_or_insert_with(|| col(lntrm_w));
+                MaskAgg::WeightedMean(j)
+            }
+        };
+        let (lower, upper) = if c.is_k1() {
+            (c.lower.map(f64::ln), c.upper.ln())
+        } else {
+            (None, c.upper)
+        };
+        criteria.push(MaskCriterion {
+            source,
+            agg,
+            lower,
+            upper,
+        });
+    }
+    Ok(MaskPlan {
+        criteria,
+        is: cfg.is.map(|is| MaskIs {
+            level: is.level,
+            upper: is.upper,
+            lower: is.lower,
+        }),
+        columns,
+    })
+}
+
+/// verl's IS metrics on the engine's weights `w` (before batch normalisation), then batch
+/// normalisation.
 fn is_weights(
     ctx: &Ctx,
     is: crate::config::IsSpec,
     rho: &[f64],
     s_lr: &SegmentStats,
+    w: Vec<f64>,
     m: &mut BTreeMap<String, f64>,
 ) -> Result<Vec<f64>> {
     let p = |k: &str| format!("rollout_corr/{k}");
@@ -423,13 +509,7 @@ fn is_weights(
         IsLevel::Token => ctx.tok(|i| rho[i]),
         IsLevel::Sequence => ctx.tok(|i| seq_w[ctx.owner[i]]),
     };
-    let mut w: Vec<f64> = match is.lower {
-        None => raw.iter().map(|&x| x.min(upper)).collect(),
-        Some(l) => raw
-            .iter()
-            .map(|&x| if x >= l && x <= upper { x } else { 0.0 })
-            .collect(),
-    };
+    let mut w = w;
     // ---- compute_is_metrics (before batch normalisation) ----
     let lower = is.lower.unwrap_or(1.0 / upper);
     let s_w = ctx.reduce(&w)?;
@@ -550,15 +630,18 @@ pub fn lntrm(rho: &[f64], eps: Option<f64>, delta: Option<f64>) -> f64 {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn criterion(
     ctx: &Ctx,
     table: &StatTable,
     c: &Criterion,
+    ci: usize,
+    raw: &CorrectionsRaw,
     cfg: &Resolved,
     rho: &[f64],
     k1: &[f64],
     m: &mut BTreeMap<String, f64>,
-) -> Result<(CriterionResult, Vec<bool>)> {
+) -> Result<CriterionResult> {
     let b = ctx.b;
     let k3v: Vec<f64>;
     // verl's own per-token statistic, else the table's
@@ -592,63 +675,20 @@ fn criterion(
     } else {
         (None, c.upper)
     };
-    let keep_val = |x: f64| match lower_log {
-        Some(l) => x >= l && x <= upper_log,
-        None => x <= upper_log,
-    };
-    let s = ctx.reduce(st)?;
+    // decisions and sequence statistics from the engine pass
     let seq_stat: Option<Vec<f64>> = match c.agg {
         Agg::Token => None,
-        Agg::SeqSum => Some(s.sum.clone()),
-        Agg::SeqMean if c.is_verl() => Some(ctx.mmean_rows(&s)),
-        Agg::SeqMean => Some(
-            (0..b)
-                .map(|i| if s.count[i] > 0 { s.mean[i] } else { 0.0 })
-                .collect(),
-        ),
-        Agg::SeqMax => Some(
-            (0..b)
-                .map(|i| if s.count[i] > 0 { s.max[i] } else { 0.0 })
-                .collect(),
-        ),
-        Agg::LnTrm => Some(
-            (0..b)
-                .map(|i| {
-                    let l = ctx.len[i] as usize;
-                    let z: f64 = (1..=l)
-                        .map(|j| lntrm_weight(l, j, cfg.ln_trm.eps, cfg.ln_trm.delta))
-                        .sum();
-                    if z > 0.0 {
-                        s.sum[i] / z
-                    } else {
-                        0.0
-                    }
-                })
-                .collect(),
-        ),
+        _ => Some(raw.seq_stat[ci].clone()),
     };
-    let token_keep: Vec<bool> = match &seq_stat {
-        None => (0..ctx.mask.len())
-            .map(|i| !ctx.mask[i] || keep_val(st[i]))
-            .collect(),
-        Some(v) => {
-            let kb: Vec<bool> = v.iter().map(|&x| keep_val(x)).collect();
-            (0..ctx.mask.len())
-                .map(|i| !ctx.mask[i] || kb[ctx.owner[i]])
-                .collect()
-        }
-    };
+    let bit = 1u32 << ci;
+    let token_keep: Vec<bool> = raw.token_reject.iter().map(|&r| r & bit == 0).collect();
     // ---- verl's compute_rs_metrics on the per-token statistic (broadcast for sequences) ----
     let pts: Vec<f64> = match &seq_stat {
         None => ctx.tok(|i| st[i]),
         Some(v) => ctx.tok(|i| v[ctx.owner[i]]),
     };
     let pre = format!("rollout_corr/rollout_rs_{}", c.name);
-    let s_pts = if seq_stat.is_none() {
-        s.clone()
-    } else {
-        ctx.reduce(&pts)?
-    };
+    let s_pts = ctx.reduce(&pts)?;
     let seq_values: Vec<f64> = match &seq_stat {
         None => ctx.mmean_rows(&s_pts),
         Some(v) => v.clone(),
@@ -744,15 +784,12 @@ fn criterion(
     } else {
         format!("seq_{}", c.name)
     };
-    Ok((
-        CriterionResult {
-            name: c.name.clone(),
-            output_name,
-            seq_stat: out_stat,
-            seq_reject,
-        },
-        token_keep,
-    ))
+    Ok(CriterionResult {
+        name: c.name.clone(),
+        output_name,
+        seq_stat: out_stat,
+        seq_reject,
+    })
 }
 
 /// Linear-interpolation percentile (numpy's default) of sorted values.

@@ -7,6 +7,7 @@
 //! (verl computes `sqrt(E[x²] − E[x]²)`, whose cancellation depends on torch's summation order). A GPU engine compares against the `float32` outputs where
 //! present at `2e-5·|ref| + 2e-6` (see [`Tol::gpu`]).
 
+mod common;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -54,7 +55,14 @@ pub struct Tol {
     frac_atol: f64,
     /// which reference outputs to compare against
     reference: &'static str,
+    /// f32 path: `*_std` metrics compared on the variance with a tolerance derived from the
+    /// conditioning of `sqrt(E[x²] − E[x]²)`, and mask flips accepted at exact ties (see
+    /// [`Tol::gpu`])
+    f32_path: bool,
 }
+
+/// Relative precision of f32.
+const EPS_F32: f64 = f32::EPSILON as f64;
 
 impl Tol {
     fn cpu() -> Self {
@@ -63,17 +71,54 @@ impl Tol {
             atol: 1e-15,
             frac_atol: 2e-7,
             reference: "float64",
+            f32_path: false,
         }
     }
-    /// For a GPU engine (f32 accumulation).
-    #[allow(dead_code)]
+    /// For a GPU engine (f32 per-token values).
+    ///
+    /// * `*_std` metrics: verl's std is `sqrt(E[x²] − E[x]²)`. Each per-token value carries a
+    ///   relative error of a few ε_f32 (ε = 1.19e-7), so E[x²] and E[x]² each carry an absolute
+    ///   error of a few ε·M² (M = max|x|, read from the case's own `_max` / `_min` metrics), and
+    ///   the variance can do no better than that difference: for a near-constant x the std is
+    ///   pure rounding, ~sqrt(ε·M²) ≈ 3e-4 for M ≈ 1, whatever its true value. So the std
+    ///   passes when the variances agree to `16·ε_f32·M²` (4 ε for each of the two squares on
+    ///   each side: ours and, for sets with a float32 run, verl's own float32 result).
+    /// * Masks: SPEC §9 lets a mask differ only where the statistic is within tolerance of its
+    ///   threshold. A flipped token passes only when verl's captured per-token / per-sequence
+    ///   statistic of the criterion is within `2e-5·|thr| + 2e-6` of that criterion's
+    ///   threshold (e.g. `verl_test_icepop_loss/rs_token_k2_0.02`: k2 = 0.02 exactly in f64,
+    ///   0.0200000006 in f32); the metrics that depend on the flipped decision are then
+    ///   skipped and the case counts as "passed (tie)".
     fn gpu() -> Self {
         Tol {
             rtol: 2e-5,
             atol: 2e-6,
             frac_atol: 2e-6,
             reference: "float32",
+            f32_path: true,
         }
+    }
+    /// Tolerance on `*_std` metrics on the f32 path (see [`Tol::gpu`]).
+    fn close_std(
+        &self,
+        key: &str,
+        got: f64,
+        want: f64,
+        metrics: &serde_json::Map<String, Value>,
+    ) -> bool {
+        if self.close(key, got, want) {
+            return true;
+        }
+        if !self.f32_path {
+            return false;
+        }
+        let stem = key.trim_end_matches("_std");
+        let m = ["_max", "_min"]
+            .iter()
+            .filter_map(|s| metrics.get(&format!("{stem}{s}")).map(num))
+            .filter(|x| x.is_finite())
+            .fold(0.0f64, |a, x| a.max(x.abs()));
+        (got * got - want * want).abs() <= 16.0 * EPS_F32 * m * m
     }
     fn close(&self, key: &str, got: f64, want: f64) -> bool {
         if got.is_nan() || want.is_nan() {
@@ -104,9 +149,73 @@ struct Produced {
     metrics: BTreeMap<String, f64>,
 }
 
-/// Compares one case's outputs; returns the problems found.
-fn compare(got: &Produced, want: &Value, tol: Tol) -> Vec<String> {
+/// Near-threshold test of SPEC §9 for the tie rule.
+fn near(x: f64, thr: f64) -> bool {
+    (x - thr).abs() <= 2e-5 * thr.abs() + 2e-6
+}
+
+/// The RS options whose captured statistic sits within tolerance of its threshold at every
+/// slot where `got` and `want` masks differ; `None` when some flip has no such explanation.
+fn tied_options(got: &[f64], want_mask: &Value, captured: &Value) -> Option<Vec<String>> {
+    let t = want_mask[0].as_array().map_or(1, |r| r.len().max(1));
+    let want = flatten(want_mask);
+    let rs = captured["rs"].as_array()?;
+    let mut tied = Vec::new();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        if g == w {
+            continue;
+        }
+        let (b, tt) = (i / t, i % t);
+        let mut explained = false;
+        for o in rs {
+            let stat = if let Some(s) = o.get("per_token_statistic") {
+                num(&s[b][tt])
+            } else if let Some(s) = o.get("per_sequence_statistic") {
+                num(&s[b])
+            } else {
+                continue;
+            };
+            let upper = num(&o["metric_threshold_upper"]);
+            let lower_on = o["apply_lower_threshold"].as_bool().unwrap_or(false);
+            let lower = num(&o["metric_threshold_lower"]);
+            if near(stat, upper) || (lower_on && near(stat, lower)) {
+                explained = true;
+                let name = o["option"].as_str().unwrap().to_string();
+                if !tied.contains(&name) {
+                    tied.push(name);
+                }
+            }
+        }
+        if !explained {
+            return None;
+        }
+    }
+    Some(tied)
+}
+
+/// Compares one case's outputs; returns the problems found and whether a mask flip at an exact
+/// tie was accepted (see [`Tol::gpu`]).
+fn compare(got: &Produced, want: &Value, captured: &Value, tol: Tol) -> (Vec<String>, bool) {
     let mut errs = Vec::new();
+    let mask = flatten(&want["modified_response_mask"]);
+    let mut tie = false;
+    let mut skip: Vec<String> = Vec::new();
+    if mask != got.mask {
+        match tied_options(&got.mask, &want["modified_response_mask"], captured)
+            .filter(|_| tol.f32_path)
+        {
+            Some(opts) if !opts.is_empty() => {
+                tie = true;
+                skip.push("rollout_corr/rollout_rs_masked_fraction".into());
+                skip.push("rollout_corr/rollout_rs_seq_masked_fraction".into());
+                skip.extend(opts.iter().map(|o| format!("rollout_corr/rollout_rs_{o}_")));
+            }
+            _ => errs.push(format!(
+                "modified_response_mask differs: got {:?}, want {mask:?}",
+                got.mask
+            )),
+        }
+    }
     let wm = want["metrics"].as_object().unwrap();
     let got_keys: Vec<&String> = got
         .metrics
@@ -125,19 +234,23 @@ fn compare(got: &Produced, want: &Value, tol: Tol) -> Vec<String> {
         ));
     }
     for (k, v) in wm {
+        if skip
+            .iter()
+            .any(|s| k == s || (s.ends_with('_') && k.starts_with(s.as_str())))
+        {
+            continue;
+        }
         if let Some(&g) = got.metrics.get(k) {
             let w = num(v);
-            if !tol.close(k, g, w) {
+            let ok = if k.ends_with("_std") {
+                tol.close_std(k, g, w, wm)
+            } else {
+                tol.close(k, g, w)
+            };
+            if !ok {
                 errs.push(format!("{k}: got {g:e}, want {w:e}"));
             }
         }
-    }
-    let mask = flatten(&want["modified_response_mask"]);
-    if mask != got.mask {
-        errs.push(format!(
-            "modified_response_mask differs: got {:?}, want {mask:?}",
-            got.mask
-        ));
     }
     match (&want["rollout_is_weights"], &got.weights) {
         (Value::Null, None) => {}
@@ -153,7 +266,7 @@ fn compare(got: &Produced, want: &Value, tol: Tol) -> Vec<String> {
             }
         }
     }
-    errs
+    (errs, tie)
 }
 
 struct Case {
@@ -162,6 +275,8 @@ struct Case {
     config: Value,
     /// `Some(outputs)` or `None` for an error case.
     outputs: Option<Value>,
+    /// `captured` of the float64 outputs (the statistics verl passed to its metric helpers).
+    captured: Value,
 }
 
 /// Every case of `api` (`head` or `legacy`, `same_as` resolved) for the reference dtype;
@@ -201,7 +316,11 @@ fn cases_in(api: &str, reference: &str) -> Vec<Case> {
             if api == "legacy" {
                 config["legacy"] = Value::Bool(true);
             }
+            let captured = src["outputs"]
+                .get("float64")
+                .map_or(Value::Null, |o| o["captured"].clone());
             out.push(Case {
+                captured,
                 set: set.clone(),
                 id: c["id"].as_str().unwrap().to_string(),
                 config,
@@ -226,17 +345,31 @@ pub fn run_library(engine: &dyn Engine, tol: Tol) -> (usize, usize, Vec<String>)
 }
 
 fn run_library_api(engine: &dyn Engine, tol: Tol, api: &str) -> (usize, usize, Vec<String>) {
+    let (pass, ties, total, fails) = run_library_ties(engine, tol, api);
+    if ties > 0 {
+        println!("{ties} of the {pass} passed at an exact tie (mask flip within tolerance)");
+    }
+    (pass, total, fails)
+}
+
+/// Like [`run_library_api`], also counting the cases that passed at a tie.
+fn run_library_ties(
+    engine: &dyn Engine,
+    tol: Tol,
+    api: &str,
+) -> (usize, usize, usize, Vec<String>) {
     let all = cases_in(api, tol.reference);
     let mut fails = Vec::new();
     let mut pass = 0;
+    let mut ties = 0;
     for c in &all {
         let batch = trmask::io::read_batch(&input_path(&c.set)).unwrap();
         let res = CorrectionConfig::from_json_value(&c.config)
             .and_then(|cfg| analyze(engine, &batch, &cfg));
-        let errs = match (&c.outputs, res) {
-            (None, Err(_)) => vec![],
-            (None, Ok(_)) => vec!["verl raises, trmask did not".to_string()],
-            (Some(_), Err(e)) => vec![format!("error: {e}")],
+        let (errs, tie) = match (&c.outputs, res) {
+            (None, Err(_)) => (vec![], false),
+            (None, Ok(_)) => (vec!["verl raises, trmask did not".to_string()], false),
+            (Some(_), Err(e)) => (vec![format!("error: {e}")], false),
             (Some(want), Ok(a)) => compare(
                 &Produced {
                     weights: a.corrections.weights.clone(),
@@ -244,22 +377,39 @@ fn run_library_api(engine: &dyn Engine, tol: Tol, api: &str) -> (usize, usize, V
                     metrics: a.metrics.clone(),
                 },
                 want,
+                &c.captured,
                 tol,
             ),
         };
         if errs.is_empty() {
             pass += 1;
+            if tie {
+                ties += 1;
+                println!("passed (tie): {}/{}", c.set, c.id);
+            }
         } else {
             fails.push(format!("{}/{}: {}", c.set, c.id, errs.join("; ")));
         }
     }
-    (pass, all.len(), fails)
+    (pass, ties, all.len(), fails)
 }
 
 #[test]
 fn golden_cases_library_cpu() {
     let (pass, total, fails) = run_library(&CpuEngine::new(), Tol::cpu());
     println!("verl golden (library, cpu): {pass}/{total} passed");
+    for f in fails.iter().take(30) {
+        println!("FAIL {f}");
+    }
+    assert!(fails.is_empty(), "{} of {total} cases failed", fails.len());
+    assert!(total > 250);
+}
+
+#[test]
+fn golden_cases_library_gpu() {
+    let Some(gpu) = common::gpu() else { return };
+    let (pass, ties, total, fails) = run_library_ties(gpu.as_ref(), Tol::gpu(), "head");
+    println!("verl golden (library, gpu): {pass}/{total} passed ({ties} of them at a tie)");
     for f in fails.iter().take(30) {
         println!("FAIL {f}");
     }
@@ -354,8 +504,10 @@ fn cli_cases(api: &str) {
                             metrics,
                         },
                         want,
+                        &c.captured,
                         tol,
                     )
+                    .0
                 }
             }
         };

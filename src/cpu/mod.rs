@@ -1,11 +1,13 @@
 //! The reference path: f64 accumulation everywhere, multi-threaded over rows where it pays.
 //! It mirrors `gpu/` file for file.
 
+pub(crate) mod masks;
 mod segment_reduce;
 mod token_stats;
 mod topk_divergence;
 mod vocab_divergence;
 
+pub use masks::corrections_pass;
 pub use segment_reduce::segment_reduce;
 pub use token_stats::{k3_from_log_ratio, token_stats};
 pub use topk_divergence::{neumaier_sum, topk_divergence, topk_row, TopkRow};

@@ -31,6 +31,7 @@
 pub mod buffers;
 pub mod chunking;
 pub mod context;
+pub mod masks;
 pub mod pipeline;
 pub mod segment_reduce;
 pub mod token_stats;
@@ -40,7 +41,7 @@ pub mod vocab_divergence;
 pub use context::{list_adapters, Capabilities, Context, ContextOptions, Pass};
 
 use crate::batch::{Batch, Logits, Segments};
-use crate::engine::{Engine, SegmentStats, TokenStats, VocabStats};
+use crate::engine::{CorrectionsRaw, Engine, MaskPlan, SegmentStats, TokenStats, VocabStats};
 use crate::error::Result;
 use crate::topk::{TopkStats, TopkSupport, TrainerTopk};
 use std::sync::Arc;
@@ -104,6 +105,20 @@ impl Engine for GpuEngine {
 
     fn segment_reduce(&self, values: &[&[f64]], segments: &Segments) -> Result<Vec<SegmentStats>> {
         segment_reduce::segment_reduce(&self.ctx, values, segments)
+    }
+
+    fn corrections_pass(
+        &self,
+        lr: &[f64],
+        segments: &Segments,
+        plan: &MaskPlan,
+    ) -> Result<CorrectionsRaw> {
+        match masks::corrections_pass(&self.ctx, lr, segments, plan)? {
+            Some(r) => Ok(r),
+            // a sequence longer than one binding: token_stats + one segment_reduce on the GPU,
+            // decisions on the host
+            None => crate::cpu::corrections_pass(self, lr, segments, plan),
+        }
     }
 
     fn vocab_divergence(

@@ -20,7 +20,10 @@ pub const REDUCE_WG: &str = include_str!("../../shaders/common/reduce_wg.wgsl");
 pub const REDUCE_ACC_WG: &str = include_str!("../../shaders/common/reduce_acc_wg.wgsl");
 /// `shaders/common/reduce_sg.wgsl`: `reduce_acc`, subgroup flavour.
 pub const REDUCE_SG: &str = include_str!("../../shaders/common/reduce_sg.wgsl");
+/// `shaders/common/estimators.wgsl`: k3 / expm1 helpers for small log-ratios.
+pub const ESTIMATORS: &str = include_str!("../../shaders/common/estimators.wgsl");
 const TOKEN_STATS: &str = include_str!("../../shaders/token_stats.wgsl");
+const MASKS: &str = include_str!("../../shaders/masks.wgsl");
 const SEGMENT_REDUCE: &str = include_str!("../../shaders/segment_reduce.wgsl");
 const TOPK_DIVERGENCE: &str = include_str!("../../shaders/topk_divergence.wgsl");
 
@@ -45,6 +48,8 @@ pub enum Op {
     /// Exact vocabulary divergences (`shaders/vocab_divergence.wgsl`); the trainer logits'
     /// dtype (the key's `dtype` is the rollout logits').
     VocabDivergence(DType),
+    /// Fused weights and masks (`shaders/masks.wgsl`).
+    Masks,
 }
 
 impl Op {
@@ -56,6 +61,7 @@ impl Op {
         Op::VocabDivergence(DType::F32),
         Op::VocabDivergence(DType::F16),
         Op::VocabDivergence(DType::BF16),
+        Op::Masks,
     ];
 
     /// The op's description: shader composition, bindings, variants.
@@ -65,6 +71,7 @@ impl Op {
             Op::SegmentReduce => &SEGMENT_REDUCE_SPEC,
             Op::TopkDivergence => &TOPK_DIVERGENCE_SPEC,
             Op::VocabDivergence(_) => &super::vocab_divergence::VOCAB_DIVERGENCE_SPEC,
+            Op::Masks => &MASKS_SPEC,
         }
     }
 }
@@ -156,7 +163,7 @@ const RW4: BindingKind = BindingKind::ReadWrite { min_bytes: 4 };
 static TOKEN_STATS_SPEC: OpSpec = OpSpec {
     name: "token_stats",
     body: TOKEN_STATS,
-    snippets: |_| Vec::new(),
+    snippets: |_| vec![ESTIMATORS],
     bindings: &[RO4, RO4, RW4],
     dtypes: &[DType::F32],
     flavours: &[Flavour::Workgroup],
@@ -180,6 +187,16 @@ static TOPK_DIVERGENCE_SPEC: OpSpec = OpSpec {
     bindings: &[RO4, RO4, RO4, RO4, RW4],
     dtypes: &[DType::F32, DType::F16, DType::BF16],
     flavours: &[Flavour::Workgroup, Flavour::Subgroup],
+    default_workgroup: 256,
+};
+
+static MASKS_SPEC: OpSpec = OpSpec {
+    name: "masks",
+    body: MASKS,
+    snippets: |_| vec![REDUCE_WG, ESTIMATORS],
+    bindings: &[RO4, RO4, RO4, RO4, RO4, RW4, RW4],
+    dtypes: &[DType::F32],
+    flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
 };
 

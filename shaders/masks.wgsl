@@ -1,0 +1,219 @@
+// Fused corrections pass (Engine::corrections_pass): one workgroup per sequence computes the
+// per-token estimators, the per-sequence reductions every criterion needs, the per-criterion
+// keep decisions (inclusive), the modified-mask reject bits and the IS weights.
+//
+// params.count = sequences in this chunk, params.width = criteria (<= 32),
+// params.stride = slots in this chunk, params.extra0 = host columns,
+// params.flags: bit 0 IS on, bit 1 sequence-level IS, bit 2 IcePop (lower bound);
+// params.scale = IS upper, params.param = IS lower.
+// plan: 6 words per criterion: source, source column, agg, agg column, lower (f32 bits; -BIG
+// when one-sided), upper (f32 bits).
+// tok_out (9 x stride words): lr, rho, k1, k2, k3, abs, ser, weight (f32 bits), reject bits.
+// seq_out ((width + 3) words per sequence): statistic of each criterion (f32 bits), reject
+// bits, sum(lr) as an f32 (hi, lo) pair.
+
+@group(0) @binding(1) var<storage, read> lr_in: array<f32>;
+@group(0) @binding(2) var<storage, read> mask_bits: array<u32>;
+@group(0) @binding(3) var<storage, read> ranges: array<u32>;
+@group(0) @binding(4) var<storage, read> plan: array<u32>;
+@group(0) @binding(5) var<storage, read> columns: array<f32>;
+@group(0) @binding(6) var<storage, read_write> tok_out: array<u32>;
+@group(0) @binding(7) var<storage, read_write> seq_out: array<u32>;
+
+// sources (MaskSource)
+const SRC_K1: u32 = 0u;
+const SRC_K2: u32 = 1u;
+const SRC_K3: u32 = 2u;
+const SRC_K3_VERL: u32 = 3u;
+const SRC_ABS: u32 = 4u;
+const SRC_SER: u32 = 5u;
+const SRC_COLUMN: u32 = 6u;
+const SRC_SER_WEIGHTED: u32 = 7u;
+// aggregations (MaskAgg)
+const AGG_TOKEN: u32 = 0u;
+const AGG_SUM: u32 = 1u;
+const AGG_MEAN_VERL: u32 = 2u;
+const AGG_MEAN: u32 = 3u;
+const AGG_MAX: u32 = 4u;
+const AGG_WEIGHTED_MEAN: u32 = 5u;
+
+var<workgroup> wg_count: atomic<u32>;
+var<workgroup> wg_reject: atomic<u32>;
+
+// The criterion's per-token statistic at slot i (valid) with clamped log-ratio c.
+fn stat_of(ci: u32, i: u32, c: f32) -> f32 {
+    let src = plan[6u * ci];
+    let col = plan[6u * ci + 1u];
+    switch src {
+        case 0u: { return -c; }
+        case 1u: { return 0.5 * c * c; }
+        case 2u, 3u: { return k3_of(c); }
+        case 4u: { return abs(c); }
+        case 5u: { return abs(expm1_of(c)); }
+        case 6u: { return columns[col * params.stride + i]; }
+        default: { return abs(expm1_of(c)) * columns[col * params.stride + i]; }
+    }
+}
+
+fn keeps(ci: u32, x: f32) -> bool {
+    let lower = bitcast<f32>(plan[6u * ci + 4u]);
+    let upper = bitcast<f32>(plan[6u * ci + 5u]);
+    return x >= lower && x <= upper;
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let seq = flat_workgroup(wid, nwg);
+    if seq >= params.count {
+        return;
+    }
+    let start = ranges[2u * seq];
+    let end = ranges[2u * seq + 1u];
+    let nc = params.width;
+    let n = params.stride;
+    if lid == 0u {
+        atomicStore(&wg_count, 0u);
+        atomicStore(&wg_reject, 0u);
+    }
+    workgroupBarrier();
+
+    // Valid tokens and the compensated sum of the (unclamped) log-ratio.
+    var cnt = 0u;
+    var s_hi = 0.0;
+    var s_lo = 0.0;
+    for (var i = start + lid; i < end; i += WG) {
+        if mask_bit(mask_bits[i >> 5u], i) {
+            let s = two_sum(s_hi, lr_in[i]);
+            s_hi = s.x;
+            s_lo += s.y;
+            cnt += 1u;
+        }
+    }
+    atomicAdd(&wg_count, cnt);
+    let lr_sum = wg_sum2(lid, vec2<f32>(s_hi, s_lo));
+    let len = atomicLoad(&wg_count);
+    let so = seq * (nc + 3u);
+
+    // Sequence statistics and decisions (every thread holds the same totals).
+    var seq_reject = 0u;
+    for (var ci = 0u; ci < nc; ci += 1u) {
+        let agg = plan[6u * ci + 2u];
+        if agg == AGG_TOKEN {
+            continue;
+        }
+        let zcol = plan[6u * ci + 3u];
+        var hi = 0.0;
+        var lo = 0.0;
+        var zhi = 0.0;
+        var zlo = 0.0;
+        var mx = -BIG;
+        for (var i = start + lid; i < end; i += WG) {
+            if mask_bit(mask_bits[i >> 5u], i) {
+                let c = clamp(lr_in[i], -SAFETY_BOUND, SAFETY_BOUND);
+                let v = stat_of(ci, i, c);
+                let s = two_sum(hi, v);
+                hi = s.x;
+                lo += s.y;
+                mx = max(mx, v);
+                if agg == AGG_WEIGHTED_MEAN {
+                    let z = two_sum(zhi, columns[zcol * n + i]);
+                    zhi = z.x;
+                    zlo += z.y;
+                }
+            }
+        }
+        let tot = wg_sum2(lid, vec2<f32>(hi, lo));
+        let m = wg_max(lid, mx);
+        let z = wg_sum2(lid, vec2<f32>(zhi, zlo));
+        let sum = tot.x + tot.y;
+        var stat = 0.0;
+        if len > 0u {
+            switch agg {
+                case 1u: { stat = sum; }
+                case 2u: { stat = sum / (f32(len) + 1e-8); }
+                case 3u: { stat = sum / f32(len); }
+                case 4u: { stat = m; }
+                default: {
+                    let zz = z.x + z.y;
+                    if zz > 0.0 {
+                        stat = sum / zz;
+                    }
+                }
+            }
+        }
+        if !keeps(ci, stat) {
+            seq_reject |= 1u << ci;
+        }
+        if lid == 0u {
+            seq_out[so + ci] = bitcast<u32>(stat);
+        }
+    }
+
+    // Per token: estimators, token-level decisions, reject bits, IS weights.
+    let is_on = (params.flags & 1u) != 0u;
+    let is_seq = (params.flags & 2u) != 0u;
+    let icepop = (params.flags & 4u) != 0u;
+    let seq_w = exp(clamp(lr_sum.x + lr_sum.y, -SAFETY_BOUND, SAFETY_BOUND));
+    var bits_or = 0u;
+    for (var i = start + lid; i < end; i += WG) {
+        var lr = 0.0;
+        var rho = 0.0;
+        var k1 = 0.0;
+        var k2 = 0.0;
+        var k3 = 0.0;
+        var ab = 0.0;
+        var ser = 0.0;
+        var w = 0.0;
+        var bits = 0u;
+        if mask_bit(mask_bits[i >> 5u], i) {
+            lr = lr_in[i];
+            let c = clamp(lr, -SAFETY_BOUND, SAFETY_BOUND);
+            rho = exp(c);
+            k1 = -c;
+            k2 = 0.5 * c * c;
+            k3 = k3_of(c);
+            ab = abs(c);
+            ser = abs(expm1_of(c));
+            bits = seq_reject;
+            for (var ci = 0u; ci < nc; ci += 1u) {
+                if plan[6u * ci + 2u] == AGG_TOKEN && !keeps(ci, stat_of(ci, i, c)) {
+                    bits |= 1u << ci;
+                }
+            }
+            if is_on {
+                var raw = rho;
+                if is_seq {
+                    raw = seq_w;
+                }
+                if icepop {
+                    if raw >= params.param && raw <= params.scale {
+                        w = raw;
+                    }
+                } else {
+                    w = min(raw, params.scale);
+                }
+            }
+        }
+        bits_or |= bits;
+        tok_out[i] = bitcast<u32>(lr);
+        tok_out[n + i] = bitcast<u32>(rho);
+        tok_out[2u * n + i] = bitcast<u32>(k1);
+        tok_out[3u * n + i] = bitcast<u32>(k2);
+        tok_out[4u * n + i] = bitcast<u32>(k3);
+        tok_out[5u * n + i] = bitcast<u32>(ab);
+        tok_out[6u * n + i] = bitcast<u32>(ser);
+        tok_out[7u * n + i] = bitcast<u32>(w);
+        tok_out[8u * n + i] = bits;
+    }
+    atomicOr(&wg_reject, bits_or);
+    workgroupBarrier();
+    if lid == 0u {
+        seq_out[so + nc] = atomicLoad(&wg_reject);
+        seq_out[so + nc + 1u] = bitcast<u32>(lr_sum.x);
+        seq_out[so + nc + 2u] = bitcast<u32>(lr_sum.y);
+    }
+}
