@@ -1,7 +1,7 @@
 //! One call from a batch to every per-token and per-sequence output the inputs allow
 //! (SPEC §4), on any [`Engine`].
 
-use crate::batch::Batch;
+use crate::batch::{Batch, Segments};
 use crate::certificate::{certificate, Certificate};
 use crate::config::CorrectionConfig;
 use crate::correction::{self, Corrections};
@@ -340,6 +340,71 @@ pub const TOKEN_OUTPUTS: [&str; 12] = [
     "ddot",
 ];
 
+/// Exact divergences that get threshold shares and position buckets (see
+/// [`divergence_metrics`]).
+const DIVERGENCES: [&str; 5] = ["kl", "kl_rev", "tv", "topk_kl", "topk_tv"];
+
+/// Upper ends of the response-position buckets of `trmask/<stat>_pos_<lo>_<hi>`.
+pub const POSITION_BUCKETS: [usize; 6] = [16, 64, 256, 1024, 4096, usize::MAX];
+
+/// For an exact per-token divergence `name`: `trmask/<name>_frac_above_1e-4` and `_1e-3`
+/// (share of valid tokens strictly above), and `trmask/<name>_pos_<lo>_<hi>` — the mean over
+/// valid tokens whose position t in their response (0-based, counting valid tokens) lies in
+/// `[lo, hi)`, for the buckets of [`POSITION_BUCKETS`] that hold a token (the last is named
+/// `_pos_4096_inf`). Long responses drift more; this shows where.
+pub fn divergence_metrics(
+    name: &str,
+    v: &[f64],
+    segments: &Segments,
+    metrics: &mut BTreeMap<String, f64>,
+) {
+    let mut n = 0usize;
+    let mut above = [0usize; 2];
+    let mut bucket_sum = [0f64; POSITION_BUCKETS.len()];
+    let mut bucket_n = [0usize; POSITION_BUCKETS.len()];
+    for &(a, b) in &segments.ranges {
+        let mut t = 0usize;
+        for (&x, _) in v[a..b].iter().zip(&segments.mask[a..b]).filter(|(_, &m)| m) {
+            n += 1;
+            above[0] += (x > 1e-4) as usize;
+            above[1] += (x > 1e-3) as usize;
+            let k = POSITION_BUCKETS
+                .iter()
+                .position(|&hi| t < hi)
+                .unwrap_or(POSITION_BUCKETS.len() - 1);
+            bucket_sum[k] += x;
+            bucket_n[k] += 1;
+            t += 1;
+        }
+    }
+    if n == 0 {
+        return;
+    }
+    metrics.insert(
+        format!("trmask/{name}_frac_above_1e-4"),
+        above[0] as f64 / n as f64,
+    );
+    metrics.insert(
+        format!("trmask/{name}_frac_above_1e-3"),
+        above[1] as f64 / n as f64,
+    );
+    let mut lo = 0usize;
+    for (k, &hi) in POSITION_BUCKETS.iter().enumerate() {
+        if bucket_n[k] > 0 {
+            let hi_name = if hi == usize::MAX {
+                "inf".to_string()
+            } else {
+                hi.to_string()
+            };
+            metrics.insert(
+                format!("trmask/{name}_pos_{lo}_{hi_name}"),
+                bucket_sum[k] / bucket_n[k] as f64,
+            );
+        }
+        lo = hi;
+    }
+}
+
 /// Runs the estimators (and vocabulary divergences when logits are present), reduces them per
 /// sequence, and computes the configured IS weights, rejection masks and metrics
 /// ([`crate::correction`]). The single entry point used by `trmask analyze`.
@@ -383,6 +448,9 @@ pub fn analyze(engine: &dyn Engine, batch: &Batch, config: &CorrectionConfig) ->
         metrics.insert(format!("trmask/{name}_mean"), mean);
         if max.is_finite() {
             metrics.insert(format!("trmask/{name}_max"), max);
+        }
+        if DIVERGENCES.contains(name) {
+            divergence_metrics(name, v, batch.segments(), &mut metrics);
         }
         if !TOKEN_OUTPUTS.contains(name) {
             continue;
@@ -438,4 +506,33 @@ pub fn analyze(engine: &dyn Engine, batch: &Batch, config: &CorrectionConfig) ->
         corrections,
         certificate,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divergence_shares_and_position_buckets() {
+        // sequence 0: 20 valid tokens (positions 0..20) with a masked slot in between;
+        // sequence 1: 2 tokens.
+        let mut mask = vec![true; 21];
+        mask[5] = false;
+        mask.extend([true, true]);
+        let segments = Segments {
+            ranges: vec![(0, 21), (21, 23)],
+            mask,
+        };
+        let mut v: Vec<f64> = (0..23).map(|i| if i < 21 { 1e-5 } else { 2e-3 }).collect();
+        v[5] = f64::NAN; // padding is never read
+        v[20] = 5e-4; // position 19 of sequence 0 → bucket [16, 64)
+        let mut m = BTreeMap::new();
+        divergence_metrics("kl", &v, &segments, &mut m);
+        assert_eq!(m["trmask/kl_frac_above_1e-4"], 3.0 / 22.0);
+        assert_eq!(m["trmask/kl_frac_above_1e-3"], 2.0 / 22.0);
+        // [0,16): 16 tokens of seq 0 (1e-5) + 2 of seq 1 (2e-3)
+        assert!((m["trmask/kl_pos_0_16"] - (16.0 * 1e-5 + 4e-3) / 18.0).abs() < 1e-18);
+        assert!((m["trmask/kl_pos_16_64"] - (3.0 * 1e-5 + 5e-4) / 4.0).abs() < 1e-18);
+        assert!(!m.contains_key("trmask/kl_pos_64_256"));
+    }
 }
