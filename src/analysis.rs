@@ -363,8 +363,8 @@ pub fn divergence_metrics(
     let mut bucket_sum = [0f64; POSITION_BUCKETS.len()];
     let mut bucket_n = [0usize; POSITION_BUCKETS.len()];
     for &(a, b) in &segments.ranges {
-        let mut t = 0usize;
-        for (&x, _) in v[a..b].iter().zip(&segments.mask[a..b]).filter(|(_, &m)| m) {
+        let valid = v[a..b].iter().zip(&segments.mask[a..b]).filter(|(_, &m)| m);
+        for (t, (&x, _)) in valid.enumerate() {
             n += 1;
             above[0] += (x > 1e-4) as usize;
             above[1] += (x > 1e-3) as usize;
@@ -374,7 +374,6 @@ pub fn divergence_metrics(
                 .unwrap_or(POSITION_BUCKETS.len() - 1);
             bucket_sum[k] += x;
             bucket_n[k] += 1;
-            t += 1;
         }
     }
     if n == 0 {
