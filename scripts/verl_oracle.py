@@ -56,8 +56,9 @@ _EXP = np.frompyfunc(math.exp, 1, 1)
 
 
 def exp(x):
-    """Elementwise libm exp (correctly rounded in practice); numpy's SIMD exp can be 1 ulp off,
-    which shows in the cancellation-dominated k3 = exp(x) - 1 - x of near-identical rows."""
+    """Elementwise libm exp. torch's float64 exp agrees with it on all 149 captured raw token
+    weights of the goldens, numpy's SIMD exp differs by 1 ulp on 6 of them; that ulp shows in
+    the cancellation-dominated k3 = exp(x) - 1 - x of near-identical rows (rel ~1e-8)."""
     x = np.asarray(x, dtype=np.float64)
     return np.asarray(_EXP(x), dtype=np.float64).reshape(x.shape)
 
@@ -433,6 +434,19 @@ def close(a, b, rtol=1e-12, atol=0.0):
     return abs(a - b) <= atol + rtol * abs(b)
 
 
+def std_var_tol(key, metrics, atol):
+    """verl's std is sqrt(E[x^2] - E[x]^2): each term carries a few eps*E[x^2] of rounding, so the
+    variance is compared at atol + 64 eps E[x^2], E[x^2] estimated from the case's own metrics
+    (IS: mean of the weights; RS: the largest of |mean|, |max|, |min| of the statistic)."""
+    p = key[: -len("_std")]
+    sq = dec(metrics[key]) ** 2
+    if p.endswith("rollout_is"):
+        sq += dec(metrics.get(p + "_mean", 0.0)) ** 2
+    else:
+        sq += max(dec(metrics.get(p + s, 0.0)) ** 2 for s in ("_mean", "_max", "_min"))
+    return atol + 64 * 2.220446049250313e-16 * sq
+
+
 def compare_outputs(got, ref, rtol=1e-12, frac_atol=0.0, std_var_atol=None, label="", atol=0.0):
     errs = []
     if "error" in ref or "error" in got:
@@ -458,7 +472,7 @@ def compare_outputs(got, ref, rtol=1e-12, frac_atol=0.0, std_var_atol=None, labe
         g, r = got["metrics"][k], ref["metrics"][k]
         if k.endswith("_std") and std_var_atol is not None:
             gd, rd = dec(g), dec(r)
-            if abs(gd * gd - rd * rd) <= std_var_atol or close(g, r, rtol):
+            if abs(gd * gd - rd * rd) <= std_var_tol(k, ref["metrics"], std_var_atol) or close(g, r, rtol):
                 continue
             errs.append(f"{label}: {k} got {g!r} ref {r!r} (var diff {abs(gd*gd-rd*rd):.3e})")
             continue
