@@ -18,9 +18,11 @@
 //! * The same with the roles swapped gives `KL(q‖p)`; entropies are `log s − E_p[a − max a]`
 //!   with `log s = log1p(Σ_{i≠mode} e^{a_i − max a})`.
 //!
-//! Four streaming passes per row over the decoded f64 rows (max; exp weights + sums; KL sums;
-//! TV), two `exp` and about three `expm1`/series per element, no allocation per row (3× the
-//! seed implementation's throughput). The GPU kernel
+//! Rows without −∞ entries take a fast path ([`row_fast`]): decode, a vectorised min/max, a
+//! vectorised exp map (two exps per element pair), one fused branch-free pass for every sum
+//! (`w(u)` by its series or as `q·K − p + p·u`, so nothing overflows) and one pass for TV
+//! with the exact λ; AVX2 is picked at run time (same operations, same bits). Other rows take
+//! the general path: four streaming passes, log-space extremes, LSE fallbacks. The GPU kernel
 //! (`shaders/vocab_divergence.wgsl`) uses the same decomposition in f32.
 
 use crate::batch::{DType, Logits};
