@@ -109,6 +109,32 @@ fn binding(buf: &wgpu::Buffer, off: u64, size: u64) -> wgpu::BindingResource<'_>
     })
 }
 
+/// Largest upload of host logits per tensor per chunk (bytes, including the 4-byte pad). Host
+/// logits stream through two alternating slots per tensor and at most two chunks are in flight,
+/// so the GPU path holds about `4 · HOST_CHUNK_BYTES` of logits (slots) plus as much in wgpu's
+/// upload staging, whatever the input size (one row is always allowed, even if larger).
+pub const HOST_CHUNK_BYTES: u64 = 8 << 20;
+
+/// Chunks of host rows: [`plan`] with every logits chunk at most [`HOST_CHUNK_BYTES`] per
+/// tensor (or one row, if a row is larger). Per-row results do not depend on the chunking.
+pub fn plan_host(
+    rows: usize,
+    vocab: usize,
+    da: DType,
+    db: DType,
+    limits: &ChunkLimits,
+) -> Result<Vec<std::ops::Range<usize>>> {
+    let row = (vocab * da.size().max(db.size())) as u64;
+    // a chunk of n rows uploads ceil4(n·row) + 4 bytes per tensor; the binding slack is
+    // OFFSET_ALIGN + 4 (see `plan`)
+    let cap = HOST_CHUNK_BYTES.saturating_sub(8).max(row) + OFFSET_ALIGN + 4;
+    let host = ChunkLimits {
+        max_binding_bytes: limits.max_binding_bytes.min(cap),
+        ..*limits
+    };
+    plan(rows, vocab, da, db, &host)
+}
+
 /// Chunks of rows whose every binding (logits windows, row_info, results) fits the limit
 /// after aligning its offset down.
 fn plan(
@@ -151,7 +177,10 @@ fn run(
     }
     let kernel = ctx.kernel(Op::VocabDivergence(db), da)?;
     let limits = ctx.chunk_limits();
-    let chunks = plan(rows, vocab, da, db, &limits)?;
+    let chunks = match src {
+        Source::Host { .. } => plan_host(rows, vocab, da, db, &limits)?,
+        Source::Device { .. } => plan(rows, vocab, da, db, &limits)?,
+    };
     let (sa, sb) = (da.size() as u64, db.size() as u64);
     let v = vocab as u64;
     if let Source::Device { rollout, train } = src {
@@ -230,11 +259,20 @@ fn run(
             })
         };
         let mut enc = new_encoder();
+        let mut submitted: Vec<wgpu::SubmissionIndex> = Vec::new();
         for (ci, ch) in chunks.iter().enumerate() {
             let (a, b, info_w, out_w) = windows[ci];
             let (abuf, bbuf): (&wgpu::Buffer, &wgpu::Buffer) = match src {
                 Source::Device { rollout, train } => (rollout, train),
                 Source::Host { rollout, train } => {
+                    // bounded memory: at most two chunks (and their upload staging) in flight
+                    if ci >= 2 {
+                        dev.poll(wgpu::PollType::Wait {
+                            submission_index: Some(submitted[ci - 2].clone()),
+                            timeout: None,
+                        })
+                        .map_err(|e| Error::Gpu(format!("waiting for the device: {e}")))?;
+                    }
                     let slot = &slots[ci % 2];
                     for (l, buf) in [(rollout, &slot[0]), (train, &slot[1])] {
                         let s = l.dtype().size();
@@ -290,7 +328,7 @@ fn run(
             }
             if let Source::Host { .. } = src {
                 // one submit per chunk: the next chunk's upload overlaps this compute
-                queue.submit([std::mem::replace(&mut enc, new_encoder()).finish()]);
+                submitted.push(queue.submit([std::mem::replace(&mut enc, new_encoder()).finish()]));
             }
         }
         enc.copy_buffer_to_buffer(out_buf.raw(), 0, staging.raw(), 0, ceil4(out_bytes));
@@ -515,6 +553,37 @@ mod tests {
             assert!(n * 32 + OFFSET_ALIGN + 4 <= 8192);
         }
         assert!(plan(1, 3000, DType::F32, DType::F32, &limits).is_err());
+    }
+
+    #[test]
+    fn host_chunks_bound_the_bytes_in_flight() {
+        // a 1 GiB-class input (1766 × 151936 bf16 per tensor) and a device binding 128 MiB
+        let limits = ChunkLimits::new(128 << 20);
+        for (rows, vocab, da, db) in [
+            (1766usize, 151_936usize, DType::BF16, DType::BF16),
+            (5000, 151_936, DType::F32, DType::BF16),
+            (100_000, 32_000, DType::F16, DType::F32),
+            (3, 7, DType::F32, DType::F32),
+        ] {
+            let chunks = plan_host(rows, vocab, da, db, &limits).unwrap();
+            assert_eq!(chunks.first().map(|c| c.start), Some(0));
+            assert_eq!(chunks.last().map(|c| c.end), Some(rows));
+            assert!(chunks.windows(2).all(|w| w[0].end == w[1].start));
+            let mut slot = 0u64;
+            for c in &chunks {
+                for s in [da.size(), db.size()] {
+                    let bytes = ceil4((c.len() * vocab * s) as u64) + 4;
+                    assert!(bytes <= HOST_CHUNK_BYTES, "{bytes} bytes in one chunk");
+                    slot = slot.max(bytes);
+                }
+            }
+            // two slots per tensor, two chunks in flight (each with its upload staging)
+            let in_flight = 2 * 2 * slot + 2 * 2 * slot;
+            assert!(in_flight <= 128 << 20, "{in_flight} bytes in flight");
+        }
+        // a row larger than the cap still gets one row per chunk
+        let chunks = plan_host(3, 5_000_000, DType::F32, DType::F32, &limits).unwrap();
+        assert_eq!(chunks, vec![0..1, 1..2, 2..3]);
     }
 
     #[test]
