@@ -451,9 +451,20 @@ fn legacy_cases_cli_cpu() {
 }
 
 fn cli_cases(api: &str) {
-    let dir = tmpdir(&format!("cli-{api}"));
-    let all = cases_in(api, "float64");
-    let tol = Tol::cpu();
+    cli_cases_on(api, "cpu");
+}
+
+/// Every golden case of `api` through `trmask analyze --backend <backend>`; the GPU is compared
+/// at [`Tol::gpu`] with the same tie rule as the library test.
+fn cli_cases_on(api: &str, backend: &str) {
+    let dir = tmpdir(&format!("cli-{api}-{backend}"));
+    let tol = if backend == "gpu" {
+        Tol::gpu()
+    } else {
+        Tol::cpu()
+    };
+    let all = cases_in(api, tol.reference);
+    let mut ties = 0;
     let mut pass = 0;
     let mut fails = Vec::new();
     for (i, c) in all.iter().enumerate() {
@@ -467,7 +478,7 @@ fn cli_cases(api: &str) {
             "--config",
             cfg.to_str().unwrap(),
             "--backend",
-            "cpu",
+            backend,
             "--output",
             out.to_str().unwrap(),
             "--metrics",
@@ -497,7 +508,7 @@ fn cli_cases(api: &str) {
                         .iter()
                         .map(|(k, v)| (k.clone(), num(v)))
                         .collect();
-                    compare(
+                    let (errs, tie) = compare(
                         &Produced {
                             weights: outs.get("rollout_is_weights").map(flatten),
                             mask: flatten(&outs["modified_response_mask"]),
@@ -506,8 +517,9 @@ fn cli_cases(api: &str) {
                         want,
                         &c.captured,
                         tol,
-                    )
-                    .0
+                    );
+                    ties += (tie && errs.is_empty()) as usize;
+                    errs
                 }
             }
         };
@@ -518,7 +530,10 @@ fn cli_cases(api: &str) {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    println!("verl {api} golden (CLI, cpu): {pass}/{} passed", all.len());
+    println!(
+        "verl {api} golden (CLI, {backend}): {pass}/{} passed ({ties} at an exact tie)",
+        all.len()
+    );
     for f in fails.iter().take(30) {
         println!("FAIL {f}");
     }
@@ -528,6 +543,14 @@ fn cli_cases(api: &str) {
         fails.len(),
         all.len()
     );
+}
+
+#[test]
+fn golden_cases_cli_gpu() {
+    if common::gpu().is_none() {
+        return;
+    }
+    cli_cases_on("head", "gpu");
 }
 
 /// Builds the config a threshold-parsing case describes.
