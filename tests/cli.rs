@@ -2,27 +2,15 @@
 //! naming the problem for bad ones.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_trmask"));
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
-}
+mod common;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trmask-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+    common::scratch("cli", name)
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let out = bin().args(args).output().expect("run trmask");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::run_trmask(args)
 }
 
 /// Writes `json` to a temp file and runs `analyze --backend cpu` on it.
@@ -256,8 +244,6 @@ fn bounds_json_matches_the_paper() {
         &["--delta"],
     );
 }
-
-mod common;
 
 /// The GPU backend through the binary agrees with the CPU reference at the GPU tolerance.
 #[test]

@@ -17,24 +17,15 @@ const SAMPLE: &str = "data/sample/real-small-topk.safetensors";
 const K: usize = 20;
 
 fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_trmask"));
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
+    common::trmask_bin()
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trmask-cli-topk-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+    common::scratch("cli-topk", name)
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let out = bin().args(args).output().expect("run trmask");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::run_trmask(args)
 }
 
 fn f64s(bytes: &[u8]) -> Vec<f64> {

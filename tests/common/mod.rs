@@ -129,3 +129,27 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64,
         );
     }
 }
+
+/// The `trmask` binary, run from the crate root.
+pub fn trmask_bin() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_trmask"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+/// A per-process scratch file `name` under a directory named after `tag`.
+pub fn scratch(tag: &str, name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("trmask-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// Runs `trmask ARGS`: (exit code, stdout, stderr).
+pub fn run_trmask(args: &[&str]) -> (i32, String, String) {
+    let out = trmask_bin().args(args).output().expect("run trmask");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
