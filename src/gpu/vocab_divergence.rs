@@ -115,7 +115,7 @@ fn binding(buf: &wgpu::Buffer, off: u64, size: u64) -> wgpu::BindingResource<'_>
 /// upload staging, whatever the input size (one row is always allowed, even if larger).
 pub const HOST_CHUNK_BYTES: u64 = 8 << 20;
 
-/// Chunks of host rows: [`plan`] with every logits chunk at most [`HOST_CHUNK_BYTES`] per
+/// Chunks of host rows: `plan` with every logits chunk at most [`HOST_CHUNK_BYTES`] per
 /// tensor (or one row, if a row is larger). Per-row results do not depend on the chunking.
 pub fn plan_host(
     rows: usize,
