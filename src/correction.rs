@@ -102,6 +102,27 @@ pub(crate) struct Ctx<'a> {
     pub(crate) b: usize,
 }
 
+/// verl's `*_seq_mean`, `*_seq_std` (unbiased, 0 for one row), `*_seq_max`, `*_seq_min` and
+/// `*_seq_max_deviation` (from 1) of the per-row weight means; `name("seq_mean")` gives the key.
+pub(crate) fn seq_mean_metrics(
+    m: &mut BTreeMap<String, f64>,
+    name: &dyn Fn(&str) -> String,
+    seq_mean: &[f64],
+    b: usize,
+) {
+    m.insert(name("seq_mean"), mean(seq_mean));
+    m.insert(
+        name("seq_std"),
+        if b > 1 { std_unbiased(seq_mean) } else { 0.0 },
+    );
+    m.insert(name("seq_max"), vmax(seq_mean.iter().copied()));
+    m.insert(name("seq_min"), vmin(seq_mean.iter().copied()));
+    m.insert(
+        name("seq_max_deviation"),
+        vmax(seq_mean.iter().map(|x| (x - 1.0).abs())),
+    );
+}
+
 pub(crate) fn f32_frac(k: usize, n: usize) -> f64 {
     (k as f32 / n as f32) as f64
 }
@@ -130,6 +151,26 @@ impl Ctx<'_> {
     pub(crate) fn mmean_all(&self, s: &SegmentStats) -> f64 {
         s.sum.iter().sum::<f64>() / (self.n + 1e-8)
     }
+    /// verl's std and effective sample size of (already clipped) weights `wc`:
+    /// `std = sqrt(mmean(wc²) − mmean(wc)²)` (0 with a single valid token) and
+    /// `ESS = 1 / mmean((wc / (mmean(wc) + 1e-8))²)`, `None` when that mean is 0 (verl divides by
+    /// zero).
+    pub(crate) fn std_and_ess(&self, wc: &[f64]) -> Result<(f64, Option<f64>)> {
+        let mean_c = self.mmean(wc)?;
+        let std = if self.n > 1.0 {
+            let wc2 = self.tok(|i| wc[i] * wc[i]);
+            (self.mmean(&wc2)? - mean_c * mean_c).max(0.0).sqrt()
+        } else {
+            0.0
+        };
+        let norm2 = self.tok(|i| {
+            let x = wc[i] / (mean_c + 1e-8);
+            x * x
+        });
+        let denom = self.mmean(&norm2)?;
+        Ok((std, (denom != 0.0).then(|| 1.0 / denom)))
+    }
+
     pub(crate) fn mmean(&self, v: &[f64]) -> Result<f64> {
         Ok(self.mmean_all(&self.reduce(v)?))
     }
@@ -540,39 +581,18 @@ fn is_weights(
         }
     }
     let wc = ctx.tok(|i| w[i].clamp(0.0, upper));
-    let mean_c = ctx.mmean(&wc)?;
-    if ctx.n > 1.0 {
-        let wc2 = ctx.tok(|i| wc[i] * wc[i]);
-        let var = ctx.mmean(&wc2)? - mean_c * mean_c;
-        m.insert(p("rollout_is_std"), var.max(0.0).sqrt());
-    } else {
-        m.insert(p("rollout_is_std"), 0.0);
-    }
-    let norm2 = ctx.tok(|i| {
-        let x = wc[i] / (mean_c + 1e-8);
-        x * x
-    });
-    let denom = ctx.mmean(&norm2)?;
-    if denom == 0.0 {
-        return Err(Error::config(
+    let (std, ess) = ctx.std_and_ess(&wc)?;
+    m.insert(p("rollout_is_std"), std);
+    let ess = ess.ok_or_else(|| {
+        Error::config(
             "rollout_is_threshold",
             "every IS weight is zero, so the effective sample size is 1/0 \
              (verl raises ZeroDivisionError: float division by zero)",
-        ));
-    }
-    m.insert(p("rollout_is_eff_sample_size"), 1.0 / denom);
+        )
+    })?;
+    m.insert(p("rollout_is_eff_sample_size"), ess);
     let seq_mean = ctx.mmean_rows(&s_w);
-    m.insert(p("rollout_is_seq_mean"), mean(&seq_mean));
-    m.insert(
-        p("rollout_is_seq_std"),
-        if b > 1 { std_unbiased(&seq_mean) } else { 0.0 },
-    );
-    m.insert(p("rollout_is_seq_max"), vmax(seq_mean.iter().copied()));
-    m.insert(p("rollout_is_seq_min"), vmin(seq_mean.iter().copied()));
-    m.insert(
-        p("rollout_is_seq_max_deviation"),
-        vmax(seq_mean.iter().map(|x| (x - 1.0).abs())),
-    );
+    seq_mean_metrics(m, &|k| p(&format!("rollout_is_{k}")), &seq_mean, b);
     let raw_seq = ctx.mmean_rows(&ctx.reduce(&raw)?);
     let hi = raw_seq.iter().filter(|&&x| x > upper).count();
     let lo = raw_seq.iter().filter(|&&x| x < lower).count();

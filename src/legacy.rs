@@ -13,7 +13,7 @@
 use crate::analysis::StatTable;
 use crate::config::{IsLevel, IsSpec, LegacySpec};
 use crate::correction::{
-    f32_frac, mean, offpolicy_metrics, std_unbiased, trmask_metrics, vmax, vmin, Corrections,
+    f32_frac, offpolicy_metrics, seq_mean_metrics, trmask_metrics, vmax, vmin, Corrections,
     CriterionResult, Ctx,
 };
 use crate::engine::SAFETY_BOUND;
@@ -56,38 +56,17 @@ fn ratio_metrics(
         m.insert(p("min"), ctx.tok_min(&s_w));
     }
     let wc = ctx.tok(|i| w[i].max(lower).min(upper));
-    let mean_c = ctx.mmean(&wc)?;
-    if ctx.n > 1.0 {
-        let wc2 = ctx.tok(|i| wc[i] * wc[i]);
-        let var = ctx.mmean(&wc2)? - mean_c * mean_c;
-        m.insert(p("std"), var.max(0.0).sqrt());
-    } else {
-        m.insert(p("std"), 0.0);
-    }
-    let norm2 = ctx.tok(|i| {
-        let x = wc[i] / (mean_c + 1e-8);
-        x * x
-    });
-    let denom = ctx.mmean(&norm2)?;
-    if denom == 0.0 {
-        return Err(Error::config(
+    let (std, ess) = ctx.std_and_ess(&wc)?;
+    m.insert(p("std"), std);
+    let ess = ess.ok_or_else(|| {
+        Error::config(
             prefix,
             "the effective sample size is 1/0 (verl raises ZeroDivisionError)",
-        ));
-    }
-    m.insert(p("eff_sample_size"), 1.0 / denom);
+        )
+    })?;
+    m.insert(p("eff_sample_size"), ess);
     let seq_mean = ctx.mmean_rows(&s_w);
-    m.insert(p("seq_mean"), mean(&seq_mean));
-    m.insert(
-        p("seq_std"),
-        if b > 1 { std_unbiased(&seq_mean) } else { 0.0 },
-    );
-    m.insert(p("seq_max"), vmax(seq_mean.iter().copied()));
-    m.insert(p("seq_min"), vmin(seq_mean.iter().copied()));
-    m.insert(
-        p("seq_max_deviation"),
-        vmax(seq_mean.iter().map(|x| (x - 1.0).abs())),
-    );
+    seq_mean_metrics(m, &p, &seq_mean, b);
     let hi = seq_mean.iter().filter(|&&x| x > upper).count();
     let lo = seq_mean.iter().filter(|&&x| x < lower).count();
     m.insert(p("seq_fraction_high"), f32_frac(hi, b));
