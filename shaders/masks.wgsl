@@ -160,24 +160,13 @@ fn main(
     let seq_w = exp(clamp(lr_sum.x + lr_sum.y, -SAFETY_BOUND, SAFETY_BOUND));
     var bits_or = 0u;
     for (var i = start + lid; i < end; i += WG) {
-        var lr = 0.0;
-        var rho = 0.0;
-        var k1 = 0.0;
-        var k2 = 0.0;
-        var k3 = 0.0;
-        var ab = 0.0;
-        var ser = 0.0;
+        var e = array<f32, 7>();
         var w = 0.0;
         var bits = 0u;
         if mask_bit(mask_bits[i >> 5u], i) {
-            lr = lr_in[i];
-            let c = clamp(lr, -SAFETY_BOUND, SAFETY_BOUND);
-            rho = exp(c);
-            k1 = -c;
-            k2 = 0.5 * c * c;
-            k3 = k3_of(c);
-            ab = abs(c);
-            ser = abs(expm1_of(c));
+            e = estimators(lr_in[i]);
+            let c = -e[2]; // the clamped log-ratio
+            let rho = e[1];
             bits = seq_reject;
             for (var ci = 0u; ci < nc; ci += 1u) {
                 if plan[6u * ci + 2u] == AGG_TOKEN && !keeps(ci, stat_of(ci, i, c)) {
@@ -199,13 +188,9 @@ fn main(
             }
         }
         bits_or |= bits;
-        tok_out[i] = bitcast<u32>(lr);
-        tok_out[n + i] = bitcast<u32>(rho);
-        tok_out[2u * n + i] = bitcast<u32>(k1);
-        tok_out[3u * n + i] = bitcast<u32>(k2);
-        tok_out[4u * n + i] = bitcast<u32>(k3);
-        tok_out[5u * n + i] = bitcast<u32>(ab);
-        tok_out[6u * n + i] = bitcast<u32>(ser);
+        for (var k = 0u; k < 7u; k += 1u) {
+            tok_out[k * n + i] = bitcast<u32>(e[k]);
+        }
         tok_out[7u * n + i] = bitcast<u32>(w);
         tok_out[8u * n + i] = bits;
     }

@@ -20,28 +20,12 @@ fn main(
     if i >= n {
         return;
     }
-    var lr = 0.0;
-    var rho = 0.0;
-    var k1 = 0.0;
-    var k2 = 0.0;
-    var k3 = 0.0;
-    var ab = 0.0;
-    var ser = 0.0;
+    // invalid slots write zeros and never read their input
+    var e = array<f32, 7>();
     if mask_bit(mask_bits[i >> 5u], i) {
-        lr = lr_in[i];
-        let c = clamp(lr, -SAFETY_BOUND, SAFETY_BOUND);
-        rho = exp(c);
-        k1 = -c;
-        k2 = 0.5 * c * c;
-        k3 = k3_of(c);
-        ab = abs(c);
-        ser = abs(expm1_of(c));
+        e = estimators(lr_in[i]);
     }
-    stats_out[i] = lr;
-    stats_out[n + i] = rho;
-    stats_out[2u * n + i] = k1;
-    stats_out[3u * n + i] = k2;
-    stats_out[4u * n + i] = k3;
-    stats_out[5u * n + i] = ab;
-    stats_out[6u * n + i] = ser;
+    for (var k = 0u; k < 7u; k += 1u) {
+        stats_out[k * n + i] = e[k];
+    }
 }

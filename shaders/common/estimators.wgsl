@@ -26,3 +26,10 @@ fn expm1_of(x: f32) -> f32 {
     }
     return exp(x) - 1.0;
 }
+
+// The seven per-token estimators of SPEC §1, in output order: log_ratio (unclamped), rho, k1, k2,
+// k3, abs, ser, from lr = log pi_train - log pi_roll clamped to +-SAFETY_BOUND (verl).
+fn estimators(lr: f32) -> array<f32, 7> {
+    let c = clamp(lr, -SAFETY_BOUND, SAFETY_BOUND);
+    return array<f32, 7>(lr, exp(c), -c, 0.5 * c * c, k3_of(c), abs(c), abs(expm1_of(c)));
+}
