@@ -9,31 +9,16 @@
 //! via the variance (the std of near-constant values is rounding-dominated, see `std_var_tol`);
 //! atol 1e-15 for means of cancelling terms (e.g. `log_ppl_diff` of `uniform_shift`).
 
+mod common;
+
+use common::{json_flatten as flatten, json_num as num, load_json as load};
 use serde_json::Value;
+
+fn trmask_cli(args: &[&str]) -> std::process::Output {
+    common::trmask_bin().args(args).output().unwrap()
+}
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-fn load(p: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn num(v: &Value) -> f64 {
-    match v {
-        Value::Number(n) => n.as_f64().unwrap(),
-        Value::String(s) if s == "NaN" => f64::NAN,
-        Value::String(s) if s == "Infinity" => f64::INFINITY,
-        Value::String(s) if s == "-Infinity" => f64::NEG_INFINITY,
-        other => panic!("not a number: {other}"),
-    }
-}
-
-fn flatten(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|r| r.as_array().unwrap().iter().map(num).collect::<Vec<_>>())
-        .collect()
-}
+use std::path::PathBuf;
 
 fn close(got: f64, want: f64, rtol: f64, atol: f64) -> bool {
     if got.is_nan() || want.is_nan() {
@@ -150,13 +135,6 @@ fn compare_case(file: &Value, case: &Value, out: &Value, met: &Value) -> Vec<Str
         }
     }
     errs
-}
-
-fn trmask_cli(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_trmask"))
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 #[test]

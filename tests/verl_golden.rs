@@ -8,7 +8,12 @@
 //! present at `2e-5·|ref| + 2e-6` (see [`Tol::gpu`]).
 
 mod common;
+use common::{json_flatten as flatten, json_num as num, load_json as load};
 use serde_json::Value;
+
+fn trmask_cli(args: &[&str]) -> std::process::Output {
+    common::trmask_bin().args(args).output().unwrap()
+}
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use trmask::analysis::analyze;
@@ -17,33 +22,6 @@ use trmask::{CorrectionConfig, Engine};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data/verl-golden")
-}
-
-fn load(p: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn num(v: &Value) -> f64 {
-    match v {
-        Value::Number(n) => n.as_f64().unwrap(),
-        Value::String(s) if s == "NaN" => f64::NAN,
-        Value::String(s) if s == "Infinity" => f64::INFINITY,
-        Value::String(s) if s == "-Infinity" => f64::NEG_INFINITY,
-        other => panic!("not a number: {other}"),
-    }
-}
-
-fn flat(v: &Value, out: &mut Vec<f64>) {
-    match v {
-        Value::Array(a) => a.iter().for_each(|x| flat(x, out)),
-        x => out.push(num(x)),
-    }
-}
-
-fn flatten(v: &Value) -> Vec<f64> {
-    let mut out = Vec::new();
-    flat(v, &mut out);
-    out
 }
 
 /// Comparison tolerances.
@@ -421,13 +399,6 @@ fn tmpdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("trmask-verl-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn trmask_cli(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_trmask"))
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 #[test]

@@ -359,6 +359,22 @@ fn madd<const FMA: bool>(a: f64, b: f64, c: f64) -> f64 {
     }
 }
 
+/// `1/n!` for n = 0..=11: the Taylor coefficients of [`exp_neg`] and [`w_series`].
+const INV_FACT: [f64; 12] = [
+    1.0,
+    1.0,
+    0.5,
+    1.0 / 6.0,
+    1.0 / 24.0,
+    1.0 / 120.0,
+    1.0 / 720.0,
+    1.0 / 5040.0,
+    1.0 / 40320.0,
+    1.0 / 362880.0,
+    1.0 / 3628800.0,
+    1.0 / 39916800.0,
+];
+
 /// `e^x` for `x ≤ 0` (0 below −708 and for −∞), within 1e-14 relative (far inside the 1e-9
 /// the results need): branch-free so loops over it vectorise (round-to-nearest by the 1.5·2⁵²
 /// trick, Taylor polynomial to r¹¹ on `|r| ≤ ln2/2`, scaling by the exponent bits).
@@ -371,20 +387,9 @@ fn exp_neg<const FMA: bool>(x: f64) -> f64 {
     let t = xc * std::f64::consts::LOG2_E + MAGIC;
     let k = t - MAGIC;
     let r = (xc - k * LN2_HI) - k * LN2_LO;
-    let mut p = 1.0 / 39916800.0;
-    for c in [
-        1.0 / 3628800.0,
-        1.0 / 362880.0,
-        1.0 / 40320.0,
-        1.0 / 5040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
+    // Σ_{n=0}^{11} rⁿ/n! by Horner
+    let mut p = INV_FACT[11];
+    for &c in INV_FACT[..11].iter().rev() {
         p = madd::<FMA>(p, r, c);
     }
     let ki = t.to_bits().wrapping_sub(MAGIC.to_bits()); // k as a two's complement integer
@@ -400,18 +405,8 @@ fn exp_neg<const FMA: bool>(x: f64) -> f64 {
 #[inline(always)]
 fn w_series<const FMA: bool>(u: f64) -> f64 {
     let x = -u;
-    let mut acc = 1.0 / 39916800.0;
-    for c in [
-        1.0 / 3628800.0,
-        1.0 / 362880.0,
-        1.0 / 40320.0,
-        1.0 / 5040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-    ] {
+    let mut acc = INV_FACT[11];
+    for &c in INV_FACT[2..11].iter().rev() {
         acc = madd::<FMA>(acc, x, c);
     }
     x * x * acc

@@ -153,3 +153,32 @@ pub fn run_trmask(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Reads a JSON file.
+pub fn load_json(p: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// A JSON number, or one of the strings `"NaN"`, `"Infinity"`, `"-Infinity"`.
+pub fn json_num(v: &serde_json::Value) -> f64 {
+    match v {
+        serde_json::Value::Number(n) => n.as_f64().unwrap(),
+        serde_json::Value::String(s) if s == "NaN" => f64::NAN,
+        serde_json::Value::String(s) if s == "Infinity" => f64::INFINITY,
+        serde_json::Value::String(s) if s == "-Infinity" => f64::NEG_INFINITY,
+        other => panic!("not a number: {other}"),
+    }
+}
+
+/// The numbers of a (nested) JSON array, row-major.
+pub fn json_flatten(v: &serde_json::Value) -> Vec<f64> {
+    fn go(v: &serde_json::Value, out: &mut Vec<f64>) {
+        match v {
+            serde_json::Value::Array(a) => a.iter().for_each(|x| go(x, out)),
+            x => out.push(json_num(x)),
+        }
+    }
+    let mut out = Vec::new();
+    go(v, &mut out);
+    out
+}
