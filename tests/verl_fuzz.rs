@@ -13,12 +13,12 @@ mod common;
 
 use common::{json_flatten as flatten, json_num as num, load_json as load};
 use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 fn trmask_cli(args: &[&str]) -> std::process::Output {
     common::trmask_bin().args(args).output().unwrap()
 }
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 fn close(got: f64, want: f64, rtol: f64, atol: f64) -> bool {
     if got.is_nan() || want.is_nan() {

@@ -10,15 +10,15 @@
 mod common;
 use common::{json_flatten as flatten, json_num as num, load_json as load};
 use serde_json::Value;
-
-fn trmask_cli(args: &[&str]) -> std::process::Output {
-    common::trmask_bin().args(args).output().unwrap()
-}
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use trmask::analysis::analyze;
 use trmask::cpu::CpuEngine;
 use trmask::{CorrectionConfig, Engine};
+
+fn trmask_cli(args: &[&str]) -> std::process::Output {
+    common::trmask_bin().args(args).output().unwrap()
+}
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data/verl-golden")
