@@ -178,15 +178,50 @@ pub enum Layout {
 }
 
 /// The sequences of a batch: slot ranges plus the validity mask of every slot.
+///
+/// Built by [`Batch::padded`] / [`Batch::packed`], or by [`Segments::new`], which checks that
+/// the ranges are ascending, disjoint and inside the mask, so no engine can index past it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Segments {
-    /// `(start, end)` slot range of each sequence (half-open).
-    pub ranges: Vec<(usize, usize)>,
-    /// `true` where a slot holds a valid token.
-    pub mask: Vec<bool>,
+    ranges: Vec<(usize, usize)>,
+    mask: Vec<bool>,
 }
 
 impl Segments {
+    /// Sequences `ranges` (half-open `(start, end)` slot ranges, ascending and disjoint) over
+    /// slots whose validity is `mask`. Slots outside every range are ignored.
+    ///
+    /// ```
+    /// let s = trmask::Segments::new(vec![(0, 2), (3, 5)], vec![true, true, false, true, false])?;
+    /// assert_eq!(s.lengths(), vec![2, 1]);
+    /// assert!(trmask::Segments::new(vec![(0, 6)], vec![true; 5]).is_err());
+    /// # Ok::<(), trmask::Error>(())
+    /// ```
+    pub fn new(ranges: Vec<(usize, usize)>, mask: Vec<bool>) -> Result<Self> {
+        let mut end = 0;
+        for (s, &(a, b)) in ranges.iter().enumerate() {
+            if a < end || b < a || b > mask.len() {
+                return Err(Error::input(
+                    "segments",
+                    format!(
+                        "sequence {s} spans slots {a}..{b}: ranges must be ascending, disjoint \
+                         and within the {} slots",
+                        mask.len()
+                    ),
+                ));
+            }
+            end = b;
+        }
+        Ok(Segments { ranges, mask })
+    }
+    /// `(start, end)` slot range of each sequence (half-open).
+    pub fn ranges(&self) -> &[(usize, usize)] {
+        &self.ranges
+    }
+    /// `true` where a slot holds a valid token.
+    pub fn mask(&self) -> &[bool] {
+        &self.mask
+    }
     /// Number of sequences.
     pub fn len(&self) -> usize {
         self.ranges.len()
@@ -255,9 +290,6 @@ pub struct Batch {
     /// K of the top-K tensors (0 when absent).
     pub topk: usize,
 }
-
-/// The per-token log-prob-like tensors a batch can carry.
-pub const TOKEN_TENSORS: [&str; 4] = ["rollout_log_prob", "old_log_prob", "log_prob", "advantages"];
 
 impl Batch {
     /// A padded `[batch, seq_len]` batch; `response_mask` (row-major) must hold only 0 and 1.

@@ -35,7 +35,7 @@
 //! # Ok::<(), trmask::Error>(())
 //! ```
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use serde::Serialize;
 
 /// Names of the six bounds whose minimum is the unified bound `B*`, in tie-breaking order
@@ -148,9 +148,9 @@ pub fn coupling(horizon: usize, eps: f64) -> f64 {
     4.0 * eps.min(1.0) * sum((0..horizon).map(|k| (k as f64 * eps).min(1.0)))
 }
 
-/// Adaptive weight at position `t` (1-based) of a horizon `T`:
+/// LN-TRM / adaptive weight of a token with `remaining = T − t` tokens after it (t 1-based):
 /// `min(1, (T−t)ε, √((T−t)δ/2))`, where a missing `ε` or `δ` drops its term.
-fn adaptive_weight(remaining: usize, eps: Option<f64>, delta: Option<f64>) -> f64 {
+pub fn lntrm_weight(remaining: usize, eps: Option<f64>, delta: Option<f64>) -> f64 {
     let r = remaining as f64;
     let mut w = 1.0f64;
     if let Some(e) = eps {
@@ -168,7 +168,7 @@ fn adaptive_sum(dbar: &[f64], eps: Option<f64>, delta: Option<f64>) -> f64 {
     4.0 * sum(dbar
         .iter()
         .enumerate()
-        .map(|(i, &d)| d * adaptive_weight(horizon - 1 - i, eps, delta)))
+        .map(|(i, &d)| d * lntrm_weight(horizon - 1 - i, eps, delta)))
 }
 
 /// Adaptive bound, KL only: `4·Σ_{t=1..T} D̄_t·min(1, √((T−t)δ/2))`; `T = dbar.len()`.
@@ -219,7 +219,7 @@ pub fn adaptive(eps: f64, delta: f64, dbar: &[f64]) -> f64 {
 /// ```
 pub fn lntrm_weights(horizon: usize, eps: Option<f64>, delta: Option<f64>) -> Vec<f64> {
     (1..=horizon)
-        .map(|t| adaptive_weight(horizon - t, eps, delta))
+        .map(|t| lntrm_weight(horizon - t, eps, delta))
         .collect()
 }
 

@@ -17,10 +17,10 @@
 //! can reach; a batch maximum only estimates it from below. The certificate says what the bound
 //! would be if the batch were representative — it is a diagnostic, not a proof.
 
-use crate::analysis::StatTable;
 use crate::batch::Segments;
 use crate::bounds::{compute, BoundInputs, Bounds};
 use crate::error::Result;
+use crate::stats::StatTable;
 use std::collections::BTreeMap;
 
 /// The bound names in the order `trmask/bound_<set>_argmin` indexes them.
@@ -54,14 +54,14 @@ fn inputs_for(
     let mut kl_seq: f64 = 0.0;
     let mut dbar: Vec<f64> = Vec::new();
     let mut horizon = 0usize;
-    for (s, &(a, b)) in segments.ranges.iter().enumerate() {
+    for (s, &(a, b)) in segments.ranges().iter().enumerate() {
         if !keep(s) {
             continue;
         }
         let mut t = 0usize;
         let mut sum = 0.0;
         for i in a..b {
-            if !segments.mask[i] {
+            if !segments.mask()[i] {
                 continue;
             }
             delta = delta.max(kl[i]);
@@ -120,7 +120,7 @@ impl Certificate {
     /// The `trmask/bound_*` metrics: for `all` and `accepted`, every bound value
     /// (`trmask/bound_all_unified`, `trmask/bound_all_pm_kl`, …), the inputs used
     /// (`…_horizon`, `…_delta`, `…_eps`, `…_kl_seq`, `…_tv_seq`) and the argmin as an index into
-    /// [`ARGMIN_ORDER`] (`…_argmin`); plus `trmask/bound_certified` (1 with exact divergences).
+    /// `ARGMIN_ORDER` (`…_argmin`); plus `trmask/bound_certified` (1 with exact divergences).
     pub fn metrics(&self) -> BTreeMap<String, f64> {
         let mut m = BTreeMap::new();
         m.insert(
@@ -180,10 +180,7 @@ mod tests {
     #[test]
     fn certificate_from_exact_stats() {
         // Two sequences: [0.01, 0.02] and [0.04]; TV alongside; ser gives D̄.
-        let segments = Segments {
-            ranges: vec![(0, 3), (3, 4)],
-            mask: vec![true, true, false, true],
-        };
+        let segments = Segments::new(vec![(0, 3), (3, 4)], vec![true, true, false, true]).unwrap();
         let mut table = StatTable::default();
         table
             .stats
@@ -225,10 +222,7 @@ mod tests {
 
     #[test]
     fn samples_only_are_not_certified_and_empty_is_none() {
-        let segments = Segments {
-            ranges: vec![(0, 2)],
-            mask: vec![true, true],
-        };
+        let segments = Segments::new(vec![(0, 2)], vec![true, true]).unwrap();
         let mut table = StatTable::default();
         table.stats.insert("k3".into(), vec![0.001, 0.003]);
         table.stats.insert("ser".into(), vec![0.05, 0.08]);
@@ -236,10 +230,7 @@ mod tests {
         assert!(!c.exact);
         assert_eq!(c.all.as_ref().unwrap().inputs.delta, 0.003);
         assert!(c.all.as_ref().unwrap().filled.contains(&"eps"));
-        let empty = Segments {
-            ranges: vec![(0, 0)],
-            mask: vec![],
-        };
+        let empty = Segments::new(vec![(0, 0)], vec![]).unwrap();
         assert!(certificate(&table, &empty, &[true]).unwrap().is_none());
     }
 }

@@ -7,11 +7,12 @@
 //! sequences leaving the trust region (Li et al., *Trust Region Masking*, arXiv 2512.23075).
 //! Every computation runs on the GPU through wgpu compute shaders and on an f64 CPU reference.
 //!
-//! Once per training step a trainer calls [`correction::correct`] with a [`CorrectionConfig`]
-//! (verl's `rollout_corr` keys verbatim, its 19 presets, plus trmask's LN-TRM, token veto and
-//! exact-KL criteria) and gets [`Corrections`]: IS weights, the modified response mask,
-//! per-sequence decisions and statistics, and verl's `rollout_corr/*` metrics plus `trmask/*`.
-//! Read the loss-normalisation notes in [`correction`] and `examples/policy_loss.rs`.
+//! A trainer builds a [`Corrector`] once from a [`CorrectionConfig`] (verl's `rollout_corr`
+//! keys verbatim, its 19 presets, plus trmask's LN-TRM, token veto and exact-KL criteria) and
+//! calls [`Corrector::correct`] on a borrowed [`Step`] every training step; it gets
+//! [`Corrections`]: IS weights, the modified response mask, per-sequence decisions and
+//! statistics, and verl's `rollout_corr/*` metrics plus `trmask/*`. Read the
+//! loss-normalisation notes in [`correction`] and `examples/train_step.rs`.
 //!
 //! ```
 //! use trmask::{Batch, Engine, cpu::CpuEngine};
@@ -30,27 +31,63 @@
 //! # Ok::<(), trmask::Error>(())
 //! ```
 
+// Layer 0: no internal dependency but `error`.
+mod error;
+mod math;
+pub mod plan;
+mod stats;
+// Layer 0–1: inputs and their validation.
+mod batch;
+mod support;
+// Layer 1: configuration.
+pub mod config;
+// Layer 2: the engine trait and the passes composed from it.
+mod engine;
+#[doc(hidden)]
+pub mod passes;
+// Layer 3: the engines.
+pub mod cpu;
+pub mod gpu;
+// Layer 4: corrections, metrics, certificate and bounds.
+pub mod bounds;
+mod certificate;
+pub mod correction;
+mod metrics;
+// Layer 5: what the CLI and bindings call.
 pub mod analysis;
 pub mod backend;
-pub mod batch;
-pub mod bounds;
-pub mod certificate;
-pub mod config;
-pub mod correction;
-pub mod cpu;
-pub mod engine;
-pub mod error;
-pub mod gpu;
+mod corrector;
 pub mod io;
-pub mod legacy;
-pub mod topk;
 
 pub use batch::{Batch, DType, Layout, Logits, Segments};
+pub use certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};
 pub use config::CorrectionConfig;
-pub use correction::Corrections;
-pub use engine::{Engine, SegmentStats, TokenStats, VocabStats, SAFETY_BOUND};
+pub use corrector::{Corrector, IntoEngine, MaskValues, Step, Values};
+pub use engine::Engine;
 pub use error::{Error, Result};
 pub use gpu::GpuEngine;
+pub use stats::{
+    Corrections, CriterionResult, SegmentStats, StatTable, TokenStats, TopkStats, VocabStats,
+    SAFETY_BOUND,
+};
+
+/// The f64 formulas shared by every path (k3, `w(u)`, `log1p(x) − x`, Neumaier, log-sum-exp).
+#[doc(hidden)]
+pub mod numerics {
+    pub use crate::math::*;
+}
+
+/// Top-K divergences and the DPPO / Predictive Divergence token masks (SPEC §7).
+pub mod topk {
+    pub use crate::config::DppoConfig;
+    pub use crate::correction::dppo::dppo_mask;
+    pub use crate::cpu::topk_divergence_batch as topk_divergence;
+    pub use crate::stats::{DppoDirection, TopkDivergence, TopkStats, TopkSupport};
+    pub use crate::support::{
+        prepare_support, PreparedSupport, TrainerSupportLogProbs, TrainerTopk,
+        SUPPORT_MASS_TOLERANCE, TAIL_FLOOR,
+    };
+}
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

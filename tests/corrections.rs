@@ -57,14 +57,14 @@ fn lntrm_ser_and_bits() {
     assert_eq!(a.metrics["trmask/seq_len_max"], 5.0);
     // a missing ln_trm term drops out of w_t
     // ρ = [2, 1.5, 1], ε only: w = [0.2, 0.1, 0] → W/Z = (0.2 + 0.05)/0.3
-    let only_eps = trmask::correction::lntrm(&[2.0, 1.5, 1.0], Some(0.1), None);
+    let only_eps = trmask::bounds::lntrm_score(&[2.0, 1.5, 1.0], Some(0.1), None);
     assert!((only_eps - 0.25 / 0.3).abs() < 1e-15, "{only_eps}");
     // δ only: w = [sqrt(0.02), sqrt(0.01), 0]
-    let only_delta = trmask::correction::lntrm(&[2.0, 1.5, 1.0], None, Some(0.02));
+    let only_delta = trmask::bounds::lntrm_score(&[2.0, 1.5, 1.0], None, Some(0.02));
     let (w1, w2) = (0.02f64.sqrt(), 0.01f64.sqrt());
     assert!((only_delta - (w1 + 0.5 * w2) / (w1 + w2)).abs() < 1e-15);
     // an empty sequence has Z = 0: LN-TRM is 0
-    assert_eq!(trmask::correction::lntrm(&[], Some(0.1), None), 0.0);
+    assert_eq!(trmask::bounds::lntrm_score(&[], Some(0.1), None), 0.0);
 }
 
 #[test]

@@ -95,7 +95,7 @@ fn odd_workgroup_sizes_reduce_correctly() {
         }
         ranges.push((a, mask.len()));
     }
-    let seg = Segments { ranges, mask };
+    let seg = Segments::new(ranges, mask).unwrap();
     let v: Vec<f64> = (0..seg.slots()).map(|_| rng.range(-3.0, 3.0)).collect();
     let w: Vec<f64> = (0..seg.slots()).map(|_| rng.below(4) as f64).collect(); // many ties
     let want = CpuEngine::new().segment_reduce(&[&v, &w], &seg).unwrap();
@@ -132,10 +132,7 @@ fn limits_too_small_are_errors_not_panics() {
     // 100 statistics need 400 bytes per slot: more than one binding holds
     let v = vec![1.0; 4];
     let values: Vec<&[f64]> = (0..100).map(|_| v.as_slice()).collect();
-    let seg = Segments {
-        ranges: vec![(0, 4)],
-        mask: vec![true; 4],
-    };
+    let seg = Segments::new(vec![(0, 4)], vec![true; 4]).unwrap();
     assert!(e.segment_reduce(&values, &seg).is_err());
     // but a few statistics over many chunks work
     let r = e.segment_reduce(&values[..2], &seg).unwrap();
@@ -163,10 +160,7 @@ fn two_dimensional_grids() {
     let got = e.token_stats(&roll, &train, &mask).unwrap();
     assert_close("k3", &got.k3, &want.k3, 2e-5, 2e-6, 77);
     assert_close("rho", &got.rho, &want.rho, 2e-5, 2e-6, 77);
-    let seg = Segments {
-        ranges: (0..n).map(|i| (i, i + 1)).collect(),
-        mask,
-    };
+    let seg = Segments::new((0..n).map(|i| (i, i + 1)).collect(), mask).unwrap();
     let w = cpu.segment_reduce(&[&want.k2], &seg).unwrap();
     let g = e.segment_reduce(&[&want.k2], &seg).unwrap();
     assert_eq!(g[0].count, w[0].count);
@@ -182,10 +176,7 @@ fn device_time_of_a_run() {
     assert_eq!(ctx.last_device_ns(), None, "no run yet");
     let n = 1 << 18;
     let v: Vec<f64> = (0..n).map(|i| (i % 97) as f64 * 0.25).collect();
-    let seg = Segments {
-        ranges: vec![(0, n / 3), (n / 3, n)],
-        mask: vec![true; n],
-    };
+    let seg = Segments::new(vec![(0, n / 3), (n / 3, n)], vec![true; n]).unwrap();
     let r = gpu.segment_reduce(&[&v, &v], &seg).unwrap();
     assert_eq!(r[0].count, vec![(n / 3) as u32, (n - n / 3) as u32]);
     let ns = ctx.last_device_ns();

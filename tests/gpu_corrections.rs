@@ -12,10 +12,8 @@ mod common;
 use common::{assert_close, gpu, gpu_small_chunks, seed, Rng};
 use trmask::config::IsLevel;
 use trmask::cpu::CpuEngine;
-use trmask::engine::{
-    CorrectionsRaw, MaskAgg, MaskCriterion, MaskIs, MaskPlan, MaskSource, TokenStats,
-};
-use trmask::{Engine, Segments};
+use trmask::plan::{CorrectionsRaw, MaskAgg, MaskCriterion, MaskIs, MaskPlan, MaskSource};
+use trmask::{Engine, Segments, TokenStats};
 
 const RTOL: f64 = 2e-5;
 const ATOL: f64 = 2e-6;
@@ -59,7 +57,7 @@ fn case(rng: &mut Rng, b: usize, t: usize) -> Case {
         ranges.push((r * t, (r + 1) * t));
     }
     Case {
-        segs: Segments { ranges, mask },
+        segs: Segments::new(ranges, mask).unwrap(),
         lr,
         col,
         b,
@@ -228,7 +226,7 @@ fn check(
         if gpu.mask[i] != cpu.mask[i] {
             assert_ne!(gpu.token_reject[i], cpu.token_reject[i], "{what}: slot {i}");
         }
-        if !segs.mask[i] {
+        if !segs.mask()[i] {
             assert!(
                 !gpu.mask[i] && gpu.token_reject[i] == 0,
                 "{what}: invalid slot {i}"
@@ -284,7 +282,7 @@ fn gpu_matches_cpu_on_random_batches() {
             rejected += cr
                 .mask
                 .iter()
-                .zip(&c.segs.mask)
+                .zip(c.segs.mask())
                 .filter(|(k, v)| **v && !**k)
                 .count();
         }
@@ -325,7 +323,7 @@ fn packed(c: &Case) -> (Segments, Vec<f64>, Vec<f64>, Vec<usize>) {
     for r in 0..c.b {
         let a = lr.len();
         for i in r * c.t..(r + 1) * c.t {
-            if c.segs.mask[i] {
+            if c.segs.mask()[i] {
                 lr.push(c.lr[i]);
                 col.push(c.col[i]);
                 slot.push(i);
@@ -334,15 +332,7 @@ fn packed(c: &Case) -> (Segments, Vec<f64>, Vec<f64>, Vec<usize>) {
         ranges.push((a, lr.len()));
     }
     let n = lr.len();
-    (
-        Segments {
-            ranges,
-            mask: vec![true; n],
-        },
-        lr,
-        col,
-        slot,
-    )
+    (Segments::new(ranges, vec![true; n]).unwrap(), lr, col, slot)
 }
 
 #[test]
@@ -357,10 +347,10 @@ fn padded_and_packed_agree_and_padding_is_never_read() {
     let (psegs, plr, pcol, slot) = packed(&c);
     // the same padded batch with zeros instead of NaN in the padding
     let clean_lr: Vec<f64> = (0..c.lr.len())
-        .map(|i| if c.segs.mask[i] { c.lr[i] } else { 0.0 })
+        .map(|i| if c.segs.mask()[i] { c.lr[i] } else { 0.0 })
         .collect();
     let clean_col: Vec<f64> = (0..c.col.len())
-        .map(|i| if c.segs.mask[i] { c.col[i] } else { 0.0 })
+        .map(|i| if c.segs.mask()[i] { c.col[i] } else { 0.0 })
         .collect();
     for (ename, e) in &engines {
         for ((name, plan), ((_, pplan), (_, cplan))) in plans(&c.col)
@@ -387,7 +377,7 @@ fn padded_and_packed_agree_and_padding_is_never_read() {
                 }
             }
             for i in 0..c.lr.len() {
-                if !c.segs.mask[i] {
+                if !c.segs.mask()[i] {
                     assert!(!a.mask[i], "{what}: padding slot {i} kept");
                     assert_eq!(a.tokens.rho[i], 0.0, "{what}: padding slot {i}");
                     if let Some(w) = &a.weights {

@@ -107,14 +107,14 @@ fn check_segments(engine: &dyn Engine, values: &[&[f64]], seg: &Segments, seed: 
         for (q, (&ga, &wa)) in g.argmax.iter().zip(&w.argmax).enumerate() {
             if ga != wa {
                 // only a near-tie (within f32 rounding) may resolve differently
-                let (a, _) = seg.ranges[q];
+                let (a, _) = seg.ranges()[q];
                 assert!(
                     ga >= 0,
                     "stat {k} seq {q}: argmax {ga} vs {wa} (seed {seed})"
                 );
                 let v = values[k][a + ga as usize];
                 assert!(
-                    seg.mask[a + ga as usize]
+                    seg.mask()[a + ga as usize]
                         && (v - w.max[q]).abs() <= RTOL * w.max[q].abs() + ATOL,
                     "stat {k} seq {q}: argmax {ga} vs {wa} (seed {seed})"
                 );
@@ -204,10 +204,11 @@ fn segment_reduce_padded_nasty() {
         check_segments(gpu.as_ref(), &values, case.batch.segments(), s);
     }
     // ties resolve to the first maximum; empty and all-masked sequences
-    let seg = Segments {
-        ranges: vec![(0, 4), (4, 4), (4, 7), (7, 9)],
-        mask: vec![true, true, true, true, false, false, true, true, true],
-    };
+    let seg = Segments::new(
+        vec![(0, 4), (4, 4), (4, 7), (7, 9)],
+        vec![true, true, true, true, false, false, true, true, true],
+    )
+    .unwrap();
     let v = [1.0, 5.0, 5.0, -1.0, 9.0, 9.0, 2.0, -3.0, -3.0];
     check_segments(gpu.as_ref(), &[&v], &seg, 0);
     let r = gpu.segment_reduce(&[&v], &seg).unwrap();
@@ -304,11 +305,10 @@ fn four_million_tokens_packed() {
 fn bad_shapes_are_errors_not_panics() {
     let Some(gpu) = gpu() else { return };
     assert!(gpu.token_stats(&[0.0], &[0.0, 1.0], &[true, true]).is_err());
-    let seg = Segments {
-        ranges: vec![(0, 5)],
-        mask: vec![true; 3],
-    };
-    assert!(gpu.segment_reduce(&[&[1.0, 2.0, 3.0]], &seg).is_err());
+    // sequences past the mask cannot be built at all
+    assert!(Segments::new(vec![(0, 5)], vec![true; 3]).is_err());
+    assert!(Segments::new(vec![(0, 2), (1, 3)], vec![true; 3]).is_err());
+    let seg = Segments::new(vec![(0, 3)], vec![true; 3]).unwrap();
     assert!(gpu.segment_reduce(&[&[1.0]], &seg).is_err());
     assert!(gpu.is_gpu());
     assert!(gpu.name().starts_with("gpu: "));
@@ -372,10 +372,7 @@ fn segment_sums_are_compensated() {
         s[n - 1] = -16_777_216.0;
         push(&mut values, s);
     }
-    let seg = Segments {
-        mask: vec![true; values.len()],
-        ranges,
-    };
+    let seg = Segments::new(ranges, vec![true; values.len()]).unwrap();
     let want = CpuEngine::new().segment_reduce(&[&values], &seg).unwrap();
     for engine in engines {
         let got = engine.segment_reduce(&[&values], &seg).unwrap();

@@ -1,25 +1,28 @@
 //! The reference path: f64 accumulation everywhere, multi-threaded over rows where it pays.
-//! It mirrors `gpu/` file for file.
+//! It mirrors `gpu/` file for file; the corrections pass is the shared f64 composition in
+//! [`crate::passes`]. Every entry point checks its shapes and returns an `Err`, never panics.
 
-pub(crate) mod masks;
 mod segment_reduce;
 mod token_stats;
 mod topk_divergence;
 mod vocab_divergence;
+mod vocab_fast;
+mod vocab_general;
 
-pub use masks::corrections_pass;
 pub use segment_reduce::segment_reduce;
-pub use token_stats::{k3_from_log_ratio, token_stats};
-pub use topk_divergence::{neumaier_sum, topk_divergence, topk_row, TopkRow};
+pub use token_stats::token_stats;
+pub use topk_divergence::{topk_divergence, topk_divergence_batch, topk_row, TopkRow};
 pub use vocab_divergence::vocab_divergence;
 pub(crate) use vocab_divergence::{
     check_inputs as check_vocab_inputs, first_bad as first_bad_logit,
 };
 
 use crate::batch::{Batch, Logits, Segments};
-use crate::engine::{Engine, SegmentStats, TokenStats, VocabStats};
-use crate::error::Result;
-use crate::topk::{TopkStats, TopkSupport, TrainerTopk};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::plan::{CorrectionsRaw, MaskPlan};
+use crate::stats::{SegmentStats, TokenStats, TopkStats, TopkSupport, VocabStats};
+use crate::support::TrainerTopk;
 
 /// The CPU reference engine.
 #[derive(Clone, Debug, Default)]
@@ -30,6 +33,17 @@ impl CpuEngine {
     pub fn new() -> Self {
         CpuEngine
     }
+}
+
+/// `Err` naming `name` unless `values` has one value per slot.
+pub(crate) fn check_len(name: &str, values: usize, slots: usize) -> Result<()> {
+    if values != slots {
+        return Err(Error::input(
+            name,
+            format!("has {values} values but the batch has {slots} slots"),
+        ));
+    }
+    Ok(())
 }
 
 impl Engine for CpuEngine {
@@ -43,11 +57,25 @@ impl Engine for CpuEngine {
         train_log_prob: &[f64],
         mask: &[bool],
     ) -> Result<TokenStats> {
+        check_len("rollout_log_prob", rollout_log_prob.len(), mask.len())?;
+        check_len("train_log_prob", train_log_prob.len(), mask.len())?;
         Ok(token_stats(rollout_log_prob, train_log_prob, mask))
     }
 
     fn segment_reduce(&self, values: &[&[f64]], segments: &Segments) -> Result<Vec<SegmentStats>> {
+        for (k, v) in values.iter().enumerate() {
+            check_len(&format!("values[{k}]"), v.len(), segments.slots())?;
+        }
         Ok(values.iter().map(|v| segment_reduce(v, segments)).collect())
+    }
+
+    fn corrections_pass(
+        &self,
+        lr: &[f64],
+        segments: &Segments,
+        plan: &MaskPlan,
+    ) -> Result<CorrectionsRaw> {
+        crate::passes::corrections_pass(self, lr, segments, plan)
     }
 
     fn vocab_divergence(
@@ -67,6 +95,6 @@ impl Engine for CpuEngine {
         support: TopkSupport,
         trainer: TrainerTopk<'_>,
     ) -> Result<TopkStats> {
-        crate::topk::topk_divergence(batch, support, trainer)
+        topk_divergence_batch(batch, support, trainer)
     }
 }

@@ -1,7 +1,7 @@
 //! Segmented per-sequence reductions, f64.
 
 use crate::batch::Segments;
-use crate::engine::SegmentStats;
+use crate::stats::SegmentStats;
 
 /// Sum, mean, max, min, argmax and count of `values` over the valid slots of each sequence.
 /// See [`SegmentStats`] for the definitions on empty sequences.
@@ -16,13 +16,13 @@ pub fn segment_reduce(values: &[f64], segments: &Segments) -> SegmentStats {
         argmax: vec![-1; s],
         count: vec![0; s],
     };
-    for (k, &(a, b)) in segments.ranges.iter().enumerate() {
+    for (k, &(a, b)) in segments.ranges().iter().enumerate() {
         let mut sum = 0.0;
         let mut max = f64::NEG_INFINITY;
         let mut min = f64::INFINITY;
         let mut arg = -1i64;
         let mut n = 0u32;
-        for (i, (&v, &m)) in values[a..b].iter().zip(&segments.mask[a..b]).enumerate() {
+        for (i, (&v, &m)) in values[a..b].iter().zip(&segments.mask()[a..b]).enumerate() {
             if !m {
                 continue;
             }
@@ -52,10 +52,11 @@ mod tests {
 
     #[test]
     fn reduces_and_defines_empty() {
-        let seg = Segments {
-            ranges: vec![(0, 3), (3, 3), (3, 6)],
-            mask: vec![true, true, false, false, false, true],
-        };
+        let seg = Segments::new(
+            vec![(0, 3), (3, 3), (3, 6)],
+            vec![true, true, false, false, false, true],
+        )
+        .unwrap();
         let v = [1.0, 3.0, f64::NAN, 9.0, 9.0, -2.0];
         let r = segment_reduce(&v, &seg);
         assert_eq!(r.sum, vec![4.0, 0.0, -2.0]);

@@ -1,24 +1,10 @@
 //! Per-token estimators (SPEC §1), f64.
 
-use crate::engine::{TokenStats, SAFETY_BOUND};
+use crate::math::k3_from_log_ratio;
+use crate::stats::{TokenStats, SAFETY_BOUND};
 
-/// `expm1(x) − x`, accurate to the last bits for every x (series for small |x|).
-pub fn k3_from_log_ratio(x: f64) -> f64 {
-    if x.abs() < 0.1 {
-        // x²/2 + x³/6 + … ; 12 terms reach full f64 precision for |x| < 0.1.
-        let mut term = x * x / 2.0;
-        let mut sum = term;
-        for n in 3..=14 {
-            term *= x / n as f64;
-            sum += term;
-        }
-        sum
-    } else {
-        x.exp_m1() - x
-    }
-}
-
-/// Per-token estimators; invalid slots hold 0 (their inputs are never read).
+/// Per-token estimators; invalid slots hold 0 (their inputs are never read). The three slices
+/// must have equal lengths (checked by [`CpuEngine::token_stats`](super::CpuEngine)).
 pub fn token_stats(rollout: &[f64], train: &[f64], mask: &[bool]) -> TokenStats {
     let n = mask.len();
     let mut s = TokenStats {

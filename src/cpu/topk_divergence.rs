@@ -8,10 +8,11 @@
 //! the mismatch: nothing cancels at first order, so KLs of 1e-15 survive. Differences of
 //! probabilities are `π_i − μ_i = μ_i expm1(d_i)`.
 
-use super::token_stats::k3_from_log_ratio;
-use crate::batch::Logits;
+use crate::batch::{Batch, Logits};
 use crate::error::{Error, Result};
-use crate::topk::{log_sum_exp, PreparedSupport, TopkStats, TrainerTopk, TAIL_FLOOR};
+use crate::math::{k3_from_log_ratio, log_sum_exp, neumaier_sum};
+use crate::stats::{TopkStats, TopkSupport};
+use crate::support::{prepare_support, PreparedSupport, TrainerTopk, TAIL_FLOOR};
 use rayon::prelude::*;
 
 /// One row's results.
@@ -66,21 +67,6 @@ pub fn topk_row(rollout_lp: &[f64], train_lp: &[f64], y: usize, vocab: usize) ->
         train_tail: pi_t.max(0.0),
         prob_diff,
     }
-}
-
-/// Σ of `terms` with Neumaier's compensation (error ≈ 1 ulp of the result, any length).
-pub fn neumaier_sum(terms: impl Iterator<Item = f64>) -> f64 {
-    let (mut s, mut c) = (0.0f64, 0.0f64);
-    for x in terms {
-        let t = s + x;
-        c += if s.abs() >= x.abs() {
-            (s - t) + x
-        } else {
-            (x - t) + s
-        };
-        s = t;
-    }
-    s + c
 }
 
 /// The trainer's log-probs at `ids` from one row of logits divided by the temperature
@@ -184,6 +170,20 @@ pub fn topk_divergence(
         s.support_size[r] = prepared.len[r];
     }
     Ok(s)
+}
+
+/// Per-slot top-K divergences on the CPU in f64 (see the module docs for the definitions).
+///
+/// `batch` supplies `rollout_topk_ids`, `rollout_topk_log_prob`, `responses`, the mask and,
+/// where some y_t is not among the top-K, `rollout_log_prob`. `trainer` supplies π on S
+/// (use [`TrainerTopk::from_batch`] for `old_logits`). Errors name the tensor and the row.
+pub fn topk_divergence_batch(
+    batch: &Batch,
+    support: TopkSupport,
+    trainer: TrainerTopk<'_>,
+) -> Result<TopkStats> {
+    let prepared = prepare_support(batch, support, &trainer)?;
+    topk_divergence(&prepared, &trainer, batch.mask(), |r| batch.position(r))
 }
 
 #[cfg(test)]

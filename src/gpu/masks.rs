@@ -17,10 +17,10 @@ use super::context::{Context, Pass};
 use super::pipeline::{Meta, Op};
 use super::token_stats::pack_mask;
 use crate::batch::{DType, Segments};
-use crate::config::IsLevel;
-use crate::cpu::masks::{check_plan, token_reject_fraction};
-use crate::engine::{CorrectionsRaw, MaskAgg, MaskPlan, MaskSource, TokenStats};
 use crate::error::{Error, Result};
+use crate::passes::{check_plan, token_reject_fraction};
+use crate::plan::{CorrectionsRaw, MaskAgg, MaskPlan, MaskSource};
+use crate::stats::{IsLevel, TokenStats};
 
 /// Per-slot output words (7 estimators, weight, reject bits).
 const TOKEN_WORDS: usize = 9;
@@ -78,12 +78,12 @@ fn plan_chunks(
     let mut chunks = Vec::new();
     let mut first = 0;
     let mut prev_end = 0;
-    for (s, &(a, b)) in segments.ranges.iter().enumerate() {
+    for (s, &(a, b)) in segments.ranges().iter().enumerate() {
         if a < prev_end || b < a || b - a > fit {
             return None;
         }
         prev_end = b;
-        let start = segments.ranges[first].0;
+        let start = segments.ranges()[first].0;
         if s > first && (b - start > fit || s - first >= max_seqs) {
             chunks.push(first..s);
             first = s;
@@ -117,10 +117,10 @@ pub fn corrections_pass(
     };
     if chunks.is_empty() {
         // no sequence: nothing to dispatch
-        return crate::cpu::corrections_pass(&crate::cpu::CpuEngine::new(), lr, segments, plan)
+        return crate::passes::corrections_pass(&crate::cpu::CpuEngine::new(), lr, segments, plan)
             .map(Some);
     }
-    let mask = &segments.mask;
+    let mask = segments.mask();
     let kernel = ctx.kernel(Op::Masks, DType::F32)?;
     let plan_buf = ctx.upload(bytemuck::cast_slice(&plan_words(plan)))?;
     let (flags, is_upper, is_lower) = match plan.is {
@@ -135,14 +135,14 @@ pub fn corrections_pass(
     let mut bufs = Vec::with_capacity(chunks.len());
     let mut slot_ranges = Vec::with_capacity(chunks.len());
     for ch in &chunks {
-        let s0 = segments.ranges[ch.start].0;
-        let s1 = segments.ranges[ch.end - 1].1.max(s0);
+        let s0 = segments.ranges()[ch.start].0;
+        let s1 = segments.ranges()[ch.end - 1].1.max(s0);
         let m = s1 - s0;
         let lr32: Vec<f32> = (s0..s1)
             .map(|i| if mask[i] { lr[i] as f32 } else { 0.0 })
             .collect();
         let bits = pack_mask(&mask[s0..s1]);
-        let ranges: Vec<u32> = segments.ranges[ch.clone()]
+        let ranges: Vec<u32> = segments.ranges()[ch.clone()]
             .iter()
             .flat_map(|&(a, b)| [(a - s0) as u32, (b - s0) as u32])
             .collect();
@@ -212,7 +212,7 @@ pub fn corrections_pass(
         let m = sr.len();
         let tw = words(&results[2 * k], TOKEN_WORDS * m)?;
         let sw = words(&results[2 * k + 1], seq_words * ch.len())?;
-        for &(a, b) in &segments.ranges[ch.clone()] {
+        for &(a, b) in &segments.ranges()[ch.clone()] {
             for i in a..b {
                 let j = i - sr.start;
                 let t = &mut out.tokens;

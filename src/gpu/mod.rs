@@ -41,9 +41,11 @@ pub mod vocab_divergence;
 pub use context::{list_adapters, Capabilities, Context, ContextOptions, Pass};
 
 use crate::batch::{Batch, Logits, Segments};
-use crate::engine::{CorrectionsRaw, Engine, MaskPlan, SegmentStats, TokenStats, VocabStats};
+use crate::engine::Engine;
 use crate::error::Result;
-use crate::topk::{TopkStats, TopkSupport, TrainerTopk};
+use crate::plan::{CorrectionsRaw, MaskPlan};
+use crate::stats::{SegmentStats, TokenStats, TopkStats, TopkSupport, VocabStats};
+use crate::support::TrainerTopk;
 use std::sync::Arc;
 
 /// The GPU engine: every [`Engine`] op as wgpu compute kernels on one device.
@@ -117,7 +119,7 @@ impl Engine for GpuEngine {
             Some(r) => Ok(r),
             // a sequence longer than one binding: token_stats + one segment_reduce on the GPU,
             // decisions on the host
-            None => crate::cpu::corrections_pass(self, lr, segments, plan),
+            None => crate::passes::corrections_pass(self, lr, segments, plan),
         }
     }
 

@@ -13,8 +13,8 @@ use super::context::{Context, Pass};
 use super::pipeline::{Meta, Op};
 use super::token_stats::pack_mask;
 use crate::batch::{DType, Segments};
-use crate::engine::SegmentStats;
 use crate::error::{Error, Result};
+use crate::stats::SegmentStats;
 
 /// Output words per (statistic, piece).
 const WORDS: usize = 6;
@@ -35,7 +35,7 @@ pub fn segment_reduce(
             ));
         }
     }
-    for (s, &(a, b)) in segments.ranges.iter().enumerate() {
+    for (s, &(a, b)) in segments.ranges().iter().enumerate() {
         if a > slots || b > slots {
             return Err(Error::input(
                 "segments",
@@ -62,7 +62,7 @@ pub fn segment_reduce(
     let kernel = ctx.kernel(Op::SegmentReduce, DType::F32)?;
     let limits = ctx.chunk_limits();
     let plan = plan_segments(
-        &segments.ranges,
+        segments.ranges(),
         (4 * k) as u64,
         (4 * WORDS * k) as u64,
         &limits,
@@ -76,7 +76,7 @@ pub fn segment_reduce(
         for p in &chunk.pieces {
             let at = mask.len();
             for i in p.slots.clone() {
-                let valid = segments.mask[i];
+                let valid = segments.mask()[i];
                 let j = mask.len();
                 mask.push(valid);
                 if valid {
@@ -131,7 +131,7 @@ pub fn segment_reduce(
                 let q = p.seq;
                 let f = |x: u32| f64::from(f32::from_bits(x));
                 let (mx, mn) = (f(w[2]), f(w[3]));
-                let arg = (p.slots.start - segments.ranges[q].0) as i64 + i64::from(w[4]);
+                let arg = (p.slots.start - segments.ranges()[q].0) as i64 + i64::from(w[4]);
                 if st.count[q] == 0 || mx > st.max[q] {
                     st.max[q] = mx;
                     st.argmax[q] = arg;

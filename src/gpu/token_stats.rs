@@ -12,8 +12,8 @@ use super::chunking::{dispatch_grid, plan_rows};
 use super::context::{Context, Pass};
 use super::pipeline::{Meta, Op};
 use crate::batch::DType;
-use crate::engine::TokenStats;
 use crate::error::{Error, Result};
+use crate::stats::TokenStats;
 
 /// Number of per-slot outputs (log_ratio, rho, k1, k2, k3, abs, ser).
 const OUTPUTS: usize = 7;

@@ -2,7 +2,7 @@
 //! `cpu/topk_divergence.rs`.
 //!
 //! The host validates the inputs and builds the support S of every valid row exactly as the CPU
-//! path does ([`crate::topk::prepare_support`]), computes the rollout tail `μ_tail` in f64 (it
+//! path does ([`prepare_support`]), computes the rollout tail `μ_tail` in f64 (it
 //! depends on host data only) and uploads, per valid row, the trainer logits row in its own
 //! dtype (f32, f16 or bf16, read as packed u32 words), the support ids, the rollout log-probs on
 //! S (f32) and `(|S|, index of y, μ_tail)`. Invalid rows are neither uploaded nor computed, so
@@ -28,7 +28,9 @@ use super::pipeline::{Meta, Op};
 use super::GpuEngine;
 use crate::batch::{Batch, DType};
 use crate::error::{Error, Result};
-use crate::topk::{log_sum_exp, prepare_support, TopkStats, TopkSupport, TrainerTopk};
+use crate::math::log_sum_exp;
+use crate::stats::{TopkStats, TopkSupport};
+use crate::support::{prepare_support, TrainerTopk};
 
 /// f32 outputs per row.
 const OUTPUTS: usize = 8;

@@ -16,8 +16,8 @@ use super::pipeline::{BindingKind, Flavour, KernelKey, Meta, Op, OpSpec, META_SI
 use crate::batch::DType;
 use crate::batch::Logits;
 use crate::cpu::{check_vocab_inputs, first_bad_logit};
-use crate::engine::VocabStats;
 use crate::error::{Error, Result};
+use crate::stats::VocabStats;
 use std::num::NonZeroU64;
 
 /// `row_info` value of an invalid (masked) slot.

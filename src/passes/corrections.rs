@@ -3,12 +3,12 @@
 //! per-criterion keep decisions, the modified mask and the IS weights.
 
 use crate::batch::Segments;
-use crate::config::IsLevel;
-use crate::engine::{
-    CorrectionsRaw, Engine, MaskAgg, MaskCriterion, MaskPlan, MaskSource, TokenStats,
-    MAX_MASK_CRITERIA, SAFETY_BOUND,
-};
+use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::plan::{
+    CorrectionsRaw, MaskAgg, MaskCriterion, MaskPlan, MaskSource, MAX_MASK_CRITERIA,
+};
+use crate::stats::{IsLevel, TokenStats, SAFETY_BOUND};
 
 /// Checks a plan against the batch: column lengths and references, criterion count.
 pub(crate) fn check_plan(lr: &[f64], segments: &Segments, plan: &MaskPlan) -> Result<()> {
@@ -87,7 +87,7 @@ pub fn corrections_pass<E: Engine + ?Sized>(
     plan: &MaskPlan,
 ) -> Result<CorrectionsRaw> {
     check_plan(lr, segments, plan)?;
-    let mask = &segments.mask;
+    let mask = segments.mask();
     let n = mask.len();
     let b = segments.len();
     let zeros = vec![0.0; n];
@@ -207,11 +207,11 @@ pub fn corrections_pass<E: Engine + ?Sized>(
 /// Per sequence: the fraction of its valid tokens whose reject bits include `bit` (0 if empty).
 pub(crate) fn token_reject_fraction(bits: &[u32], bit: u32, segments: &Segments) -> Vec<f64> {
     segments
-        .ranges
+        .ranges()
         .iter()
         .map(|&(a, e)| {
             let (mut k, mut l) = (0usize, 0usize);
-            for (&r, &m) in bits[a..e].iter().zip(&segments.mask[a..e]) {
+            for (&r, &m) in bits[a..e].iter().zip(&segments.mask()[a..e]) {
                 if m {
                     l += 1;
                     k += usize::from(r & bit != 0);
@@ -229,11 +229,11 @@ pub(crate) fn token_reject_fraction(bits: &[u32], bit: u32, segments: &Segments)
 /// Per sequence: OR of its valid tokens' reject bits.
 pub(crate) fn seq_reject_bits(bits: &[u32], segments: &Segments) -> Vec<u32> {
     segments
-        .ranges
+        .ranges()
         .iter()
         .map(|&(a, e)| {
             (a..e)
-                .filter(|&i| segments.mask[i])
+                .filter(|&i| segments.mask()[i])
                 .fold(0, |acc, i| acc | bits[i])
         })
         .collect()

@@ -10,14 +10,12 @@
 //! * Token veto: a sequence with any valid `lr < ln τ` (τ rounded to float32) is rejected;
 //!   `rollout_is_veto_fraction` and `rollout_is_catastrophic_token_fraction` are always logged.
 
-use crate::analysis::StatTable;
 use crate::config::{IsLevel, IsSpec, LegacySpec};
-use crate::correction::{
-    f32_frac, offpolicy_metrics, seq_mean_metrics, trmask_metrics, vmax, vmin, Corrections,
-    CriterionResult, Ctx,
-};
-use crate::engine::SAFETY_BOUND;
 use crate::error::{Error, Result};
+use crate::metrics::ctx::{vmax, vmin, Ctx};
+use crate::metrics::trmask::trmask_metrics;
+use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
+use crate::stats::{Corrections, CriterionResult, StatTable, SAFETY_BOUND};
 use std::collections::BTreeMap;
 
 /// verl's legacy IS-style metrics of weights `w` (per slot, valid slots only read).

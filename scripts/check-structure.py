@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Structure check for trmask's src/: the file-level import graph has no cycle, no source file
+is over 600 lines before its test module, `wgpu::` appears in at most four files, and `anyhow`
+is not a library dependency. Prints the graph's layers and exits 1 on any violation."""
+import pathlib
+import re
+import sys
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+MAX_LINES = 600
+MAX_WGPU_FILES = 4
+
+
+def module_path(f):
+    rel = f.relative_to(SRC).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] in ("mod", "lib", "main"):
+        parts = parts[:-1]
+    if parts and parts[0] == "bin":
+        return None
+    return tuple(parts)
+
+
+def resolve(mods, base, segs):
+    """Longest prefix of base+segs that names a module file."""
+    full = tuple(base) + tuple(segs)
+    for n in range(len(full), 0, -1):
+        if full[:n] in mods:
+            return full[:n]
+    return None
+
+
+def refs(text):
+    """Yield module paths (as tuples of segments, rooted at crate or relative via super/self)."""
+    text = re.sub(r"//[^\n]*", "", text)
+    # expand `use crate::{a, b::{c}}` groups shallowly by scanning every path token
+    for m in re.finditer(r"\b((?:crate|super|self)(?:::(?:super|\w+))*)(::\{([^;]*?)\})?", text):
+        head = m.group(1).split("::")
+        group = m.group(3)
+        if group:
+            for item in re.findall(r"\b(\w+(?:::\w+)*)", group):
+                yield head + item.split("::")
+        else:
+            yield head
+
+
+def main():
+    files = sorted(p for p in SRC.rglob("*.rs"))
+    mods = {}
+    for f in files:
+        mp = module_path(f)
+        if mp is not None:
+            mods[mp] = f
+    edges = {mp: set() for mp in mods}
+    for mp, f in mods.items():
+        is_mod_file = f.name in ("mod.rs", "lib.rs")
+        here = list(mp) if is_mod_file else list(mp[:-1])  # directory module for `super`
+        for path in refs(f.read_text()):
+            if path[0] == "crate":
+                base, segs = [], path[1:]
+            else:
+                base = list(mp) if is_mod_file else list(mp)
+                segs = list(path)
+                cur = list(mp)
+                # `self` is this module; each `super` goes one module up
+                while segs and segs[0] in ("self", "super"):
+                    if segs[0] == "super":
+                        cur = cur[:-1]
+                    segs = segs[1:]
+                base = cur
+            tgt = resolve(mods, base, segs)
+            if tgt is None or tgt == mp:
+                continue
+            # a file using its own submodule, or a mod.rs re-exporting children, is not a layer edge
+            if tgt[: len(mp)] == mp and len(tgt) > len(mp):
+                continue
+            edges[mp].add(tgt)
+    # strongly connected components (Tarjan)
+    index, low, stack, on, sccs = {}, {}, [], set(), []
+    counter = [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            sccs.append(comp)
+
+    sys.setrecursionlimit(10000)
+    for v in mods:
+        if v not in index:
+            strong(v)
+    name = lambda mp: "/".join(mp) or "lib"
+    cycles = [c for c in sccs if len(c) > 1]
+    ok = True
+    print(f"import graph: {len(mods)} source files, {sum(len(e) for e in edges.values())} file-level edges")
+    if cycles:
+        ok = False
+        for c in cycles:
+            print("  CYCLE:", " <-> ".join(sorted(name(m) for m in c)))
+    else:
+        # layers: longest path to a leaf
+        depth = {}
+
+        def d(v):
+            if v not in depth:
+                depth[v] = 0
+                depth[v] = 1 + max((d(w) for w in edges[v]), default=-1)
+            return depth[v]
+
+        for v in mods:
+            d(v)
+        for lvl in range(max(depth.values()) + 1):
+            print(f"  level {lvl}: " + ", ".join(sorted(name(v) for v in mods if depth[v] == lvl)))
+        print("  no import cycle")
+    long = []
+    for f in files:
+        lines = f.read_text().splitlines()
+        n = len(lines)
+        for i, line in enumerate(lines):
+            if line.strip() == "#[cfg(test)]":
+                n = i
+                break
+        if n > MAX_LINES:
+            long.append((f.relative_to(ROOT), n))
+    biggest = max(((f.relative_to(ROOT), len(f.read_text().splitlines())) for f in files), key=lambda x: x[1])
+    if long:
+        ok = False
+        for f, n in long:
+            print(f"  TOO LONG: {f} has {n} lines before its tests (limit {MAX_LINES})")
+    else:
+        print(f"  no source file over {MAX_LINES} lines before its tests (largest: {biggest[0]}, {biggest[1]} lines in all)")
+    wgpu_files = [str(f.relative_to(ROOT)) for f in files if "wgpu::" in re.sub(r"//[^\n]*", "", f.read_text())]
+    print(f"  files naming wgpu:: ({len(wgpu_files)}, limit {MAX_WGPU_FILES}): {', '.join(wgpu_files)}")
+    if len(wgpu_files) > MAX_WGPU_FILES:
+        ok = False
+    cargo = tomllib.loads((ROOT / "Cargo.toml").read_text())
+    lib_deps = cargo.get("dependencies", {})
+    if "anyhow" in lib_deps:
+        ok = False
+        print("  anyhow IS a library dependency")
+    else:
+        dev = "anyhow" in cargo.get("dev-dependencies", {})
+        print(f"  anyhow is not a library dependency{' (dev-dependency only)' if dev else ''}")
+    print("structure: OK" if ok else "structure: FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

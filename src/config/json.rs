@@ -1,0 +1,327 @@
+//! JSON in and out of [`CorrectionConfig`] (unknown keys are an error naming the key).
+
+use super::dppo::DppoConfig;
+use super::types::{CorrectionConfig, LnTrm, ThresholdSpec};
+use crate::error::{Error, Result};
+use crate::stats::IsLevel;
+use serde_json::{Map, Value};
+
+impl ThresholdSpec {
+    pub(crate) fn to_json(&self) -> Value {
+        match self {
+            ThresholdSpec::Number(x) => num_json(*x),
+            ThresholdSpec::Text(s) => Value::String(s.clone()),
+        }
+    }
+    pub(crate) fn from_json(key: &str, v: &Value) -> Result<Option<Self>> {
+        match v {
+            Value::Null => Ok(None),
+            Value::Number(n) => Ok(Some(ThresholdSpec::Number(n.as_f64().unwrap_or(f64::NAN)))),
+            Value::String(s) => Ok(Some(ThresholdSpec::Text(s.clone()))),
+            Value::Bool(_) => Err(Error::config(
+                key,
+                format!("{key} must be specified as a float or a string threshold specification, not a boolean."),
+            )),
+            _ => Err(Error::config(
+                key,
+                format!("{key} must be a float or a string threshold specification."),
+            )),
+        }
+    }
+}
+
+pub(crate) fn num_json(x: f64) -> Value {
+    serde_json::Number::from_f64(x)
+        .map(Value::Number)
+        .unwrap_or(Value::Null)
+}
+
+fn want_f64(key: &str, v: &Value) -> Result<f64> {
+    v.as_f64()
+        .ok_or_else(|| Error::config(key, format!("must be a number, got {v}")))
+}
+
+impl CorrectionConfig {
+    /// Parses a JSON config object (verl's keys verbatim plus trmask's).
+    pub fn from_json_value(v: &Value) -> Result<Self> {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| Error::config("config", "must be a JSON object"))?;
+        let mut c = CorrectionConfig::default();
+        for (key, val) in obj {
+            match key.as_str() {
+                "rollout_is" => {
+                    c.rollout_is = match val {
+                        Value::Null => None,
+                        Value::String(s) if s == "token" => Some(IsLevel::Token),
+                        Value::String(s) if s == "sequence" => Some(IsLevel::Sequence),
+                        other => {
+                            return Err(Error::config(
+                                key,
+                                format!(
+                                    "Invalid rollout_is: {}. Must be one of {{'token', 'sequence'}}.",
+                                    other.as_str().map(String::from).unwrap_or(other.to_string())
+                                ),
+                            ))
+                        }
+                    }
+                }
+                "rollout_is_threshold" => {
+                    c.rollout_is_threshold = ThresholdSpec::from_json(key, val)?
+                }
+                "rollout_is_batch_normalize" => {
+                    c.rollout_is_batch_normalize = match val {
+                        Value::Null => false,
+                        Value::Bool(b) => *b,
+                        _ => return Err(Error::config(key, "must be true or false")),
+                    }
+                }
+                "rollout_rs" => {
+                    c.rollout_rs = match val {
+                        Value::Null => None,
+                        Value::String(s) => Some(s.clone()),
+                        _ => {
+                            return Err(Error::config(
+                                key,
+                                "rollout_rs must be a non-empty string (comma separated for multiple options).",
+                            ))
+                        }
+                    }
+                }
+                "rollout_rs_threshold" => {
+                    c.rollout_rs_threshold = match val {
+                        Value::Bool(_) => {
+                            return Err(Error::config(
+                                key,
+                                "rollout_rs_threshold must be a string or numeric value specifying per-option thresholds.",
+                            ))
+                        }
+                        other => ThresholdSpec::from_json(key, other)?,
+                    }
+                }
+                "bypass_mode" => {
+                    c.bypass_mode = match val {
+                        Value::Null => false,
+                        Value::Bool(b) => *b,
+                        _ => return Err(Error::config(key, "must be true or false")),
+                    }
+                }
+                "loss_type" => {
+                    c.loss_type = match val {
+                        Value::Null => None,
+                        Value::String(s) => Some(s.clone()),
+                        _ => return Err(Error::config(key, "must be a string")),
+                    }
+                }
+                "temperature" => {
+                    let t = want_f64(key, val)?;
+                    if !(t > 0.0 && t.is_finite()) {
+                        return Err(Error::config(key, format!("must be > 0, got {t}")));
+                    }
+                    c.temperature = t;
+                }
+                "ln_trm" => {
+                    if val.is_null() {
+                        c.ln_trm = None;
+                        continue;
+                    }
+                    let o = val
+                        .as_object()
+                        .ok_or_else(|| Error::config(key, "must be an object {eps, delta}"))?;
+                    let mut p = LnTrm::default();
+                    for (k, v) in o {
+                        let full = format!("ln_trm.{k}");
+                        let x = if v.is_null() {
+                            None
+                        } else {
+                            let x = want_f64(&full, v)?;
+                            if !(x >= 0.0 && x.is_finite()) {
+                                return Err(Error::config(
+                                    &full,
+                                    format!("must be a finite number >= 0, got {x}"),
+                                ));
+                            }
+                            Some(x)
+                        };
+                        match k.as_str() {
+                            "eps" => p.eps = x,
+                            "delta" => p.delta = x,
+                            _ => return Err(Error::config(&full, "unknown key (expected eps, delta)")),
+                        }
+                    }
+                    c.ln_trm = Some(p);
+                }
+                "token_veto" => {
+                    c.token_veto = if val.is_null() {
+                        None
+                    } else {
+                        let t = want_f64(key, val)?;
+                        if !(t > 0.0 && t.is_finite()) {
+                            return Err(Error::config(key, format!("must be > 0, got {t}")));
+                        }
+                        Some(t)
+                    }
+                }
+                "dppo" => {
+                    c.dppo = if val.is_null() {
+                        None
+                    } else {
+                        Some(DppoConfig::from_json(val)?)
+                    }
+                }
+                "legacy" => {
+                    c.legacy |= val
+                        .as_bool()
+                        .ok_or_else(|| Error::config(key, "must be true or false"))?
+                }
+                "rollout_rs_threshold_lower" | "rollout_token_veto_threshold" => {
+                    c.legacy = true;
+                    let x = if val.is_null() {
+                        None
+                    } else {
+                        Some(want_f64(key, val)?)
+                    };
+                    if key == "rollout_rs_threshold_lower" {
+                        c.rollout_rs_threshold_lower = x;
+                    } else {
+                        c.rollout_token_veto_threshold = x;
+                    }
+                }
+                other => {
+                    return Err(Error::config(
+                        other,
+                        "unknown config key (expected rollout_is, rollout_is_threshold, \
+                         rollout_is_batch_normalize, rollout_rs, rollout_rs_threshold, bypass_mode, \
+                         loss_type, temperature, ln_trm, token_veto, dppo)",
+                    ))
+                }
+            }
+        }
+        c.resolve()?;
+        Ok(c)
+    }
+
+    /// Parses JSON text.
+    pub fn from_json_str(text: &str) -> Result<Self> {
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| Error::config("config", format!("not valid JSON: {e}")))?;
+        Self::from_json_value(&v)
+    }
+
+    /// Reads a JSON config file.
+    pub fn from_file(path: &std::path::Path) -> Result<Self> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::file(&p, e.to_string()))?;
+        Self::from_json_str(&text)
+    }
+
+    /// The config as JSON (same keys as accepted).
+    pub fn to_json_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert(
+            "rollout_is".into(),
+            self.rollout_is
+                .map(|l| Value::String(l.name().into()))
+                .unwrap_or(Value::Null),
+        );
+        m.insert(
+            "rollout_is_threshold".into(),
+            self.rollout_is_threshold
+                .as_ref()
+                .map(|t| t.to_json())
+                .unwrap_or(Value::Null),
+        );
+        m.insert(
+            "rollout_is_batch_normalize".into(),
+            Value::Bool(self.rollout_is_batch_normalize),
+        );
+        m.insert(
+            "rollout_rs".into(),
+            self.rollout_rs
+                .clone()
+                .map(Value::String)
+                .unwrap_or(Value::Null),
+        );
+        m.insert(
+            "rollout_rs_threshold".into(),
+            self.rollout_rs_threshold
+                .as_ref()
+                .map(|t| t.to_json())
+                .unwrap_or(Value::Null),
+        );
+        m.insert("bypass_mode".into(), Value::Bool(self.bypass_mode));
+        if let Some(l) = &self.loss_type {
+            m.insert("loss_type".into(), Value::String(l.clone()));
+        }
+        m.insert("temperature".into(), num_json(self.temperature));
+        if let Some(p) = &self.ln_trm {
+            let mut o = Map::new();
+            if let Some(e) = p.eps {
+                o.insert("eps".into(), num_json(e));
+            }
+            if let Some(d) = p.delta {
+                o.insert("delta".into(), num_json(d));
+            }
+            m.insert("ln_trm".into(), Value::Object(o));
+        }
+        if let Some(t) = self.token_veto {
+            m.insert("token_veto".into(), num_json(t));
+        }
+        if let Some(d) = &self.dppo {
+            m.insert(
+                "dppo".into(),
+                serde_json::to_value(d).unwrap_or(Value::Null),
+            );
+        }
+        if self.legacy {
+            m.insert("legacy".into(), Value::Bool(true));
+            let opt = |x: Option<f64>| x.map(num_json).unwrap_or(Value::Null);
+            m.insert(
+                "rollout_rs_threshold_lower".into(),
+                opt(self.rollout_rs_threshold_lower),
+            );
+            m.insert(
+                "rollout_token_veto_threshold".into(),
+                opt(self.rollout_token_veto_threshold),
+            );
+        }
+        Value::Object(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::TopkSupport;
+
+    #[test]
+    fn unknown_key_named() {
+        let e = CorrectionConfig::from_json_str(r#"{"rollout_iss": "token"}"#).unwrap_err();
+        assert!(e.to_string().contains("rollout_iss"));
+        let c = CorrectionConfig::from_json_str(r#"{"dppo": {"delta": 0.1}}"#).unwrap();
+        assert_eq!(c.dppo.as_ref().map(|d| d.delta), Some(0.1));
+        assert_eq!(c.top_k_support(), TopkSupport::Union);
+        let back = CorrectionConfig::from_json_value(&c.to_json_value()).unwrap();
+        assert_eq!(back, c);
+        for (bad, key) in [
+            (
+                r#"{"dppo": {"delta": 0.1, "direction": "up"}}"#,
+                "dppo.direction",
+            ),
+            (r#"{"dppo": {"delta": -1}}"#, "dppo.delta"),
+            (r#"{"dppo": {"delta": 0.1, "detla": 1}}"#, "dppo.detla"),
+            (r#"{"dppo": 3}"#, "dppo"),
+        ] {
+            match CorrectionConfig::from_json_str(bad) {
+                Err(Error::InvalidConfig { key: k, .. }) => assert_eq!(k, key, "{bad}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        let c = CorrectionConfig::from_json_str(
+            r#"{"rollout_is": "token", "dppo": {"delta": 0.1, "top_k_support": "replace_kth"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.top_k_support(), TopkSupport::ReplaceKth);
+        assert!(c.resolve().unwrap().dppo.is_some());
+    }
+}

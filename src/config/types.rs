@@ -1,0 +1,64 @@
+//! The configuration as written: verl's `rollout_corr` keys plus trmask's own.
+
+use super::dppo::DppoConfig;
+use crate::stats::IsLevel;
+
+/// A threshold as written in the config: a number or a string (`"2.0"`, `"0.5_5.0"`, `"0.5_2,2.5"`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ThresholdSpec {
+    Number(f64),
+    Text(String),
+}
+
+/// LN-TRM parameters (`ln_trm: {eps, delta}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LnTrm {
+    pub eps: Option<f64>,
+    pub delta: Option<f64>,
+}
+
+/// The rollout-correction configuration (verl keys + trmask keys).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CorrectionConfig {
+    pub rollout_is: Option<IsLevel>,
+    /// `None` only when the key was given as `null` (an error when `rollout_is` is set).
+    pub rollout_is_threshold: Option<ThresholdSpec>,
+    pub rollout_is_batch_normalize: bool,
+    pub rollout_rs: Option<String>,
+    pub rollout_rs_threshold: Option<ThresholdSpec>,
+    pub bypass_mode: bool,
+    pub loss_type: Option<String>,
+    pub temperature: f64,
+    pub ln_trm: Option<LnTrm>,
+    pub token_veto: Option<f64>,
+    /// The DPPO / PDM token mask (SPEC §7), ANDed into `modified_response_mask`.
+    pub dppo: Option<DppoConfig>,
+    /// verl's legacy API (commit 9b718e1a, before PR #4544): `rollout_rs` ∈ {token, sequence,
+    /// geometric} with `rollout_rs_threshold` / `rollout_rs_threshold_lower` on the IS ratio,
+    /// and `rollout_token_veto_threshold`. Set by `"legacy": true` or by either legacy key.
+    pub legacy: bool,
+    pub rollout_rs_threshold_lower: Option<f64>,
+    pub rollout_token_veto_threshold: Option<f64>,
+}
+
+impl Default for CorrectionConfig {
+    /// Everything off (verl's `disabled` preset): metrics only.
+    fn default() -> Self {
+        CorrectionConfig {
+            rollout_is: None,
+            rollout_is_threshold: Some(ThresholdSpec::Number(2.0)),
+            rollout_is_batch_normalize: false,
+            rollout_rs: None,
+            rollout_rs_threshold: None,
+            bypass_mode: false,
+            loss_type: None,
+            temperature: 1.0,
+            ln_trm: None,
+            token_veto: None,
+            dppo: None,
+            legacy: false,
+            rollout_rs_threshold_lower: None,
+            rollout_token_veto_threshold: None,
+        }
+    }
+}

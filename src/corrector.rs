@@ -1,0 +1,352 @@
+//! The trainer-facing API: resolve a config once, then correct one borrowed batch per step.
+//!
+//! ```
+//! use trmask::{cpu::CpuEngine, CorrectionConfig, Corrector, Step};
+//! // Built once: the config is parsed, checked and resolved here.
+//! let corrector = Corrector::new(CpuEngine::new(), &CorrectionConfig::preset("decoupled_k3_rs")?)?;
+//! // Each step: borrow the trainer's tensors (f32 log-probs and a bool mask here).
+//! let rollout: Vec<f32> = vec![-1.0, -0.5, -0.2, -2.0, -1.0, 0.0];
+//! let old: Vec<f32> = vec![-1.0, -0.5, -0.2, -1.0, -3.0, 0.0];
+//! let mask = [true, true, true, true, true, false];
+//! let step = Step::padded(2, 3)
+//!     .response_mask(&mask[..])
+//!     .rollout_log_prob(&rollout[..])
+//!     .old_log_prob(&old[..]);
+//! let out = corrector.correct(&step)?;
+//! assert_eq!(out.seq_accept, vec![true, false]); // sequence 1 leaves the trust region
+//! assert_eq!(out.mask_bool(), vec![true, true, true, false, false, false]);
+//! let loss_mask: Vec<f32> = out.mask_f32(); // 0/1 for the loss
+//! assert_eq!(loss_mask.iter().sum::<f32>(), 3.0);
+//! # Ok::<(), trmask::Error>(())
+//! ```
+//!
+//! What is copied: log-probs are widened to f64 once per step (the f64 reference and the
+//! engines' host-side finishing need them); logits are never copied: pass a [`Logits`] that
+//! wraps the trainer's bytes (host) or, on the GPU engine, its device buffer.
+
+use crate::batch::{Batch, Logits};
+use crate::config::{CorrectionConfig, Resolved};
+use crate::correction;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::passes::token_table_config;
+use crate::stats::Corrections;
+use half::{bf16, f16};
+use std::sync::Arc;
+
+/// Borrowed per-token values in the trainer's own dtype.
+#[derive(Clone, Copy, Debug)]
+pub enum Values<'a> {
+    F64(&'a [f64]),
+    F32(&'a [f32]),
+    BF16(&'a [bf16]),
+    F16(&'a [f16]),
+}
+
+impl Values<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Values::F64(v) => v.len(),
+            Values::F32(v) => v.len(),
+            Values::BF16(v) => v.len(),
+            Values::F16(v) => v.len(),
+        }
+    }
+    fn to_f64(self) -> Vec<f64> {
+        match self {
+            Values::F64(v) => v.to_vec(),
+            Values::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            Values::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            Values::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+        }
+    }
+}
+
+impl<'a> From<&'a [f64]> for Values<'a> {
+    fn from(v: &'a [f64]) -> Self {
+        Values::F64(v)
+    }
+}
+impl<'a> From<&'a [f32]> for Values<'a> {
+    fn from(v: &'a [f32]) -> Self {
+        Values::F32(v)
+    }
+}
+impl<'a> From<&'a [bf16]> for Values<'a> {
+    fn from(v: &'a [bf16]) -> Self {
+        Values::BF16(v)
+    }
+}
+impl<'a> From<&'a [f16]> for Values<'a> {
+    fn from(v: &'a [f16]) -> Self {
+        Values::F16(v)
+    }
+}
+
+/// A borrowed response mask: `bool`, or 0/1 numbers (anything else is an error).
+#[derive(Clone, Copy, Debug)]
+pub enum MaskValues<'a> {
+    Bool(&'a [bool]),
+    U8(&'a [u8]),
+    I64(&'a [i64]),
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+}
+
+impl MaskValues<'_> {
+    fn to_f64(self) -> Result<Vec<f64>> {
+        let bad = |i: usize, v: String| {
+            Error::input(
+                "response_mask",
+                format!("must hold 0 or 1, found {v} at index {i}"),
+            )
+        };
+        let num = |v: &mut dyn Iterator<Item = f64>| -> Result<Vec<f64>> {
+            v.enumerate()
+                .map(|(i, x)| {
+                    if x == 0.0 || x == 1.0 {
+                        Ok(x)
+                    } else {
+                        Err(bad(i, x.to_string()))
+                    }
+                })
+                .collect()
+        };
+        match self {
+            MaskValues::Bool(m) => Ok(m.iter().map(|&b| b as u8 as f64).collect()),
+            MaskValues::U8(m) => num(&mut m.iter().map(|&x| x as f64)),
+            MaskValues::I64(m) => num(&mut m.iter().map(|&x| x as f64)),
+            MaskValues::F32(m) => num(&mut m.iter().map(|&x| x as f64)),
+            MaskValues::F64(m) => num(&mut m.iter().copied()),
+        }
+    }
+}
+
+impl<'a> From<&'a [bool]> for MaskValues<'a> {
+    fn from(v: &'a [bool]) -> Self {
+        MaskValues::Bool(v)
+    }
+}
+impl<'a> From<&'a [u8]> for MaskValues<'a> {
+    fn from(v: &'a [u8]) -> Self {
+        MaskValues::U8(v)
+    }
+}
+impl<'a> From<&'a [i64]> for MaskValues<'a> {
+    fn from(v: &'a [i64]) -> Self {
+        MaskValues::I64(v)
+    }
+}
+impl<'a> From<&'a [f32]> for MaskValues<'a> {
+    fn from(v: &'a [f32]) -> Self {
+        MaskValues::F32(v)
+    }
+}
+impl<'a> From<&'a [f64]> for MaskValues<'a> {
+    fn from(v: &'a [f64]) -> Self {
+        MaskValues::F64(v)
+    }
+}
+
+#[derive(Clone, Debug)]
+enum StepLayout<'a> {
+    Padded { batch: usize, seq_len: usize },
+    Packed { cu_seqlens: &'a [i64] },
+}
+
+/// One training step's tensors, borrowed from the trainer, set by typed setters named after
+/// verl's keys. Shapes are checked when the step is corrected; the first bad tensor is named.
+#[derive(Clone, Debug)]
+pub struct Step<'a> {
+    layout: StepLayout<'a>,
+    response_mask: Option<MaskValues<'a>>,
+    rollout_log_prob: Option<Values<'a>>,
+    old_log_prob: Option<Values<'a>>,
+    log_prob: Option<Values<'a>>,
+    advantages: Option<Values<'a>>,
+    responses: Option<&'a [i64]>,
+    rollout_logits: Option<&'a Logits>,
+    old_logits: Option<&'a Logits>,
+}
+
+impl<'a> Step<'a> {
+    fn with_layout(layout: StepLayout<'a>) -> Self {
+        Step {
+            layout,
+            response_mask: None,
+            rollout_log_prob: None,
+            old_log_prob: None,
+            log_prob: None,
+            advantages: None,
+            responses: None,
+            rollout_logits: None,
+            old_logits: None,
+        }
+    }
+    /// A padded `[batch, seq_len]` step; set its [`response_mask`](Self::response_mask).
+    pub fn padded(batch: usize, seq_len: usize) -> Self {
+        Self::with_layout(StepLayout::Padded { batch, seq_len })
+    }
+    /// A packed step: sequence s is slots `cu_seqlens[s]..cu_seqlens[s+1]`, every slot valid
+    /// (a packed layout has no padding, so it takes no `response_mask`).
+    pub fn packed(cu_seqlens: &'a [i64]) -> Self {
+        Self::with_layout(StepLayout::Packed { cu_seqlens })
+    }
+    /// verl's `response_mask` (bool or 0/1), one value per slot.
+    pub fn response_mask(mut self, mask: impl Into<MaskValues<'a>>) -> Self {
+        self.response_mask = Some(mask.into());
+        self
+    }
+    /// The rollout engine's log-probs of the sampled tokens (verl's `rollout_log_probs`).
+    pub fn rollout_log_prob(mut self, v: impl Into<Values<'a>>) -> Self {
+        self.rollout_log_prob = Some(v.into());
+        self
+    }
+    /// The trainer's recomputed log-probs before the update (verl's `old_log_probs`).
+    pub fn old_log_prob(mut self, v: impl Into<Values<'a>>) -> Self {
+        self.old_log_prob = Some(v.into());
+        self
+    }
+    /// The current policy's log-probs (bypass mode).
+    pub fn log_prob(mut self, v: impl Into<Values<'a>>) -> Self {
+        self.log_prob = Some(v.into());
+        self
+    }
+    /// Per-token advantages (the DPPO / PDM direction test).
+    pub fn advantages(mut self, v: impl Into<Values<'a>>) -> Self {
+        self.advantages = Some(v.into());
+        self
+    }
+    /// Sampled token ids (verl's `responses`), needed with logits.
+    pub fn responses(mut self, ids: &'a [i64]) -> Self {
+        self.responses = Some(ids);
+        self
+    }
+    /// Full rollout and trainer logits `[slots, V]` for exact divergences.
+    pub fn logits(mut self, rollout: &'a Logits, old: &'a Logits) -> Self {
+        self.rollout_logits = Some(rollout);
+        self.old_logits = Some(old);
+        self
+    }
+
+    fn to_batch(&self) -> Result<Batch> {
+        let mask = self.response_mask.map(MaskValues::to_f64).transpose()?;
+        let mut batch = match &self.layout {
+            StepLayout::Padded { batch, seq_len } => {
+                let mask = mask.ok_or_else(|| {
+                    Error::input(
+                        "response_mask",
+                        "is required for a padded step (Step::response_mask)",
+                    )
+                })?;
+                Batch::padded(*batch, *seq_len, &mask)?
+            }
+            StepLayout::Packed { cu_seqlens } => {
+                if mask.is_some() {
+                    return Err(Error::input(
+                        "response_mask",
+                        "cannot be combined with cu_seqlens (packed layout has no padding)",
+                    ));
+                }
+                Batch::packed(cu_seqlens)?
+            }
+        };
+        for (name, v) in [
+            ("rollout_log_prob", self.rollout_log_prob),
+            ("old_log_prob", self.old_log_prob),
+            ("log_prob", self.log_prob),
+            ("advantages", self.advantages),
+        ] {
+            if let Some(v) = v {
+                if v.len() != batch.slots() {
+                    return Err(Error::input(
+                        name,
+                        format!(
+                            "has {} values but the step has {} slots",
+                            v.len(),
+                            batch.slots()
+                        ),
+                    ));
+                }
+                batch = batch.with_log_probs(name, v.to_f64())?;
+            }
+        }
+        if let Some(ids) = self.responses {
+            batch = batch.with_responses(ids.to_vec())?;
+        }
+        if let Some(l) = self.rollout_logits {
+            batch = batch.with_logits("rollout_logits", l.clone())?;
+        }
+        if let Some(l) = self.old_logits {
+            batch = batch.with_logits("old_logits", l.clone())?;
+        }
+        batch.validate()?;
+        Ok(batch)
+    }
+}
+
+/// Resolves a [`CorrectionConfig`] once and corrects one [`Step`] per training step.
+pub struct Corrector {
+    engine: Arc<dyn Engine>,
+    config: CorrectionConfig,
+    resolved: Resolved,
+}
+
+impl std::fmt::Debug for Corrector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Corrector")
+            .field("engine", &self.engine.name())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl Corrector {
+    /// Checks and resolves `config` (an error names the bad key) for `engine` (a
+    /// [`CpuEngine`](crate::cpu::CpuEngine), a [`GpuEngine`](crate::GpuEngine) — possibly on the
+    /// trainer's own wgpu device — or an `Arc<dyn Engine>` shared with other work).
+    pub fn new(engine: impl IntoEngine, config: &CorrectionConfig) -> Result<Self> {
+        let resolved = config.resolve()?;
+        Ok(Corrector {
+            engine: engine.into_engine(),
+            config: config.clone(),
+            resolved,
+        })
+    }
+
+    /// The engine this corrector runs on.
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
+    }
+
+    /// The config in effect.
+    pub fn config(&self) -> &CorrectionConfig {
+        &self.config
+    }
+
+    /// IS weights, the modified response mask, per-sequence decisions and verl's / trmask's
+    /// metrics for one step.
+    pub fn correct(&self, step: &Step<'_>) -> Result<Corrections> {
+        let batch = step.to_batch()?;
+        let table = token_table_config(self.engine.as_ref(), &batch, &self.config)?;
+        correction::compute(self.engine.as_ref(), &batch, &table, &self.resolved)
+    }
+}
+
+/// Anything [`Corrector::new`] can run on.
+pub trait IntoEngine {
+    /// The engine behind a shared pointer.
+    fn into_engine(self) -> Arc<dyn Engine>;
+}
+
+impl<E: Engine + 'static> IntoEngine for E {
+    fn into_engine(self) -> Arc<dyn Engine> {
+        Arc::new(self)
+    }
+}
+
+impl IntoEngine for Arc<dyn Engine> {
+    fn into_engine(self) -> Arc<dyn Engine> {
+        self
+    }
+}

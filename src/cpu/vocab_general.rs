@@ -1,0 +1,323 @@
+//! The general path of the CPU vocabulary divergences (any row, including −∞ entries): four
+//! streaming passes, log-space extremes and log-sum-exp fallbacks; plus the per-thread row
+//! buffers and the decoding both paths share.
+
+use crate::batch::{DType, Logits};
+use crate::math::{log1p_minus_x, w_of};
+
+/// One row's results: `(kl, kl_rev, tv, h_p, h_q, logp_y, logq_y)`.
+pub(super) type Row = (f64, f64, f64, f64, f64, f64, f64);
+
+/// Elements with `u < −T_EXT` enter `E[e^{−u}]` through log space.
+const T_EXT: f64 = 30.0;
+
+/// Per-thread row buffers, reused across rows.
+pub(super) struct Scratch {
+    pub(super) a: Vec<f64>,
+    pub(super) b: Vec<f64>,
+    pub(super) wa: Vec<f64>,
+    pub(super) wb: Vec<f64>,
+}
+
+impl Scratch {
+    pub(super) fn new(v: usize) -> Self {
+        Scratch {
+            a: vec![0.0; v],
+            b: vec![0.0; v],
+            wa: vec![0.0; v],
+            wb: vec![0.0; v],
+        }
+    }
+}
+
+/// Decodes row `r` into `out` (scaled by `inv_t`); false if it holds NaN or +inf.
+/// Branch-free loops (vectorised; an AVX2 build is picked at run time).
+pub(super) fn decode_scaled(l: &Logits, r: usize, out: &mut [f64], inv_t: f64) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (just detected).
+        return unsafe { decode_scaled_avx2(l, r, out, inv_t) };
+    }
+    decode_scaled_impl(l, r, out, inv_t)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn decode_scaled_avx2(l: &Logits, r: usize, out: &mut [f64], inv_t: f64) -> bool {
+    decode_scaled_impl(l, r, out, inv_t)
+}
+
+#[inline(always)]
+fn decode_scaled_impl(l: &Logits, r: usize, out: &mut [f64], inv_t: f64) -> bool {
+    let bytes = l.row_bytes(r);
+    let mut bad = false;
+    match l.dtype() {
+        DType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                bad |= ((w & 0x7fff_ffff) > 0x7f80_0000) | (w == 0x7f80_0000);
+                *o = f32::from_bits(w) as f64;
+            }
+        }
+        DType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                let h = u16::from_le_bytes([c[0], c[1]]);
+                bad |= ((h & 0x7fff) > 0x7c00) | (h == 0x7c00);
+                *o = half::f16::from_bits(h).to_f64();
+            }
+        }
+        DType::BF16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                let h = u16::from_le_bytes([c[0], c[1]]);
+                bad |= ((h & 0x7fff) > 0x7f80) | (h == 0x7f80);
+                *o = f32::from_bits((h as u32) << 16) as f64;
+            }
+        }
+    }
+    if inv_t != 1.0 {
+        for o in out.iter_mut() {
+            *o *= inv_t;
+        }
+    }
+    !bad
+}
+
+/// Per-direction constants: weights `wx = e^{x − m}`, sums and the shift.
+pub(super) struct Dir {
+    pub(super) m: f64,
+    pub(super) s: f64,
+    pub(super) ln_s: f64,
+    pub(super) out: f64, // own mass where the other side is −inf (normalised)
+    pub(super) entropy: f64,
+    pub(super) c1: f64, // d (this direction's sign) at the mode over the common support
+    pub(super) c2: f64, // E[d − c1]
+}
+
+/// Pass-3 sums of one direction (unnormalised).
+#[derive(Default)]
+pub(super) struct Sums {
+    pub(super) u: f64,
+    pub(super) w: f64,
+    pub(super) ue: f64,
+    pub(super) pe: f64,
+    pub(super) ee: f64,
+}
+
+impl Sums {
+    #[inline]
+    fn push(&mut self, u: f64, wx: f64, wy: f64) {
+        if u >= -T_EXT {
+            self.u += wx * u;
+            self.w += wx * w_of(u);
+        } else {
+            self.ue += wx * u;
+            self.pe += wx;
+            self.ee += wy;
+        }
+    }
+
+    /// `(KL before the −log1p(−other_out) term, log E_x[e^{−u}])`.
+    pub(super) fn finish(&self, dx: &Dir, dy: &Dir) -> (f64, f64) {
+        let inv = 1.0 / dx.s;
+        let (uu, ww, ue, pe) = (self.u * inv, self.w * inv, self.ue * inv, self.pe * inv);
+        let base = ww - uu - dx.out - pe;
+        let mut x = base;
+        let mut ext = 0.0;
+        let mut big = None;
+        if self.ee > 0.0 {
+            // Σ_ext p e^{−u} = ee·e^K
+            let lk = ((dy.m - dx.m) + dx.c1 + dx.c2) - dx.ln_s + self.ee.ln();
+            if lk < 600.0 {
+                ext = lk.exp();
+                x = base + ext;
+            } else {
+                big = Some(lk + ((1.0 + base).max(0.0) * (-lk).exp()).ln_1p());
+            }
+        }
+        let lam = match big {
+            Some(l) => l,
+            None if x > -1.0 => x.ln_1p(),
+            None => f64::NEG_INFINITY,
+        };
+        let kl = if big.is_some() || x.abs() > 0.5 {
+            uu + ue + lam
+        } else {
+            (ww - dx.out + (ext - pe + ue)) + log1p_minus_x(x)
+        };
+        (kl, lam)
+    }
+}
+
+/// The general path (any row): four passes, log-space extremes, LSE fallbacks.
+pub(super) fn row_general(
+    sc: &mut Scratch,
+    y: Option<usize>,
+) -> std::result::Result<Row, (&'static str, String)> {
+    let Scratch { a, b, wa, wb } = sc;
+    let ninf = f64::NEG_INFINITY;
+    // pass 1: maxima, and the modes over the common support
+    let (mut ia, mut ib) = (usize::MAX, usize::MAX); // first index of max a / max b
+    let (mut ca, mut cb) = (usize::MAX, usize::MAX); // mode of a / b where both finite
+    for i in 0..a.len() {
+        let (x, z) = (a[i], b[i]);
+        if x > ninf && (ia == usize::MAX || x > a[ia]) {
+            ia = i;
+        }
+        if z > ninf && (ib == usize::MAX || z > b[ib]) {
+            ib = i;
+        }
+        if x > ninf && z > ninf {
+            if ca == usize::MAX || x > a[ca] {
+                ca = i;
+            }
+            if cb == usize::MAX || z > b[cb] {
+                cb = i;
+            }
+        }
+    }
+    if ia == usize::MAX {
+        return Err(("rollout_logits", "every entry is -inf".into()));
+    }
+    if ib == usize::MAX {
+        return Err(("old_logits", "every entry is -inf".into()));
+    }
+    let (ma, mb) = (a[ia], b[ib]);
+    let common = ca != usize::MAX;
+    let (c1p, c1q) = if common {
+        (a[ca] - b[ca], b[cb] - a[cb])
+    } else {
+        (0.0, 0.0)
+    };
+    // pass 2: weights and first-order sums
+    let (mut ra, mut rb) = (0.0, 0.0); // Σ_{i≠mode} weights
+    let (mut oa, mut ob) = (0.0, 0.0); // out-of-support masses
+    let (mut ha, mut hb) = (0.0, 0.0);
+    let (mut sua, mut sub) = (0.0, 0.0);
+    let (mut ina, mut inb) = (0.0, 0.0);
+    let (mut inf_fwd, mut inf_rev) = (false, false);
+    for i in 0..a.len() {
+        let (x, z) = (a[i], b[i]);
+        let ex = if x > ninf { (x - ma).exp() } else { 0.0 };
+        let ez = if z > ninf { (z - mb).exp() } else { 0.0 };
+        wa[i] = ex;
+        wb[i] = ez;
+        if i != ia {
+            ra += ex;
+        }
+        if i != ib {
+            rb += ez;
+        }
+        if x > ninf {
+            ha += ex * (x - ma);
+        }
+        if z > ninf {
+            hb += ez * (z - mb);
+        }
+        match (x > ninf, z > ninf) {
+            (true, true) => {
+                let d = x - z;
+                ina += ex;
+                inb += ez;
+                sua += ex * (d - c1p);
+                sub += ez * (-d - c1q);
+            }
+            (true, false) => {
+                oa += ex;
+                inf_fwd = true;
+            }
+            (false, true) => {
+                ob += ez;
+                inf_rev = true;
+            }
+            (false, false) => {}
+        }
+    }
+    let dir = |m: f64, rest: f64, out: f64, h: f64, su: f64, s_in: f64, c1: f64| {
+        let s = 1.0 + rest;
+        let ln_s = rest.ln_1p();
+        Dir {
+            m,
+            s,
+            ln_s,
+            out: out / s,
+            entropy: (ln_s - h / s).max(0.0),
+            c1,
+            c2: if s_in > 0.0 { su / s_in } else { 0.0 },
+        }
+    };
+    let dp = dir(ma, ra, oa, ha, sua, ina, c1p);
+    let dq = dir(mb, rb, ob, hb, sub, inb, c1q);
+    let (lp, lq) = match y {
+        Some(y) => (a[y] - ma - dp.ln_s, b[y] - mb - dq.ln_s),
+        None => (0.0, 0.0),
+    };
+    if !common {
+        return Ok((
+            f64::INFINITY,
+            f64::INFINITY,
+            1.0,
+            dp.entropy,
+            dq.entropy,
+            lp,
+            lq,
+        ));
+    }
+    // pass 3: second-order sums around the shifts
+    let (mut fp, mut fq) = (Sums::default(), Sums::default());
+    for i in 0..a.len() {
+        let (x, z) = (a[i], b[i]);
+        if x > ninf && z > ninf {
+            let d = x - z;
+            fp.push((d - c1p) - dp.c2, wa[i], wb[i]);
+            fq.push((-d - c1q) - dq.c2, wb[i], wa[i]);
+        }
+    }
+    let (klp, lam_p) = fp.finish(&dp, &dq);
+    let (klq, _) = fq.finish(&dq, &dp);
+    // −log(mass on the other side's support): log1p while that mass is ≥ ½, else a log-sum-exp
+    // over the common support around its own maximum (the plain sums may underflow there).
+    let neg_log_in = |own: &[f64], other: &[f64], mode: usize, m: f64, d: &Dir| -> f64 {
+        if d.out <= 0.5 {
+            return -(-d.out).ln_1p();
+        }
+        let top = own[mode];
+        let s: f64 = own
+            .iter()
+            .zip(other.iter())
+            .filter(|(&x, &y)| x > ninf && y > ninf)
+            .map(|(&x, _)| (x - top).exp())
+            .sum();
+        d.ln_s - ((top - m) + s.ln())
+    };
+    let nq = neg_log_in(b, a, cb, mb, &dq);
+    let np = neg_log_in(a, b, ca, ma, &dp);
+    let kl = if inf_fwd {
+        f64::INFINITY
+    } else {
+        (klp + nq).max(0.0)
+    };
+    let kl_rev = if inf_rev {
+        f64::INFINITY
+    } else {
+        (klq + np).max(0.0)
+    };
+    // pass 4: TV with the exact λ
+    let lam = lam_p + nq;
+    let (isa, isb) = (1.0 / dp.s, 1.0 / dq.s);
+    let mut tv = 0.0;
+    for i in 0..a.len() {
+        let (x, z) = (a[i], b[i]);
+        if x > ninf && z > ninf {
+            let u = ((x - z) - c1p) - dp.c2;
+            let v = -u - lam;
+            let p = wa[i] * isa;
+            tv += if v.abs() <= 1.0 {
+                p * v.exp_m1().abs()
+            } else {
+                (p - wb[i] * isb).abs()
+            };
+        }
+    }
+    let tv = (0.5 * (tv + dp.out + dq.out)).clamp(0.0, 1.0);
+    Ok((kl, kl_rev, tv, dp.entropy, dq.entropy, lp, lq))
+}

@@ -1,0 +1,95 @@
+//! The mask plan an engine's corrections pass executes (layer 0): criteria with their
+//! per-token source and aggregation, IS settings, and the raw per-token / per-sequence results.
+
+use crate::stats::{IsLevel, TokenStats};
+
+/// Where a criterion's per-token statistic comes from in `Engine::corrections_pass`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaskSource {
+    /// `−clamp(lr)`.
+    K1,
+    /// `clamp(lr)²/2`.
+    K2,
+    /// trmask's k3, `expm1(c) − c` (the `k3` of [`TokenStats`]).
+    K3,
+    /// verl's k3, `exp(c) − 1 − c` (evaluated as `(ρ − 1) + k1` on the CPU reference).
+    K3Verl,
+    /// `|clamp(lr)|`.
+    Abs,
+    /// `|expm1(clamp(lr))|`.
+    Ser,
+    /// Host-provided per-slot column `j` of [`MaskPlan::columns`] (`kl`, `tv`, `topk_kl`, …).
+    Column(usize),
+    /// `ser × column j` (LN-TRM: column j holds the weights `w_t`).
+    SerWeighted(usize),
+}
+
+/// How a criterion aggregates its per-token statistic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaskAgg {
+    /// Per-token test.
+    Token,
+    /// Sum over the sequence's valid tokens.
+    Sum,
+    /// verl's `Σ / (L + 1e-8)`.
+    MeanVerl,
+    /// Exact mean `Σ / L` (0 for an empty sequence).
+    Mean,
+    /// Maximum over valid tokens (0 for an empty sequence).
+    Max,
+    /// `Σ stat / Σ column j` (0 when the denominator is 0): LN-TRM's `W / Z`.
+    WeightedMean(usize),
+}
+
+/// One rejection criterion of a [`MaskPlan`]: keep iff `lower ≤ stat ≤ upper` (inclusive; the
+/// bounds are in the statistic's space, e.g. `ln U` for k1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MaskCriterion {
+    pub source: MaskSource,
+    pub agg: MaskAgg,
+    pub lower: Option<f64>,
+    pub upper: f64,
+}
+
+/// IS weights of a [`MaskPlan`]: `raw = ρ_t` (token) or `exp(clamp(Σ lr))` (sequence), then
+/// `min(raw, upper)` (TIS) or IcePop (`raw` if `lower ≤ raw ≤ upper`, else 0).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MaskIs {
+    pub level: IsLevel,
+    pub upper: f64,
+    pub lower: Option<f64>,
+}
+
+/// What `Engine::corrections_pass` computes: criteria (at most 32, ANDed; bit i of the
+/// reject bitmasks is criterion i) and optional IS weights.
+#[derive(Clone, Debug, Default)]
+pub struct MaskPlan<'a> {
+    pub criteria: Vec<MaskCriterion>,
+    pub is: Option<MaskIs>,
+    /// Host-provided per-slot columns referenced by [`MaskSource::Column`],
+    /// [`MaskSource::SerWeighted`] and [`MaskAgg::WeightedMean`].
+    pub columns: Vec<&'a [f64]>,
+}
+
+/// Most criteria a [`MaskPlan`] may hold (one bit each).
+pub const MAX_MASK_CRITERIA: usize = 32;
+
+/// Per-token and per-sequence results of `Engine::corrections_pass`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CorrectionsRaw {
+    /// The per-token estimators of the log-ratio the pass was given.
+    pub tokens: TokenStats,
+    /// IS weights before batch normalisation (0 at invalid slots), when the plan has IS.
+    pub weights: Option<Vec<f64>>,
+    /// The modified response mask: valid and kept by every criterion.
+    pub mask: Vec<bool>,
+    /// Per slot: bit i set when criterion i rejected this (valid) token.
+    pub token_reject: Vec<u32>,
+    /// Per criterion, per sequence: the aggregated statistic (sequence criteria) or the
+    /// fraction of the sequence's valid tokens the criterion rejected (token criteria).
+    pub seq_stat: Vec<Vec<f64>>,
+    /// Per sequence: bit i set when criterion i rejected at least one of its valid tokens.
+    pub seq_reject: Vec<u32>,
+    /// Per sequence: `Σ lr` over its valid tokens (unclamped; sequence IS).
+    pub seq_log_ratio_sum: Vec<f64>,
+}

@@ -1,0 +1,252 @@
+//! Result types of every op (layer 0: no internal dependency but `error`): per-token
+//! estimators, per-sequence reductions, exact vocabulary divergences, top-K statistics, and the
+//! per-token statistics table the corrections read.
+
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// verl's `SAFETY_BOUND`: log-ratios are clamped to ±20 before `exp` and in k1/k2/k3.
+pub const SAFETY_BOUND: f64 = 20.0;
+
+/// Per-token estimators of KL(π_roll‖π_train) from sampled-token log-probs (SPEC §1).
+///
+/// Every vector has one value per slot; invalid (masked / padding) slots hold 0.
+/// With `lr = train − roll` and `c = clamp(lr, ±20)`: `log_ratio = lr` (unclamped),
+/// `rho = exp(c)`, `k1 = −c`, `k2 = c²/2`, `k3 = expm1(c) − c`, `abs = |c|`, `ser = |expm1(c)|`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TokenStats {
+    pub log_ratio: Vec<f64>,
+    pub rho: Vec<f64>,
+    pub k1: Vec<f64>,
+    pub k2: Vec<f64>,
+    pub k3: Vec<f64>,
+    pub abs: Vec<f64>,
+    pub ser: Vec<f64>,
+}
+
+/// Per-sequence reductions of one per-token statistic over the valid tokens of each sequence.
+///
+/// Empty sequences (no valid token, including all-masked rows) have `count = 0`, `sum = 0`,
+/// `mean = 0`, `max = 0`, `min = 0` and `argmax = -1`. `argmax` is the offset of the first
+/// maximal token from the start of its sequence's slot range (the column `t` in a padded batch).
+/// `mean` is the exact mean `sum / count` (verl's `+1e-8` quirk is applied by the verl layer).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SegmentStats {
+    pub sum: Vec<f64>,
+    pub mean: Vec<f64>,
+    pub max: Vec<f64>,
+    pub min: Vec<f64>,
+    pub argmax: Vec<i64>,
+    pub count: Vec<u32>,
+}
+
+/// Exact per-token divergences over the whole vocabulary (SPEC §4), one value per slot,
+/// 0 at invalid slots. `rollout_logp` / `train_logp` are the log-probs of `responses[t]`
+/// (0 when no responses were given).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VocabStats {
+    pub kl: Vec<f64>,
+    pub kl_rev: Vec<f64>,
+    pub tv: Vec<f64>,
+    pub rollout_entropy: Vec<f64>,
+    pub training_entropy: Vec<f64>,
+    pub rollout_logp: Vec<f64>,
+    pub train_logp: Vec<f64>,
+}
+
+/// IS weight aggregation level (`rollout_is`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IsLevel {
+    Token,
+    Sequence,
+}
+
+impl IsLevel {
+    /// verl's spelling (`token`, `sequence`).
+    pub fn name(self) -> &'static str {
+        match self {
+            IsLevel::Token => "token",
+            IsLevel::Sequence => "sequence",
+        }
+    }
+}
+
+/// The divergence D tested against δ.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopkDivergence {
+    /// [`TopkStats::topk_kl`] (default).
+    #[default]
+    TopkKl,
+    /// [`TopkStats::topk_tv`].
+    TopkTv,
+}
+
+/// Which quantity's sign, multiplied by the advantage, decides that a token over δ is dropped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DppoDirection {
+    /// DPPO: `A · (π_y − μ_y) > 0` (default).
+    #[default]
+    Ratio,
+    /// PDM: `A · ddot_aggregated > 0`.
+    PredictiveAggregated,
+    /// PDM: `A · ddot_uniform > 0`.
+    PredictiveUniform,
+}
+
+/// How the sampled token joins the support when it is not among the rollout top-K.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopkSupport {
+    /// S = top-K ∪ {y} (K + 1 entries when y ∉ top-K). Default.
+    #[default]
+    Union,
+    /// DPPO's rule: y replaces the lowest-ranked top-K entry, |S| = K.
+    ReplaceKth,
+}
+
+/// Per-slot top-K statistics (one value per slot; every field is 0 at invalid slots).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TopkStats {
+    /// KL(μ‖π) of the reduced distributions (S entries plus the tail), SPEC §7.
+    pub topk_kl: Vec<f64>,
+    /// Total variation of the reduced distributions.
+    pub topk_tv: Vec<f64>,
+    /// `ddot` with the aggregated tail `π̂(μ̂ − π̂)`.
+    pub ddot_aggregated: Vec<f64>,
+    /// `ddot` with the tail spread uniformly, `π̂(μ̂ − π̂)/(V − |S|)` (0 when V = |S|).
+    pub ddot_uniform: Vec<f64>,
+    /// Rollout tail `μ_tail = 1 − Σ_S μ` (not clamped; ≥ 0).
+    pub rollout_tail: Vec<f64>,
+    /// Trainer tail `π_tail = 1 − Σ_S π` (not clamped; ≥ 0).
+    pub train_tail: Vec<f64>,
+    /// `π_y − μ_y`, the sampled token's probability difference (trainer minus rollout).
+    pub prob_diff: Vec<f64>,
+    /// |S| (K or K + 1).
+    pub support_size: Vec<u32>,
+}
+
+impl TopkStats {
+    /// All-zero statistics for `n` slots.
+    pub fn zeros(n: usize) -> Self {
+        TopkStats {
+            topk_kl: vec![0.0; n],
+            topk_tv: vec![0.0; n],
+            ddot_aggregated: vec![0.0; n],
+            ddot_uniform: vec![0.0; n],
+            rollout_tail: vec![0.0; n],
+            train_tail: vec![0.0; n],
+            prob_diff: vec![0.0; n],
+            support_size: vec![0; n],
+        }
+    }
+    /// Number of slots.
+    pub fn len(&self) -> usize {
+        self.topk_kl.len()
+    }
+    /// True when there is no slot.
+    pub fn is_empty(&self) -> bool {
+        self.topk_kl.is_empty()
+    }
+    /// The divergence D selected by `divergence`.
+    pub fn divergence(&self, divergence: TopkDivergence) -> &[f64] {
+        match divergence {
+            TopkDivergence::TopkKl => &self.topk_kl,
+            TopkDivergence::TopkTv => &self.topk_tv,
+        }
+    }
+    /// The direction quantity (`prob_diff`, `ddot_aggregated` or `ddot_uniform`).
+    pub fn direction(&self, direction: DppoDirection) -> &[f64] {
+        match direction {
+            DppoDirection::Ratio => &self.prob_diff,
+            DppoDirection::PredictiveAggregated => &self.ddot_aggregated,
+            DppoDirection::PredictiveUniform => &self.ddot_uniform,
+        }
+    }
+}
+
+/// Per-token statistics by name (`log_ratio`, `rho`, `k1`, `k2`, `k3`, `abs`, `ser`, from
+/// logits `kl`, `kl_rev`, `tv`, `rollout_entropy`, `training_entropy`, and from the rollout
+/// top-K `topk_kl`, `topk_tv`, `ddot` (aggregated tail), `ddot_uniform`), one value per slot,
+/// 0 at invalid slots.
+#[derive(Clone, Debug, Default)]
+pub struct StatTable {
+    pub stats: BTreeMap<String, Vec<f64>>,
+    /// The full top-K statistics (tails, `π_y − μ_y`, support sizes) when the batch has a
+    /// rollout top-K, `responses` and `old_logits`; read by the DPPO / PDM mask.
+    pub topk: Option<TopkStats>,
+}
+
+impl StatTable {
+    /// The statistic `name`, or an error saying which inputs it needs.
+    pub fn get(&self, name: &str) -> Result<&[f64]> {
+        self.stats.get(name).map(|v| v.as_slice()).ok_or_else(|| {
+            let need = match name {
+                "kl" | "kl_rev" | "tv" | "rollout_entropy" | "training_entropy" => {
+                    "rollout_logits and old_logits"
+                }
+                "topk_kl" | "topk_tv" | "ddot" | "ddot_uniform" => {
+                    "rollout_topk_ids, rollout_topk_log_prob, responses and old_logits"
+                }
+                _ => "rollout_log_prob and old_log_prob (or logits with responses)",
+            };
+            Error::config(
+                name,
+                format!("statistic `{name}` is not available: it needs {need}"),
+            )
+        })
+    }
+}
+
+/// Per-sequence statistic and decision of one criterion.
+#[derive(Clone, Debug)]
+pub struct CriterionResult {
+    /// The criterion (`seq_mean_k3`, `token_k1`, `seq_lntrm`, `token_veto`).
+    pub name: String,
+    /// Output tensor name: the criterion's name when it starts with `seq_`, else `seq_` + name.
+    pub output_name: String,
+    /// The per-sequence statistic: the aggregated value for sequence criteria (verl's `+1e-8`
+    /// mean for verl's `seq_mean_k*`); for token criteria the fraction of the sequence's valid
+    /// tokens it rejected; for `token_veto` the minimum ρ_t (1 for an empty sequence).
+    pub seq_stat: Vec<f64>,
+    /// True where the criterion rejected at least one valid token of the sequence.
+    pub seq_reject: Vec<bool>,
+}
+
+/// Everything a trainer needs for one step.
+#[derive(Clone, Debug)]
+pub struct Corrections {
+    /// `rollout_is_weights` per slot (0 at invalid slots), `None` when IS is off.
+    pub weights: Option<Vec<f64>>,
+    /// `modified_response_mask` per slot (1 keep, 0 rejected or invalid).
+    pub mask: Vec<f64>,
+    /// Per sequence: no criterion rejected any of its tokens.
+    pub seq_accept: Vec<bool>,
+    /// Per sequence: number of valid tokens.
+    pub seq_len: Vec<usize>,
+    /// Per sequence: bit i = criterion i rejected it (see the module docs).
+    pub seq_reject_bits: Vec<u64>,
+    /// Per criterion: per-sequence statistic and decision.
+    pub criteria: Vec<CriterionResult>,
+    /// verl's `rollout_corr/*` and trmask's `trmask/*` metrics.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+impl Corrections {
+    /// `modified_response_mask` as booleans (true = keep).
+    pub fn mask_bool(&self) -> Vec<bool> {
+        self.mask.iter().map(|&m| m != 0.0).collect()
+    }
+    /// `modified_response_mask` as 0/1 `f32`, ready to multiply a loss.
+    pub fn mask_f32(&self) -> Vec<f32> {
+        self.mask.iter().map(|&m| m as f32).collect()
+    }
+    /// `rollout_is_weights` rounded to `f32` (0 at invalid slots), `None` when IS is off.
+    pub fn weights_f32(&self) -> Option<Vec<f32>> {
+        self.weights
+            .as_ref()
+            .map(|w| w.iter().map(|&x| x as f32).collect())
+    }
+}
