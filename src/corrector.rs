@@ -345,6 +345,12 @@ impl<E: Engine + 'static> IntoEngine for E {
     }
 }
 
+impl IntoEngine for Box<dyn Engine> {
+    fn into_engine(self) -> Arc<dyn Engine> {
+        Arc::from(self)
+    }
+}
+
 impl IntoEngine for Arc<dyn Engine> {
     fn into_engine(self) -> Arc<dyn Engine> {
         self
