@@ -103,6 +103,11 @@ pub fn gpu_with_flavour(
     )
 }
 
+/// `|got − want| ≤ rtol·|want| + atol`.
+pub fn close(got: f64, want: f64, rtol: f64, atol: f64) -> bool {
+    (got - want).abs() <= rtol * want.abs() + atol
+}
+
 /// Compares two vectors with `|a − b| ≤ rtol·|b| + atol` (`b` the reference); panics naming the
 /// worst index and the seed.
 pub fn assert_close(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64, seed: u64) {
@@ -111,10 +116,11 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64,
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let tol = rtol * w.abs() + atol;
         let err = (g - w).abs();
-        let excess = if err.is_nan() && !(g.is_nan() && w.is_nan()) {
-            f64::INFINITY
-        } else if g == w || (g.is_nan() && w.is_nan()) {
+        // equal values (±inf included) and NaN against NaN pass; any other NaN fails
+        let excess = if g == w || (g.is_nan() && w.is_nan()) {
             0.0
+        } else if err.is_nan() {
+            f64::INFINITY
         } else {
             err / tol
         };
