@@ -35,7 +35,12 @@ mod types;
 
 pub use crate::stats::IsLevel;
 pub use dppo::DppoConfig;
-pub use grammar::{parse_is_threshold, parse_rs_thresholds, py_float};
-pub use presets::{Preset, ALIASES, PRESETS};
-pub use resolve::{Agg, Criterion, IsSpec, LegacyRs, LegacySpec, Resolved, Stat, VERL_OPTIONS};
 pub use types::{CorrectionConfig, LnTrm, ThresholdSpec};
+
+// The resolved plan and the grammar are internal (documented in place, hidden from the API).
+#[doc(hidden)]
+pub use grammar::{parse_is_threshold, parse_rs_thresholds, py_float};
+#[doc(hidden)]
+pub use presets::{Preset, Threshold, ALIASES, PRESETS};
+#[doc(hidden)]
+pub use resolve::{Agg, Criterion, IsSpec, LegacyRs, LegacySpec, Resolved, Stat, VERL_OPTIONS};
