@@ -43,6 +43,7 @@ pub mod error;
 pub mod gpu;
 pub mod io;
 pub mod legacy;
+pub mod logits;
 pub mod topk;
 
 pub use batch::{Batch, DType, Layout, Logits, Segments};
@@ -51,6 +52,9 @@ pub use correction::Corrections;
 pub use engine::{Engine, SegmentStats, TokenStats, VocabStats, SAFETY_BOUND};
 pub use error::{Error, Result};
 pub use gpu::GpuEngine;
+/// The wgpu version trmask is built on, so callers name the same types
+/// ([`gpu::Context::from_wgpu`], [`Logits::device`]).
+pub use wgpu;
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -58,6 +58,9 @@ impl Engine for CpuEngine {
         mask: &[bool],
         temperature: f64,
     ) -> Result<VocabStats> {
+        // device-resident logits (Logits::device) are for the GPU engine only
+        rollout.host_bytes("rollout_logits")?;
+        train.host_bytes("old_logits")?;
         vocab_divergence(rollout, train, responses, mask, temperature)
     }
 
@@ -67,6 +70,9 @@ impl Engine for CpuEngine {
         support: TopkSupport,
         trainer: TrainerTopk<'_>,
     ) -> Result<TopkStats> {
+        if let TrainerTopk::Logits { logits, .. } = trainer {
+            logits.host_bytes("old_logits")?;
+        }
         crate::topk::topk_divergence(batch, support, trainer)
     }
 }
