@@ -36,7 +36,7 @@ def refs(text):
     """Yield module paths (as tuples of segments, rooted at crate or relative via super/self)."""
     text = re.sub(r"//[^\n]*", "", text)
     # expand `use crate::{a, b::{c}}` groups shallowly by scanning every path token
-    for m in re.finditer(r"\b((?:crate|super|self)(?:::(?:super|\w+))*)(::\{([^;]*?)\})?", text):
+    for m in re.finditer(r"\b((?:crate|super|self)(?:::(?:super|\w+))+|(?:crate|super|self)(?=::\{))(::\{([^;]*?)\})?", text):
         head = m.group(1).split("::")
         group = m.group(3)
         if group:
@@ -57,7 +57,10 @@ def main():
     for mp, f in mods.items():
         is_mod_file = f.name in ("mod.rs", "lib.rs")
         here = list(mp) if is_mod_file else list(mp[:-1])  # directory module for `super`
-        for path in refs(f.read_text()):
+        text = f.read_text()
+        # the test module's `super` is this file, not its parent: read up to `#[cfg(test)]`
+        cut = text.find("\n#[cfg(test)]")
+        for path in refs(text if cut < 0 else text[:cut]):
             if path[0] == "crate":
                 base, segs = [], path[1:]
             else:
@@ -73,10 +76,14 @@ def main():
             tgt = resolve(mods, base, segs)
             if tgt is None or tgt == mp:
                 continue
-            # a file using its own submodule, or a mod.rs re-exporting children, is not a layer edge
-            if tgt[: len(mp)] == mp and len(tgt) > len(mp):
+            # lib.rs declares every module: its edges say nothing about layering
+            if mp == ():
                 continue
             edges[mp].add(tgt)
+    # a directory module (mod.rs) uses the children it declares
+    for mp in mods:
+        if mp != () and mods[mp].name == "mod.rs":
+            edges[mp].update(c for c in mods if len(c) == len(mp) + 1 and c[: len(mp)] == mp)
     # strongly connected components (Tarjan)
     index, low, stack, on, sccs = {}, {}, [], set(), []
     counter = [0]
@@ -126,8 +133,9 @@ def main():
 
         for v in mods:
             d(v)
+        print("  layers (each file uses only files on lower lines):")
         for lvl in range(max(depth.values()) + 1):
-            print(f"  level {lvl}: " + ", ".join(sorted(name(v) for v in mods if depth[v] == lvl)))
+            print(f"  {lvl:>3}: " + ", ".join(sorted(name(v) for v in mods if depth[v] == lvl and v != ())))
         print("  no import cycle")
     long = []
     for f in files:

@@ -2,16 +2,25 @@
 // per-token estimators, the per-sequence reductions every criterion needs, the per-criterion
 // keep decisions (inclusive), the modified-mask reject bits and the IS weights.
 //
-// params.count = sequences in this chunk, params.width = criteria (<= 32),
-// params.stride = slots in this chunk, params.extra0 = host columns,
-// params.flags: bit 0 IS on, bit 1 sequence-level IS, bit 2 IcePop (lower bound);
-// params.scale = IS upper, params.param = IS lower.
 // plan: 6 words per criterion: source, source column, agg, agg column, lower (f32 bits; -BIG
 // when one-sided), upper (f32 bits).
 // tok_out (9 x stride words): lr, rho, k1, k2, k3, abs, ser, weight (f32 bits), reject bits.
 // seq_out ((width + 3) words per sequence): statistic of each criterion (f32 bits), reject
 // bits, sum(lr) as an f32 (hi, lo) pair.
 
+// The kernel's uniform; Rust twin `MasksParams` in src/gpu/masks.rs.
+struct MasksParams {
+    sequences: u32, // sequences in this chunk
+    criteria: u32, // criteria in the plan (<= 32)
+    slots: u32, // slots in this chunk
+    columns: u32, // host columns
+    is_flags: u32, // bit 0 IS on, bit 1 sequence-level IS, bit 2 IcePop (lower bound)
+    is_upper: f32, // IS upper bound
+    is_lower: f32, // IS lower bound (IcePop)
+    one: f32, // always 1.0: two_sum's opaque one (common/two_sum.wgsl)
+}
+
+@group(0) @binding(0) var<uniform> params: MasksParams;
 @group(0) @binding(1) var<storage, read> lr_in: array<f32>;
 @group(0) @binding(2) var<storage, read> mask_bits: array<u32>;
 @group(0) @binding(3) var<storage, read> ranges: array<u32>;
@@ -49,9 +58,9 @@ fn stat_of(ci: u32, i: u32, c: f32) -> f32 {
         case 1u: { return 0.5 * c * c; }
         case 2u, 3u: { return k3_of(c); }
         case 4u: { return abs(c); }
-        case 5u: { return abs(expm1_of(c)); }
-        case 6u: { return columns[col * params.stride + i]; }
-        default: { return abs(expm1_of(c)) * columns[col * params.stride + i]; }
+        case 5u: { return abs(expm1_acc(c)); }
+        case 6u: { return columns[col * params.slots + i]; }
+        default: { return abs(expm1_acc(c)) * columns[col * params.slots + i]; }
     }
 }
 
@@ -68,13 +77,13 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let seq = flat_workgroup(wid, nwg);
-    if seq >= params.count {
+    if seq >= params.sequences {
         return;
     }
     let start = ranges[2u * seq];
     let end = ranges[2u * seq + 1u];
-    let nc = params.width;
-    let n = params.stride;
+    let nc = params.criteria;
+    let n = params.slots;
     if lid == 0u {
         atomicStore(&wg_count, 0u);
         atomicStore(&wg_reject, 0u);
@@ -154,9 +163,9 @@ fn main(
     }
 
     // Per token: estimators, token-level decisions, reject bits, IS weights.
-    let is_on = (params.flags & 1u) != 0u;
-    let is_seq = (params.flags & 2u) != 0u;
-    let icepop = (params.flags & 4u) != 0u;
+    let is_on = (params.is_flags & 1u) != 0u;
+    let is_seq = (params.is_flags & 2u) != 0u;
+    let icepop = (params.is_flags & 4u) != 0u;
     let seq_w = exp(clamp(lr_sum.x + lr_sum.y, -SAFETY_BOUND, SAFETY_BOUND));
     var bits_or = 0u;
     for (var i = start + lid; i < end; i += WG) {
@@ -179,11 +188,11 @@ fn main(
                     raw = seq_w;
                 }
                 if icepop {
-                    if raw >= params.param && raw <= params.scale {
+                    if raw >= params.is_lower && raw <= params.is_upper {
                         w = raw;
                     }
                 } else {
-                    w = min(raw, params.scale);
+                    w = min(raw, params.is_upper);
                 }
             }
         }

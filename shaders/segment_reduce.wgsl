@@ -1,7 +1,5 @@
 // Segmented reductions: one workgroup per (statistic, piece). A piece is a sequence (or, for a
 // sequence longer than one chunk, part of it) laid out contiguously in this chunk's slots.
-// params.count = pieces, params.width = statistics, params.stride = slots in this chunk,
-// params.param = 1.0 (two_sum's opaque one).
 // values: SoA, width x stride; ranges: (start, end) slot pair per piece.
 // Output, 6 words per (stat, piece) at (stat * count + piece) * 6:
 // sum_hi, sum_lo (f32 bits; sum = hi + lo), max, min (f32 bits), argmax (offset from the piece
@@ -9,6 +7,15 @@
 // The cross-thread merge is reduce_acc: reduce_acc_wg.wgsl (workgroup tree) or reduce_sg.wgsl
 // (subgroups), chosen per variant.
 
+// The kernel's uniform; Rust twin `SegmentReduceParams` in src/gpu/segment_reduce.rs.
+struct SegmentReduceParams {
+    pieces: u32, // pieces in this chunk
+    stats: u32, // statistics (rows of `values`)
+    slots: u32, // slots in this chunk (the row stride of `values`)
+    one: f32, // always 1.0: two_sum's opaque one (common/two_sum.wgsl)
+}
+
+@group(0) @binding(0) var<uniform> params: SegmentReduceParams;
 @group(0) @binding(1) var<storage, read> values: array<f32>;
 @group(0) @binding(2) var<storage, read> mask_bits: array<u32>;
 @group(0) @binding(3) var<storage, read> ranges: array<u32>;
@@ -51,18 +58,18 @@ fn main(
     ids: RedIds,
 ) {
     let lid = ids.lid;
-    let pieces = params.count;
+    let pieces = params.pieces;
     let g = flat_workgroup(wid, nwg);
     let piece = g % pieces;
     let stat = g / pieces;
-    let live = stat < params.width;
+    let live = stat < params.stats;
     var start = 0u;
     var end = 0u;
     if live {
         start = ranges[2u * piece];
         end = ranges[2u * piece + 1u];
     }
-    let base = min(stat, params.width) * params.stride;
+    let base = min(stat, params.stats) * params.slots;
 
     // Per-thread pass: strided over the piece, compensated sum, first max.
     var hi = 0.0;

@@ -1,13 +1,22 @@
 // Per-token estimators of KL(pi_roll || pi_train) (SPEC §1), one thread per slot.
-// params.count = slots in this chunk. Input: the log-ratio lr = train - roll (computed on the
+// Input: the log-ratio lr = train - roll (computed on the
 // host in f64 and rounded once to f32) and the packed validity mask. Output (SoA, 7 x count):
 // log_ratio, rho, k1, k2, k3, abs, ser; invalid slots hold 0 and their input is never read.
 
+// The kernel's uniform; Rust twin `TokenStatsParams` in src/gpu/token_stats.rs.
+struct TokenStatsParams {
+    slots: u32, // slots in this chunk
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: TokenStatsParams;
 @group(0) @binding(1) var<storage, read> lr_in: array<f32>;
 @group(0) @binding(2) var<storage, read> mask_bits: array<u32>;
 @group(0) @binding(3) var<storage, read_write> stats_out: array<f32>;
 
-// k3_of / expm1_of: shaders/common/estimators.wgsl.
+// estimators(): shaders/common/math.wgsl.
 
 @compute @workgroup_size(WG)
 fn main(
@@ -16,7 +25,7 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let i = flat_workgroup(wid, nwg) * WG + lid;
-    let n = params.count;
+    let n = params.slots;
     if i >= n {
         return;
     }

@@ -1,13 +1,14 @@
 // Top-K divergences (SPEC §7): one workgroup per row, one streaming pass over the trainer
 // logits row. Mirrors src/cpu/topk_divergence.rs; host side in src/gpu/topk_divergence.rs.
 //
-// params.count = rows in this dispatch, params.width = V, params.stride = W (support width,
-// K + 1), params.flags = logits dtype (0 f32, 1 f16, 2 bf16), params.scale = 1 / temperature,
-// params.param = 1.0 (two_sum's opaque one, see the prelude).
-// logits: the rows' logits as packed little-endian u32 words (16-bit types two per word; each
-// row starts at element row * V of the buffer). sup_ids / roll_lp: [rows, W] support ids and
-// rollout log-probs (first `len` entries used). row_info: [rows, 4] = (len, index of y in S,
-// bits of the rollout tail μ_tail (computed on the host in f64), unused).
+// Composed as: common/prelude.wgsl + common/math.wgsl + common/two_sum.wgsl +
+// common/unpack.wgsl + common/load_a_<logits dtype>.wgsl (binding 1, `load_a`; the dtype is
+// the kernel key's, no run-time branch) + the reduce_acc snippets of the flavour + this file.
+// binding 1: the rows' logits as packed little-endian u32 words (16-bit types two per word);
+// row `row` starts at element params.first + row_info[4·row + 3]·V of the binding.
+// sup_ids / roll_lp: [rows, W] support ids and rollout log-probs (first `len` entries used). row_info: [rows, 4] = (len, index of y in S,
+// bits of the rollout tail μ_tail (computed on the host in f64), the row's index in the
+// logits binding).
 // Output [rows, 8]: topk_kl, topk_tv, ddot_aggregated, ddot_uniform, rollout tail, trainer
 // tail, π_y − μ_y, flags (bit 0: NaN / +inf logit or no finite logit; bit 1: π = 0 somewhere
 // on S, KL = +inf).
@@ -20,106 +21,51 @@
 // terms, so the trainer tail Σ_{v∉S} π = (s − s_S) / s (= −expm1(logsumexp of log π on S))
 // keeps tiny tails instead of an f32 rounding floor.
 
-@group(0) @binding(1) var<storage, read> logits: array<u32>;
+// The kernel's uniform; Rust twin `TopkDivergenceParams` in src/gpu/topk_divergence.rs.
+struct TopkDivergenceParams {
+    rows: u32, // rows in this dispatch
+    vocab: u32, // V
+    width: u32, // support width W (K + 1)
+    first: u32, // index of the chunk's first logits element inside binding 1
+    inv_temp: f32, // 1 / temperature
+    one: f32, // always 1.0: two_sum's opaque one (common/two_sum.wgsl)
+    pad0: u32,
+    pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: TopkDivergenceParams;
 @group(0) @binding(2) var<storage, read> sup_ids: array<i32>;
 @group(0) @binding(3) var<storage, read> roll_lp: array<f32>;
 @group(0) @binding(4) var<storage, read> row_info: array<u32>;
 @group(0) @binding(5) var<storage, read_write> topk_out: array<f32>;
 
-const TK_NEG: f32 = -3.0e38; // −inf logit (p = 0) and the empty-state shift
-const TK_BAD: f32 = 3.0e38; // NaN or +inf logit
 const TAIL_FLOOR: f32 = 1.0e-12;
 const OUT_W: u32 = 8u;
 
-// IEEE binary16 bits (finite) to f32, exactly, without unpack2x16float (which naga gates
-// behind SHADER_FLOAT16_IN_FLOAT32).
-fn tk_f16_to_f32(h: u32) -> f32 {
-    let sign = (h & 0x8000u) << 16u;
-    let ex = (h >> 10u) & 0x1fu;
-    let mant = h & 0x3ffu;
-    if ex == 0u {
-        // Subnormal or zero: mant * 2^-24, exact in f32.
-        let mag = f32(mant) * 5.9604644775390625e-8;
-        return bitcast<f32>(sign | bitcast<u32>(mag));
-    }
-    return bitcast<f32>(sign | ((ex + 112u) << 23u) | (mant << 13u));
-}
-
-// Element e of the logits buffer, −inf → TK_NEG, NaN / +inf → TK_BAD.
-fn tk_load(e: u32) -> f32 {
-    let dt = params.flags & 3u;
-    if dt == 0u {
-        let w = logits[e];
-        if (w & 0x7f800000u) == 0x7f800000u {
-            if w == 0xff800000u {
-                return TK_NEG;
-            }
-            return TK_BAD;
-        }
-        return bitcast<f32>(w);
-    }
-    let h = (logits[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu;
-    if dt == 1u {
-        if (h & 0x7c00u) == 0x7c00u {
-            if h == 0xfc00u {
-                return TK_NEG;
-            }
-            return TK_BAD;
-        }
-        return tk_f16_to_f32(h);
-    }
-    if (h & 0x7f80u) == 0x7f80u {
-        if h == 0xff80u {
-            return TK_NEG;
-        }
-        return TK_BAD;
-    }
-    return bitcast<f32>(h << 16u);
-}
-
-// The scaled logit (sentinels pass through unscaled).
+// The scaled logit at element e of binding 1 (sentinels pass through unscaled).
 fn tk_logit(e: u32) -> f32 {
-    let x = tk_load(e);
-    if x <= TK_NEG || x >= TK_BAD {
+    let x = load_a(e);
+    if x <= NEG_SENTINEL || x >= BAD_SENTINEL {
         return x;
     }
-    return x * params.scale;
-}
-
-// expm1 with ~1 ulp relative error for small |x| (series), exp − 1 beyond.
-fn tk_expm1(x: f32) -> f32 {
-    if abs(x) <= 0.5 {
-        return x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0
-            + x * (1.0 / 720.0 + x * (1.0 / 5040.0 + x * (1.0 / 40320.0))))))));
-    }
-    return exp(x) - 1.0;
-}
-
-// k3(x) = expm1(x) − x ≥ 0, second order in x (series for small |x|).
-fn tk_k3(x: f32) -> f32 {
-    if abs(x) <= 0.5 {
-        return x * x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0
-            + x * (1.0 / 720.0 + x * (1.0 / 5040.0 + x * (1.0 / 40320.0 + x * (1.0 / 362880.0))))))));
-    }
-    return exp(x) - 1.0 - x;
+    return x * params.inv_temp;
 }
 
 // log(hi + lo) for a compensated sum ≥ 1 - ish, via log1p near 1.
 fn tk_log2sum(hi: f32, lo: f32) -> f32 {
     let d = (hi - 1.0) + lo;
     if abs(d) <= 0.0625 {
-        return d * (1.0 + d * (-0.5 + d * (1.0 / 3.0 + d * (-0.25 + d * (0.2 + d * (-1.0 / 6.0
-            + d * (1.0 / 7.0 + d * (-0.125 + d * (1.0 / 9.0)))))))));
+        return log1p_acc(d);
     }
     return log(hi + lo);
 }
 
-// Adds the state b = (m, hi, lo) into a (the sum Σ exp(x − m) = hi + lo); m = TK_NEG is empty.
+// Adds the state b = (m, hi, lo) into a (the sum Σ exp(x − m) = hi + lo); m = NEG_SENTINEL is empty.
 fn tk_merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
-    if b.x <= TK_NEG {
+    if b.x <= NEG_SENTINEL {
         return a;
     }
-    if a.x <= TK_NEG {
+    if a.x <= NEG_SENTINEL {
         return b;
     }
     if a.x == b.x {
@@ -156,21 +102,24 @@ fn main(
 ) {
     let lid = ids.lid;
     let row = flat_workgroup(wid, nwg);
-    let live = row < params.count;
-    let v = params.width;
-    let w = params.stride;
+    let live = row < params.rows;
+    let v = params.vocab;
+    let w = params.width;
     var len = 0u;
     if live {
         len = row_info[row * 4u];
     }
-    let base = row * v;
+    var base = params.first;
+    if live {
+        base += row_info[row * 4u + 3u] * v;
+    }
     let sbase = row * w;
 
     // The initial shift: the largest finite trainer logit on S (every thread reads it).
-    var c = TK_NEG;
+    var c = NEG_SENTINEL;
     for (var j = 0u; j < len; j += 1u) {
         let x = tk_logit(base + u32(sup_ids[sbase + j]));
-        if x < TK_BAD {
+        if x < BAD_SENTINEL {
             c = max(c, x);
         }
     }
@@ -181,9 +130,9 @@ fn main(
     if len > 0u {
         for (var i = lid; i < v; i += WG) {
             let x = tk_logit(base + i);
-            if x >= TK_BAD {
+            if x >= BAD_SENTINEL {
                 bad = 1.0;
-            } else if x > TK_NEG {
+            } else if x > NEG_SENTINEL {
                 if x > st.x {
                     st = tk_merge(vec3<f32>(x, 1.0, 0.0), st);
                 } else {
@@ -200,7 +149,7 @@ fn main(
     if live && lid == 0u && len > 0u {
         let m = tot.x;
         var flags = 0u;
-        if tot.w > 0.0 || m <= TK_NEG {
+        if tot.w > 0.0 || m <= NEG_SENTINEL {
             flags = 1u;
         }
         let s_hi = tot.y;
@@ -219,14 +168,14 @@ fn main(
             let lm = roll_lp[sbase + j];
             let mu = exp(lm);
             var em = -1.0; // (π − μ)/μ
-            if x > TK_NEG && x < TK_BAD {
+            if x > NEG_SENTINEL && x < BAD_SENTINEL {
                 let t = exp(x - m);
                 let s = two_sum(in_hi, t);
                 in_hi = s.x;
                 in_lo += s.y;
                 let lp = (x - m) - ls;
-                em = tk_expm1(lp - lm);
-                kl += mu * tk_k3(lp - lm);
+                em = expm1_acc(lp - lm);
+                kl += mu * k3_of(lp - lm);
                 cross -= exp(lp) * mu * em;
             } else {
                 flags |= 2u;
@@ -243,7 +192,7 @@ fn main(
         // Σ_S μ (log μ − log π) = Σ_S μ k3(d) − (μ_tail − π_tail) with the accurate tails: no
         // first-order error from the shared log-normaliser or the f32 rollout log-probs.
         if mh == mu_tail && ph == pi_tail {
-            kl += mu_tail * tk_k3(log(pi_tail) - log(mu_tail));
+            kl += mu_tail * k3_of(log(pi_tail) - log(mu_tail));
         } else {
             kl += mh * (log(mh) - log(ph)) - mu_tail + pi_tail;
         }

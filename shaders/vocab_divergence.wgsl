@@ -1,7 +1,8 @@
 // Exact vocabulary divergences, one workgroup per row (token slot).
-// Composed as: common/prelude.wgsl (Meta `params`, WG, MAX_WG) + common/unpack.wgsl +
-// common/lse.wgsl + common/load_a_<rollout dtype>.wgsl + common/load_b_<trainer dtype>.wgsl
-// (bindings 1 and 2, `load_a` / `load_b`) + this file.
+// Composed as: common/prelude.wgsl (WG, MAX_WG, tree_half) + common/math.wgsl (sentinels,
+// w_of, expm1_acc, log1p_acc, log1p_minus_x) + common/unpack.wgsl + common/reduce_slots_wg.wgsl
+// (the three workgroup trees) + common/load_a_<rollout dtype>.wgsl +
+// common/load_b_<trainer dtype>.wgsl (bindings 1 and 2, `load_a` / `load_b`) + this file.
 //
 // Per row, with x = rollout logits, y = trainer logits, it = 1/temperature,
 // a = x·it, b = y·it, p = softmax(a), q = softmax(b), d = a − b:
@@ -22,8 +23,9 @@
 //   p-mass sits within |λ − λ0| of TV's kink): TV again with the exact λ.
 // Raw logit differences are formed before scaling by `it`, so temperature costs no accuracy.
 
-const SLOTS: u32 = 16u;
-const NEG_INIT: f32 = -1.0e30; // running max of an empty state
+// Slots per thread of the workgroup trees (pass 1: two 7-float states and the flags): 15 × 256
+// f32 plus `wg_active` is 15,376 bytes of workgroup memory, within WebGPU's 16,384.
+const RED_SLOTS: u32 = 15u;
 const T_EXT: f32 = 30.0; // u < −T_EXT: e^{−u} handled in log space
 const TAU_KINK: f32 = 1.0e-5; // |log(q/p)| window around TV's kink (see pass 3)
 
@@ -37,19 +39,27 @@ const F_B_BAD: u32 = 32u;
 const F_A_EMPTY: u32 = 64u;
 const F_B_EMPTY: u32 = 128u;
 
-// params (the prelude's Meta): count = rows in this chunk, width = vocabulary size,
-// stride = index of the chunk's first rollout element inside binding 1, extra0 = the same for
-// binding 2, extra1 = index of the chunk's first row inside binding 3 (row_info; binding 4
-// holds 8 results per row from row extra1 % 8, both windows starting at a multiple of 256
-// bytes), flags bit 0 = responses given, scale = 1 / temperature.
+// The kernel's uniform; Rust twin `VocabDivergenceParams` in src/gpu/vocab_divergence.rs.
+struct VocabDivergenceParams {
+    rows: u32, // rows in this chunk
+    vocab: u32, // vocabulary size V
+    a_first: u32, // index of the chunk's first rollout element inside binding 1
+    b_first: u32, // index of the chunk's first trainer element inside binding 2
+    info_first: u32, // index of the chunk's first row inside binding 3 (binding 4 holds 8
+                     // results per row from row info_first % 8; both windows start at a
+                     // multiple of 256 bytes)
+    has_responses: u32, // 1: row_info holds sampled ids (log-probs wanted)
+    inv_temp: f32, // 1 / temperature
+    pad0: u32,
+}
 
+@group(0) @binding(0) var<uniform> params: VocabDivergenceParams;
 // per row: the sampled token id, or ROW_MASKED for an invalid slot
 @group(0) @binding(3) var<storage, read> row_info: array<u32>;
 @group(0) @binding(4) var<storage, read_write> results: array<f32>;
 
 const ROW_MASKED: u32 = 0xffffffffu;
 
-var<workgroup> sh: array<f32, 4096>; // SLOTS × MAX_WG
 var<workgroup> wg_active: u32;
 
 // ---- pass 1 state (raw logit units; `it` applied to differences) -------------------------
@@ -64,7 +74,7 @@ struct Acc1 {
 }
 
 fn acc1_empty() -> Acc1 {
-    return Acc1(NEG_INIT, 0.0, 0.0, 0.0, NEG_INIT, 0.0, 0.0);
+    return Acc1(EMPTY_MAX, 0.0, 0.0, 0.0, EMPTY_MAX, 0.0, 0.0);
 }
 
 fn acc1_push(st: ptr<function, Acc1>, x: f32, y: f32, y_fin: bool, it: f32) {
@@ -128,25 +138,33 @@ fn acc1_merge(p: Acc1, q: Acc1, it: f32) -> Acc1 {
 }
 
 fn acc1_store(base: u32, t: u32, st: Acc1) {
-    sh[(base + 0u) * MAX_WG + t] = st.m;
-    sh[(base + 1u) * MAX_WG + t] = st.s_in;
-    sh[(base + 2u) * MAX_WG + t] = st.s_out;
-    sh[(base + 3u) * MAX_WG + t] = st.h;
-    sh[(base + 4u) * MAX_WG + t] = st.mc;
-    sh[(base + 5u) * MAX_WG + t] = st.yc;
-    sh[(base + 6u) * MAX_WG + t] = st.su;
+    red_sh[(base + 0u) * MAX_WG + t] = st.m;
+    red_sh[(base + 1u) * MAX_WG + t] = st.s_in;
+    red_sh[(base + 2u) * MAX_WG + t] = st.s_out;
+    red_sh[(base + 3u) * MAX_WG + t] = st.h;
+    red_sh[(base + 4u) * MAX_WG + t] = st.mc;
+    red_sh[(base + 5u) * MAX_WG + t] = st.yc;
+    red_sh[(base + 6u) * MAX_WG + t] = st.su;
 }
 
 fn acc1_load(base: u32, t: u32) -> Acc1 {
     return Acc1(
-        sh[(base + 0u) * MAX_WG + t],
-        sh[(base + 1u) * MAX_WG + t],
-        sh[(base + 2u) * MAX_WG + t],
-        sh[(base + 3u) * MAX_WG + t],
-        sh[(base + 4u) * MAX_WG + t],
-        sh[(base + 5u) * MAX_WG + t],
-        sh[(base + 6u) * MAX_WG + t],
+        red_sh[(base + 0u) * MAX_WG + t],
+        red_sh[(base + 1u) * MAX_WG + t],
+        red_sh[(base + 2u) * MAX_WG + t],
+        red_sh[(base + 3u) * MAX_WG + t],
+        red_sh[(base + 4u) * MAX_WG + t],
+        red_sh[(base + 5u) * MAX_WG + t],
+        red_sh[(base + 6u) * MAX_WG + t],
     );
+}
+
+// The pass-1 tree's merge (reduce_slots_wg.wgsl): both directions' states and the flags.
+fn red_merge(t: u32, o: u32) {
+    let it = params.inv_temp;
+    acc1_store(0u, t, acc1_merge(acc1_load(0u, t), acc1_load(0u, o), it));
+    acc1_store(7u, t, acc1_merge(acc1_load(7u, t), acc1_load(7u, o), it));
+    red_set(14u, t, f32(u32(red_get(14u, t)) | u32(red_get(14u, o))));
 }
 
 // ---- pass 2 state --------------------------------------------------------------------
@@ -282,11 +300,11 @@ fn main(
     @builtin(local_invocation_index) t: u32,
 ) {
     let row = flat_workgroup(wid, nwg);
-    if (row >= params.count) {
+    if (row >= params.rows) {
         return;
     }
-    let ob = 8u * (params.extra1 % 8u + row);
-    let info = row_info[params.extra1 + row];
+    let ob = 8u * (params.info_first % 8u + row);
+    let info = row_info[params.info_first + row];
     if (t == 0u) {
         wg_active = select(1u, 0u, info == ROW_MASKED);
     }
@@ -297,10 +315,10 @@ fn main(
         }
         return;
     }
-    let v = params.width;
-    let it = params.scale;
-    let abase = params.stride + row * v;
-    let bbase = params.extra0 + row * v;
+    let v = params.vocab;
+    let it = params.inv_temp;
+    let abase = params.a_first + row * v;
+    let bbase = params.b_first + row * v;
 
     // ---- pass 1 ----
     var sp = acc1_empty();
@@ -332,29 +350,16 @@ fn main(
     }
     acc1_store(0u, t, sp);
     acc1_store(7u, t, sq);
-    sh[14u * MAX_WG + t] = f32(flags);
-    workgroupBarrier();
-    var n = WG;
-    while (n > 1u) {
-        let half = (n + 1u) / 2u;
-        if (t + half < n) {
-            let o = t + half;
-            acc1_store(0u, t, acc1_merge(acc1_load(0u, t), acc1_load(0u, o), it));
-            acc1_store(7u, t, acc1_merge(acc1_load(7u, t), acc1_load(7u, o), it));
-            let f = u32(sh[14u * MAX_WG + t]) | u32(sh[14u * MAX_WG + o]);
-            sh[14u * MAX_WG + t] = f32(f);
-        }
-        n = half;
-        workgroupBarrier();
-    }
+    red_set(14u, t, f32(flags));
+    red_merge_tree(t);
     let gp = acc1_load(0u, 0u);
     let gq = acc1_load(7u, 0u);
     if (t == 0u) {
-        var f = u32(sh[14u * MAX_WG]);
-        if (gp.m <= NEG_INIT) {
+        var f = u32(red_sh[14u * MAX_WG]);
+        if (gp.m <= EMPTY_MAX) {
             f |= F_A_EMPTY;
         }
-        if (gq.m <= NEG_INIT) {
+        if (gq.m <= EMPTY_MAX) {
             f |= F_B_EMPTY;
         }
         wg_active = f;
@@ -426,40 +431,29 @@ fn main(
             g += sign(q_i - p_i) * q_i;
         }
     }
-    sh[0u * MAX_WG + t] = fp.u;
-    sh[1u * MAX_WG + t] = fp.w;
-    sh[2u * MAX_WG + t] = fp.pe;
-    sh[3u * MAX_WG + t] = fp.ee;
-    sh[4u * MAX_WG + t] = fp.ue;
-    sh[5u * MAX_WG + t] = fq.u;
-    sh[6u * MAX_WG + t] = fq.w;
-    sh[7u * MAX_WG + t] = fq.pe;
-    sh[8u * MAX_WG + t] = fq.ee;
-    sh[9u * MAX_WG + t] = fq.ue;
-    sh[10u * MAX_WG + t] = tv0;
-    sh[11u * MAX_WG + t] = g;
-    sh[12u * MAX_WG + t] = near;
-    workgroupBarrier();
-    n = WG;
-    while (n > 1u) {
-        let half = (n + 1u) / 2u;
-        if (t + half < n) {
-            for (var k = 0u; k < 13u; k++) {
-                sh[k * MAX_WG + t] = sh[k * MAX_WG + t] + sh[k * MAX_WG + t + half];
-            }
-        }
-        n = half;
-        workgroupBarrier();
-    }
+    red_sh[0u * MAX_WG + t] = fp.u;
+    red_sh[1u * MAX_WG + t] = fp.w;
+    red_sh[2u * MAX_WG + t] = fp.pe;
+    red_sh[3u * MAX_WG + t] = fp.ee;
+    red_sh[4u * MAX_WG + t] = fp.ue;
+    red_sh[5u * MAX_WG + t] = fq.u;
+    red_sh[6u * MAX_WG + t] = fq.w;
+    red_sh[7u * MAX_WG + t] = fq.pe;
+    red_sh[8u * MAX_WG + t] = fq.ee;
+    red_sh[9u * MAX_WG + t] = fq.ue;
+    red_sh[10u * MAX_WG + t] = tv0;
+    red_sh[11u * MAX_WG + t] = g;
+    red_sh[12u * MAX_WG + t] = near;
+    red_sum_slots(t, 13u);
     // every thread reads the reduced sums (the barrier ending the loop orders the reads)
     let rp = finish_dir(
-        Dir2(sh[0u], sh[MAX_WG], sh[4u * MAX_WG], sh[2u * MAX_WG], sh[3u * MAX_WG]), dp, dq, it);
+        Dir2(red_sh[0u], red_sh[MAX_WG], red_sh[4u * MAX_WG], red_sh[2u * MAX_WG], red_sh[3u * MAX_WG]), dp, dq, it);
     let rq = finish_dir(
-        Dir2(sh[5u * MAX_WG], sh[6u * MAX_WG], sh[9u * MAX_WG], sh[7u * MAX_WG], sh[8u * MAX_WG]),
+        Dir2(red_sh[5u * MAX_WG], red_sh[6u * MAX_WG], red_sh[9u * MAX_WG], red_sh[7u * MAX_WG], red_sh[8u * MAX_WG]),
         dq, dp, it);
-    var tv = sh[10u * MAX_WG];
-    let gg = sh[11u * MAX_WG];
-    let near_mass = sh[12u * MAX_WG];
+    var tv = red_sh[10u * MAX_WG];
+    let gg = red_sh[11u * MAX_WG];
+    let near_mass = red_sh[12u * MAX_WG];
     var nq = neg_log_in(dq);
     var np = neg_log_in(dp);
     var lam = lam0;
@@ -504,27 +498,16 @@ fn main(
                 cp += exp((x - dp.mc) * it);
             }
         }
-        sh[t] = acc;
-        sh[MAX_WG + t] = cq;
-        sh[2u * MAX_WG + t] = cp;
-        workgroupBarrier();
-        n = WG;
-        while (n > 1u) {
-            let half = (n + 1u) / 2u;
-            if (t + half < n) {
-                for (var k = 0u; k < 3u; k++) {
-                    sh[k * MAX_WG + t] = sh[k * MAX_WG + t] + sh[k * MAX_WG + t + half];
-                }
-            }
-            n = half;
-            workgroupBarrier();
-        }
-        tv = sh[0];
+        red_sh[t] = acc;
+        red_sh[MAX_WG + t] = cq;
+        red_sh[2u * MAX_WG + t] = cp;
+        red_sum_slots(t, 3u);
+        tv = red_sh[0];
         if (!nq.ok) {
-            nq.v = dq.log_s - ((dq.mc - dq.m) * it + log(sh[MAX_WG]));
+            nq.v = dq.log_s - ((dq.mc - dq.m) * it + log(red_sh[MAX_WG]));
         }
         if (!np.ok) {
-            np.v = dp.log_s - ((dp.mc - dp.m) * it + log(sh[2u * MAX_WG]));
+            np.v = dp.log_s - ((dp.mc - dp.m) * it + log(red_sh[2u * MAX_WG]));
         }
     }
     if (t != 0u) {
@@ -542,7 +525,7 @@ fn main(
 
     var lp = 0.0;
     var lq = 0.0;
-    if ((params.flags & 1u) != 0u) {
+    if (params.has_responses != 0u) {
         let yid = info;
         let xa = load_a(abase + yid);
         let xb = load_b(bbase + yid);

@@ -24,7 +24,8 @@
 //! engines' host-side finishing need them); logits are never copied: pass a [`Logits`] that
 //! wraps the trainer's bytes (host) or, on the GPU engine, its device buffer.
 
-use crate::batch::{Batch, Logits};
+use crate::batch::Batch;
+use crate::logits::Logits;
 use crate::config::{CorrectionConfig, Resolved};
 use crate::correction;
 use crate::engine::Engine;

@@ -3,7 +3,8 @@
 //! The trait only: the corrections pass both engines compose from these primitives lives in
 //! [`crate::passes`].
 
-use crate::batch::{Batch, Logits, Segments};
+use crate::batch::{Batch, Segments};
+use crate::logits::Logits;
 use crate::error::Result;
 use crate::plan::{CorrectionsRaw, MaskPlan};
 use crate::stats::{SegmentStats, TokenStats, TopkStats, TopkSupport, VocabStats};

@@ -21,6 +21,9 @@ pub enum Error {
     Gpu(String),
     /// A WGSL shader failed to compile; `kernel` names the variant.
     ShaderCompile { kernel: String, message: String },
+    /// The input (or a kernel) needs more than a device limit allows: `what` says what needs
+    /// how much, `limit` is the device's value (bytes, workgroups, …) it exceeds.
+    Limit { what: String, limit: u64 },
 }
 
 impl Error {
@@ -45,11 +48,22 @@ impl Error {
             problem: problem.into(),
         }
     }
-    /// True for errors caused by the caller's input or configuration (CLI exit code 2).
+    /// Shorthand for [`Error::Limit`].
+    pub fn limit(what: impl Into<String>, limit: u64) -> Self {
+        Error::Limit {
+            what: what.into(),
+            limit,
+        }
+    }
+    /// True for errors caused by the caller's input or configuration (CLI exit code 2),
+    /// including inputs too large for the device ([`Error::Limit`]).
     pub fn is_user_error(&self) -> bool {
         matches!(
             self,
-            Error::InvalidInput { .. } | Error::InvalidConfig { .. } | Error::File { .. }
+            Error::InvalidInput { .. }
+                | Error::InvalidConfig { .. }
+                | Error::File { .. }
+                | Error::Limit { .. }
         )
     }
 }
@@ -66,6 +80,9 @@ impl fmt::Display for Error {
             Error::Gpu(m) => write!(f, "GPU error: {m}"),
             Error::ShaderCompile { kernel, message } => {
                 write!(f, "shader `{kernel}` failed to compile: {message}")
+            }
+            Error::Limit { what, limit } => {
+                write!(f, "{what}: over the device limit of {limit}")
             }
         }
     }

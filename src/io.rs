@@ -5,7 +5,8 @@
 //! otherwise token tensors are `[B, T]` with `response_mask` (all ones when absent) or `[N]`
 //! holding a single sequence. Tensors with other names are ignored.
 
-use crate::batch::{Batch, DType, Layout, Logits};
+use crate::batch::{Batch, Layout};
+use crate::logits::{DType, Logits};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::Path;

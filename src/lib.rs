@@ -38,6 +38,7 @@ pub mod plan;
 mod stats;
 // Layer 0–1: inputs and their validation.
 mod batch;
+mod logits;
 mod support;
 // Layer 1: configuration.
 pub mod config;
@@ -59,7 +60,8 @@ pub mod backend;
 mod corrector;
 pub mod io;
 
-pub use batch::{Batch, DType, Layout, Logits, Segments};
+pub use batch::{Batch, Layout, Segments};
+pub use logits::{DType, Logits};
 pub use certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};
 pub use config::CorrectionConfig;
 pub use corrector::{Corrector, IntoEngine, MaskValues, Step, Values};
@@ -88,6 +90,10 @@ pub mod topk {
         SUPPORT_MASS_TOLERANCE, TAIL_FLOOR,
     };
 }
+
+/// The wgpu version trmask is built on, so callers name the same types
+/// ([`gpu::Context::from_wgpu`], [`Logits::device`]).
+pub use wgpu;
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

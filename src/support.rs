@@ -53,7 +53,8 @@
 //! # Ok::<(), trmask::Error>(())
 //! ```
 
-use crate::batch::{Batch, Logits};
+use crate::batch::Batch;
+use crate::logits::Logits;
 use crate::error::{Error, Result};
 use crate::math::log_sum_exp;
 use crate::stats::TopkSupport;

@@ -411,3 +411,77 @@ fn steady_state_reuses_pooled_buffers() {
         );
     }
 }
+
+/// Per-sequence sums through the fused pass survive cancellation only if they are compensated:
+/// `+16`, 2,046 values of `3e-7` (each below half an ulp of 16, so a plain f32 sum drops them
+/// next to the 16) and `−16`, in three orders. The sum of the log-ratio (sequence IS weight) and a `seq_sum_k1`
+/// statistic must come out as ≈ 6.1e-4, for IS off, sequence TIS and sequence IcePop.
+#[test]
+fn fused_sequence_sums_are_compensated() {
+    let Some(gpu) = gpu() else { return };
+    let n = 2048;
+    let mut lr = vec![3e-7; n];
+    lr[0] = 16.0;
+    lr[n - 1] = -16.0;
+    // a second sequence in the other order, and a third with the big values mid-way
+    let mut lr2 = lr.clone();
+    lr2.reverse();
+    // a third where every value lands on the same thread (slots 0, 256, 512, … of a
+    // 256-thread workgroup): a plain f32 sum there gives exactly 0
+    let n3 = 256 * 2048;
+    let mut lr3 = vec![0.0; n3];
+    for k in 1..2047 {
+        lr3[256 * k] = 3e-7;
+    }
+    lr3[0] = 16.0;
+    lr3[256 * 2047] = -16.0;
+    let all: Vec<f64> = [lr, lr2, lr3].concat();
+    let seg = Segments::new(vec![(0, n), (n, 2 * n), (2 * n, 2 * n + n3)], vec![true; 2 * n + n3]).unwrap();
+    let sum = 2046.0 * 3e-7;
+    let modes = [
+        ("IS off", None),
+        (
+            "sequence TIS",
+            Some(MaskIs {
+                level: IsLevel::Sequence,
+                upper: 2.0,
+                lower: None,
+            }),
+        ),
+        (
+            "sequence IcePop",
+            Some(MaskIs {
+                level: IsLevel::Sequence,
+                upper: 2.0,
+                lower: Some(0.5),
+            }),
+        ),
+    ];
+    for (what, is) in modes {
+        let plan = MaskPlan {
+            criteria: vec![crit(MaskSource::K1, MaskAgg::Sum, None, 1.0)],
+            is,
+            columns: vec![],
+        };
+        let got = gpu.corrections_pass(&all, &seg, &plan).unwrap();
+        let want = CpuEngine::new()
+            .corrections_pass(&all, &seg, &plan)
+            .unwrap();
+        for s in 0..3 {
+            let (g, w) = (got.seq_log_ratio_sum[s], want.seq_log_ratio_sum[s]);
+            assert!((w - sum).abs() < 1e-12, "{what}: reference {w}");
+            assert!(
+                (g - w).abs() <= 1e-3 * w.abs(),
+                "{what}: sequence {s}: GPU sum of log-ratios {g:e}, reference {w:e}"
+            );
+            let (g, w) = (got.seq_stat[0][s], want.seq_stat[0][s]);
+            assert!(
+                (g - w).abs() <= 1e-3 * w.abs(),
+                "{what}: sequence {s}: GPU seq_sum_k1 {g:e}, reference {w:e}"
+            );
+        }
+        if let (Some(g), Some(w)) = (&got.weights, &want.weights) {
+            assert_close(&format!("{what} weights"), g, w, 1e-6, 0.0, 0);
+        }
+    }
+}

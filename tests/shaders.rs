@@ -4,7 +4,7 @@
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use trmask::gpu::pipeline::{
-    all_kernel_keys, shader_source, Flavour, KernelKey, ENTRY_POINT, META_SIZE, WORKGROUP_OVERRIDE,
+    all_kernel_keys, shader_source, Flavour, KernelKey, ENTRY_POINT, MATH, WORKGROUP_OVERRIDE,
 };
 
 fn parse(key: &KernelKey) -> naga::Module {
@@ -103,20 +103,51 @@ fn every_variant_validates_and_translates() {
     }
 }
 
+/// Every variant binds its op's own uniform struct at binding 0, of the op's declared size,
+/// and takes the one math library (no kernel keeps a private copy of a shared formula).
 #[test]
-fn meta_struct_matches_its_rust_twin() {
-    let key = all_kernel_keys()[0];
-    let module = parse(&key);
-    let (_, ty) = module
-        .types
-        .iter()
-        .find(|(_, t)| t.name.as_deref() == Some("Meta"))
-        .expect("Meta struct in the prelude");
-    match &ty.inner {
-        naga::TypeInner::Struct { span, members } => {
-            assert_eq!(u64::from(*span), META_SIZE);
-            assert_eq!(members.len(), 8);
+fn every_variant_has_its_typed_uniform_and_the_math_library() {
+    for key in all_kernel_keys() {
+        let spec = key.op.spec();
+        let module = parse(&key);
+        let params = module
+            .global_variables
+            .iter()
+            .find(|(_, g)| g.name.as_deref() == Some("params"))
+            .map(|(_, g)| g)
+            .unwrap_or_else(|| panic!("{}: no `params`", key.label()));
+        assert_eq!(params.space, naga::AddressSpace::Uniform, "{}", key.label());
+        let ty = &module.types[params.ty];
+        assert_eq!(
+            ty.name.as_deref(),
+            Some(spec.params_struct),
+            "{}",
+            key.label()
+        );
+        match &ty.inner {
+            naga::TypeInner::Struct { span, .. } => {
+                assert_eq!(u64::from(*span), spec.params_size, "{}", key.label())
+            }
+            other => panic!("{}: params is {other:?}", key.label()),
         }
-        other => panic!("Meta is {other:?}"),
+        let src = shader_source(&key);
+        assert_eq!(src.matches(MATH).count(), 1, "{}", key.label());
+        for f in [
+            "fn k3_of",
+            "fn expm1_acc",
+            "fn w_of",
+            "fn log1p_acc",
+            "const BIG",
+        ] {
+            assert_eq!(
+                src.matches(f).count(),
+                1,
+                "{}: `{f}` defined twice",
+                key.label()
+            );
+        }
+        for private in ["tk_load", "tk_expm1", "tk_k3", "params.flags"] {
+            assert!(!src.contains(private), "{}: `{private}`", key.label());
+        }
     }
 }

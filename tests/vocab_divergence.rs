@@ -555,18 +555,16 @@ fn zero_copy_device_buffers_match_host_upload() {
             })
     };
     let (ba, bb) = (mk(c.rollout.bytes()), mk(c.train.bytes()));
-    let dev = trmask::gpu::vocab_divergence::vocab_divergence_device(
-        ctx,
-        &ba,
-        DType::BF16,
-        &bb,
-        DType::F32,
-        c.vocab,
-        Some(&c.responses),
-        &c.mask,
-        1.0,
-    )
-    .unwrap();
+    let da = Logits::device(ba, 0, DType::BF16, c.rows, c.vocab).unwrap();
+    let db = Logits::device(bb, 0, DType::F32, c.rows, c.vocab).unwrap();
+    let dev = gpu
+        .vocab_divergence(&da, &db, Some(&c.responses), &c.mask, 1.0)
+        .unwrap();
+    // the CPU engine has no access to device memory: a clear error naming the tensor
+    let err = CpuEngine::new()
+        .vocab_divergence(&da, &db, Some(&c.responses), &c.mask, 1.0)
+        .unwrap_err();
+    assert!(err.to_string().contains("rollout_logits"), "{err}");
     let host = gpu
         .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 1.0)
         .unwrap();

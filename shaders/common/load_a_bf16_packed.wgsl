@@ -1,4 +1,4 @@
-// rollout logits as bfloat16, two per u32 word (little endian: element 2k in the low half).
+// binding 1 (rollout logits of vocab_divergence, trainer logits of topk_divergence) as bfloat16, two per u32 word (little endian: element 2k in the low half).
 @group(0) @binding(1) var<storage, read> a_words: array<u32>;
 
 fn load_a(e: u32) -> f32 {

@@ -1,4 +1,4 @@
-// rollout logits as f32 words. Same functions as load_a_f16_packed / load_a_bf16_packed.wgsl.
+// binding 1 (rollout logits of vocab_divergence, trainer logits of topk_divergence) as f32 words. Same functions as load_a_f16_packed / load_a_bf16_packed.wgsl.
 @group(0) @binding(1) var<storage, read> a_words: array<u32>;
 
 fn load_a(e: u32) -> f32 {

@@ -1,27 +1,11 @@
-// trmask kernel prelude: shared by every kernel, concatenated first.
-//
-// `Meta` holds every size a dispatch needs; its Rust twin is `trmask::gpu::pipeline::Meta`
-// (#[repr(C)], 32 bytes; a test checks both layouts agree). Field meaning is per op.
-struct Meta {
-    count: u32,   // items in this dispatch (slots, pieces, rows)
-    width: u32,   // inner size (statistics per slot, vocabulary size, ...)
-    stride: u32,  // element stride between items
-    flags: u32,   // op-specific bit flags
-    scale: f32,   // op-specific scale (e.g. 1 / temperature)
-    param: f32,   // op-specific parameter
-    extra0: u32,
-    extra1: u32,
-}
-
-@group(0) @binding(0) var<uniform> params: Meta;
+// trmask kernel prelude: shared by every kernel, concatenated first (then common/math.wgsl,
+// the op's snippets and the op's own file). Each op declares its own uniform struct and
+// `@group(0) @binding(0) var<uniform> params: <Op>Params;` in its own file; the struct's Rust
+// twin (#[repr(C)]) sits in src/gpu/<op>.rs with a test that checks both layouts agree.
 
 // Threads per workgroup, set by a pipeline constant (never above MAX_WG).
 override WG: u32 = 256u;
 const MAX_WG: u32 = 256u;
-
-// Finite sentinels (WGSL has no infinity literals).
-const BIG: f32 = 3.0e38;
-const SAFETY_BOUND: f32 = 20.0;
 
 // Linear workgroup index of a (possibly 2-D) dispatch.
 fn flat_workgroup(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
@@ -33,21 +17,8 @@ fn mask_bit(word: u32, i: u32) -> bool {
     return ((word >> (i & 31u)) & 1u) != 0u;
 }
 
-// An opaque 1.0 for error-free transformations: `Meta.param`, which every kernel that sums with
-// two_sum (directly or through reduce_*.wgsl) sets to 1.0 on the host. The compiler cannot know
-// its value, so it cannot fold it away.
-fn opaque_one() -> f32 {
-    return params.param;
-}
-
-// Error-free transformation: a + b = s + e exactly (Knuth's TwoSum). The sum is multiplied by
-// opaque_one(): shader compilers treat float ops as inexact unless decorated (Mesa's NIR, LLVM
-// fast-math) and rewrite `(a + b) - a` into `b`, silently zeroing e; they cannot see through
-// `(a + b) * one`. Multiplying by exactly 1.0 changes nothing, and an FMA contraction of
-// `s - a` then computes the same exact difference.
-fn two_sum(a: f32, b: f32) -> vec2<f32> {
-    let s = (a + b) * opaque_one();
-    let bp = s - a;
-    let e = (a - (s - bp)) + (b - bp);
-    return vec2<f32>(s, e);
+// Number of live slots after one step of a workgroup tree over `live_n` slots: slot
+// i < live_n - half merges slot i + half into itself (any size, power of two or not).
+fn tree_half(live_n: u32) -> u32 {
+    return (live_n + 1u) / 2u;
 }

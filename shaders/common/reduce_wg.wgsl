@@ -1,15 +1,9 @@
 // Workgroup-memory reductions (no subgroups): a deterministic pairwise tree that works for any
 // workgroup size WG <= MAX_WG, power of two or not. Every call must be reached by all threads of
-// the workgroup (uniform control flow): each contains barriers.
+// the workgroup (uniform control flow): each contains barriers. wg_sum2 needs two_sum.wgsl.
 
 var<workgroup> wg_f: array<vec4<f32>, MAX_WG>;
 var<workgroup> wg_u: array<vec2<u32>, MAX_WG>;
-
-// Number of live slots after one tree step over `live_n` slots: slot i < live_n - half merges
-// slot i + half into itself.
-fn tree_half(live_n: u32) -> u32 {
-    return (live_n + 1u) / 2u;
-}
 
 // Compensated (hi, lo) sum over the workgroup; every thread gets the total pair.
 fn wg_sum2(lid: u32, x: vec2<f32>) -> vec2<f32> {

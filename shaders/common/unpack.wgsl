@@ -1,18 +1,8 @@
 // Element decoders for logits stored as packed little-endian u32 words (no SHADER_F16 needed, no
 // SHADER_FLOAT16_IN_FLOAT32 either: every decoder is integer widening plus bitcast).
-// Every decoder maps -inf to NEG_SENTINEL (p = 0) and NaN / +inf to BAD_SENTINEL, both finite,
-// so no infinity ever enters the arithmetic. Classify with `is_neg_inf` / `is_bad` below.
-
-const NEG_SENTINEL: f32 = -3.0e38;
-const BAD_SENTINEL: f32 = 3.0e38;
-
-fn is_neg_inf(x: f32) -> bool {
-    return x < -1.0e38;
-}
-
-fn is_bad(x: f32) -> bool {
-    return x > 1.0e38;
-}
+// Every decoder maps -inf to NEG_SENTINEL (p = 0) and NaN / +inf to BAD_SENTINEL, both finite
+// (common/math.wgsl), so no infinity ever enters the arithmetic; classify with `is_neg_inf` /
+// `is_bad` there.
 
 fn decode_f32_bits(w: u32) -> f32 {
     if ((w & 0x7f800000u) == 0x7f800000u) {

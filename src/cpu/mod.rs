@@ -17,7 +17,8 @@ pub(crate) use vocab_divergence::{
     check_inputs as check_vocab_inputs, first_bad as first_bad_logit,
 };
 
-use crate::batch::{Batch, Logits, Segments};
+use crate::batch::{Batch, Segments};
+use crate::logits::Logits;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::plan::{CorrectionsRaw, MaskPlan};
@@ -86,6 +87,9 @@ impl Engine for CpuEngine {
         mask: &[bool],
         temperature: f64,
     ) -> Result<VocabStats> {
+        // device-resident logits (Logits::device) are for the GPU engine only
+        rollout.host_bytes("rollout_logits")?;
+        train.host_bytes("old_logits")?;
         vocab_divergence(rollout, train, responses, mask, temperature)
     }
 
@@ -95,6 +99,9 @@ impl Engine for CpuEngine {
         support: TopkSupport,
         trainer: TrainerTopk<'_>,
     ) -> Result<TopkStats> {
+        if let TrainerTopk::Logits { logits, .. } = trainer {
+            logits.host_bytes("old_logits")?;
+        }
         topk_divergence_batch(batch, support, trainer)
     }
 }

@@ -8,7 +8,8 @@
 //! the mismatch: nothing cancels at first order, so KLs of 1e-15 survive. Differences of
 //! probabilities are `π_i − μ_i = μ_i expm1(d_i)`.
 
-use crate::batch::{Batch, Logits};
+use crate::batch::Batch;
+use crate::logits::Logits;
 use crate::error::{Error, Result};
 use crate::math::{k3_from_log_ratio, log_sum_exp, neumaier_sum};
 use crate::stats::{TopkStats, TopkSupport};

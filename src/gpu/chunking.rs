@@ -7,6 +7,17 @@ use std::ops::Range;
 /// Alignment of chunk byte offsets (the strictest `min_storage_buffer_offset_alignment`).
 pub const OFFSET_ALIGN: u64 = 256;
 
+/// A binding window `[offset, offset + size)` covering bytes `[first, end)` with an
+/// [`OFFSET_ALIGN`]-aligned offset, and the index (in `elem`-byte units) of `first` inside it.
+pub fn window(first: u64, end: u64, elem: u64) -> (u64, u64, u32) {
+    let off = first / OFFSET_ALIGN * OFFSET_ALIGN;
+    (
+        off,
+        end.div_ceil(4) * 4 - off,
+        ((first - off) / elem) as u32,
+    )
+}
+
 /// WebGPU's limit on workgroups per dispatch dimension.
 pub const MAX_WORKGROUPS_PER_DIM: u32 = 65_535;
 
@@ -51,10 +62,10 @@ pub fn plan_rows(rows: usize, row_bytes: u64, limits: &ChunkLimits) -> Result<Ve
     let row_bytes = row_bytes.max(1);
     let fit = limits.max_binding_bytes / row_bytes;
     if fit == 0 {
-        return Err(Error::Gpu(format!(
-            "one row needs {row_bytes} bytes but the device binds at most {} bytes",
-            limits.max_binding_bytes
-        )));
+        return Err(Error::limit(
+            format!("one row needs {row_bytes} bytes in one binding (bytes per binding)"),
+            limits.max_binding_bytes,
+        ));
     }
     let granule = OFFSET_ALIGN / gcd(row_bytes, OFFSET_ALIGN);
     let per = if fit >= granule {
@@ -102,9 +113,10 @@ pub fn plan_segments(
     let max_slots = max / slot_bytes.max(1);
     let max_pieces = max / piece_bytes.max(1);
     if max_slots == 0 || max_pieces == 0 {
-        return Err(Error::Gpu(format!(
-            "binding limit of {max} bytes is too small for one slot or sequence"
-        )));
+        return Err(Error::limit(
+            "one slot or sequence does not fit one binding (bytes per binding)",
+            max,
+        ));
     }
     let max_slots = usize::try_from(max_slots).unwrap_or(usize::MAX);
     // Keep every dispatch ≤ 65,535² workgroups and the piece count addressable in u32.
@@ -156,9 +168,10 @@ pub fn dispatch_grid(workgroups: u64, max_per_dim: u32) -> Result<(u32, u32)> {
     let x = workgroups.min(m);
     let y = workgroups.div_ceil(x);
     if y > m {
-        return Err(Error::Gpu(format!(
-            "{workgroups} workgroups exceed one dispatch"
-        )));
+        return Err(Error::limit(
+            format!("{workgroups} workgroups in one dispatch (workgroups per dimension, squared)"),
+            u64::from(max_per_dim) * u64::from(max_per_dim),
+        ));
     }
     Ok((x as u32, y as u32))
 }

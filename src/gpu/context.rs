@@ -1,12 +1,11 @@
-//! The wgpu instance, adapter, device and queue; the adapter's capabilities; running a list of
-//! kernel dispatches as one submission.
+//! The wgpu instance, adapter, device and queue; the device's [`Capabilities`]; the one
+//! submit / wait / read-back path every op goes through ([`Context::run`], [`Context::submit`],
+//! [`Context::wait`]).
 
 use super::buffers::{BufferKind, BufferPool, GpuBuffer};
-use super::chunking::{ChunkLimits, MAX_WORKGROUPS_PER_DIM};
-use super::pipeline::{
-    all_kernel_keys, Flavour, Kernel, KernelKey, Meta, Op, PipelineCache, META_SIZE,
-};
-use crate::batch::DType;
+use super::capabilities::Capabilities;
+use super::pass::{Bind, Pass};
+use super::pipeline::{Flavour, PipelineCache};
 use crate::error::{Error, Result};
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,122 +32,49 @@ pub struct ContextOptions {
     /// [`Flavour::Workgroup`]; `Some(Workgroup)` forces the workgroup tree; `Some(Subgroup)`
     /// asks for subgroups under the same conditions (falling back to the workgroup tree).
     pub flavour: Option<Flavour>,
+    /// Device limits to request (`Context::new` only); `None`: the adapter's own limits.
+    /// `Some(wgpu::Limits::default())` gives WebGPU's minimums (16 KiB of workgroup memory,
+    /// 128 MiB bindings, …), which every kernel stays within.
+    pub limits: Option<wgpu::Limits>,
 }
 
-/// What the device offers and what trmask uses of it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Capabilities {
-    /// Adapter name (`llvmpipe (LLVM 15.0.6, 256 bits)`, `NVIDIA H100`, …).
-    pub adapter_name: String,
-    /// Backend (`Vulkan`, `Metal`, `Dx12`, `Gl`).
-    pub backend: String,
-    /// Device type (`Cpu`, `DiscreteGpu`, …).
-    pub device_type: String,
-    /// Driver name and info.
-    pub driver: String,
-    /// `max_storage_buffer_binding_size` of the device.
-    pub max_storage_binding: u64,
-    /// `max_buffer_size` of the device.
-    pub max_buffer_size: u64,
-    /// The binding limit chunks are planned against (forced value or the smaller of the two).
-    pub max_binding_bytes: u64,
-    /// `max_compute_invocations_per_workgroup`.
-    pub max_workgroup_invocations: u32,
-    /// `max_compute_workgroup_size_x`.
-    pub max_workgroup_size_x: u32,
-    /// `max_compute_workgroups_per_dimension`.
-    pub max_workgroups_per_dim: u32,
-    /// `max_compute_workgroup_storage_size` (bytes).
-    pub max_workgroup_storage: u32,
-    /// `min_uniform_buffer_offset_alignment`.
-    pub uniform_offset_alignment: u32,
-    /// `min_storage_buffer_offset_alignment`.
-    pub storage_offset_alignment: u32,
-    /// `Features::SUBGROUP` enabled.
-    pub subgroups: bool,
-    /// Subgroup size range (meaningful when `subgroups`).
-    pub subgroup_sizes: (u32, u32),
-    /// `Features::SHADER_F16` enabled.
-    pub shader_f16: bool,
-    /// `Features::TIMESTAMP_QUERY` enabled.
-    pub timestamp_query: bool,
-}
-
-impl Capabilities {
-    fn from_device(
-        info: &wgpu::AdapterInfo,
-        limits: &wgpu::Limits,
-        features: wgpu::Features,
-        forced: Option<u64>,
-    ) -> Self {
-        // Kernels index 32-bit words with u32: keep every binding below 4 GiB.
-        let natural = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size)
-            .min(u64::from(u32::MAX) & !255);
-        Capabilities {
-            adapter_name: info.name.clone(),
-            backend: format!("{:?}", info.backend),
-            device_type: format!("{:?}", info.device_type),
-            driver: format!("{} {}", info.driver, info.driver_info)
-                .trim()
-                .to_string(),
-            max_storage_binding: limits.max_storage_buffer_binding_size,
-            max_buffer_size: limits.max_buffer_size,
-            max_binding_bytes: forced.map_or(natural, |f| f.clamp(256, natural.max(256))),
-            max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
-            max_workgroup_size_x: limits.max_compute_workgroup_size_x,
-            max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
-            max_workgroup_storage: limits.max_compute_workgroup_storage_size,
-            uniform_offset_alignment: limits.min_uniform_buffer_offset_alignment,
-            storage_offset_alignment: limits.min_storage_buffer_offset_alignment,
-            subgroups: features.contains(wgpu::Features::SUBGROUP),
-            subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
-            shader_f16: features.contains(wgpu::Features::SHADER_F16),
-            timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
-        }
-    }
-
-    /// A multi-line human-readable summary (for `trmask devices`).
-    pub fn describe(&self) -> String {
-        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-        let yn = |b: bool| if b { "yes" } else { "no" };
-        format!(
-            "{} ({}, {})\n  driver: {}\n  max storage binding: {:.0} MiB, max buffer: {:.0} MiB, chunk limit: {:.2} MiB\n  workgroups: {} threads max, {} per dimension, {} KiB shared memory\n  subgroups: {}{}\n  shader-f16: {}, timestamps: {}",
-            self.adapter_name,
-            self.backend,
-            self.device_type,
-            if self.driver.is_empty() { "?" } else { &self.driver },
-            mib(self.max_storage_binding),
-            mib(self.max_buffer_size),
-            mib(self.max_binding_bytes),
-            self.max_workgroup_invocations,
-            self.max_workgroups_per_dim,
-            self.max_workgroup_storage / 1024,
-            yn(self.subgroups),
-            if self.subgroups {
-                format!(" (size {}..{})", self.subgroup_sizes.0, self.subgroup_sizes.1)
-            } else {
-                String::new()
-            },
-            yn(self.shader_f16),
-            yn(self.timestamp_query),
-        )
+fn capabilities_of(
+    info: &wgpu::AdapterInfo,
+    limits: &wgpu::Limits,
+    features: wgpu::Features,
+    forced: Option<u64>,
+) -> Capabilities {
+    // Kernels index 32-bit words with u32: keep every binding below 4 GiB.
+    let natural = limits
+        .max_storage_buffer_binding_size
+        .min(limits.max_buffer_size)
+        .min(u64::from(u32::MAX) & !255);
+    Capabilities {
+        adapter_name: info.name.clone(),
+        backend: format!("{:?}", info.backend),
+        device_type: format!("{:?}", info.device_type),
+        driver: format!("{} {}", info.driver, info.driver_info)
+            .trim()
+            .to_string(),
+        max_storage_binding: limits.max_storage_buffer_binding_size,
+        max_buffer_size: limits.max_buffer_size,
+        max_binding_bytes: forced.map_or(natural, |f| f.clamp(256, natural.max(256))),
+        max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
+        max_workgroup_size_x: limits.max_compute_workgroup_size_x,
+        max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+        max_workgroup_storage: limits.max_compute_workgroup_storage_size,
+        uniform_offset_alignment: limits.min_uniform_buffer_offset_alignment,
+        storage_offset_alignment: limits.min_storage_buffer_offset_alignment,
+        subgroups: features.contains(wgpu::Features::SUBGROUP),
+        subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
+        shader_f16: features.contains(wgpu::Features::SHADER_F16),
+        timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
     }
 }
 
-/// One kernel dispatch of a [`Context::run`] submission.
-#[derive(Debug)]
-pub struct Pass<'a> {
-    /// The kernel.
-    pub kernel: Arc<Kernel>,
-    /// Its sizes (binding 0).
-    pub meta: Meta,
-    /// Storage buffers for bindings 1, 2, … (each bound whole: its requested length).
-    pub buffers: Vec<&'a GpuBuffer>,
-    /// Workgroups in x and y (see [`super::chunking::dispatch_grid`]).
-    pub grid: (u32, u32),
-}
+/// A submission of [`Context::submit`], to [`Context::wait`] for.
+#[derive(Debug, Clone)]
+pub struct Submission(wgpu::SubmissionIndex);
 
 fn instance_for(backends: Option<wgpu::Backends>) -> (wgpu::Instance, wgpu::Backends) {
     let backends = backends
@@ -173,12 +99,12 @@ pub fn list_adapters() -> Vec<String> {
 
 /// An open device with its queue, capabilities, pipeline cache and buffer pool.
 pub struct Context {
-    device: wgpu::Device,
+    pub(super) device: wgpu::Device,
     queue: wgpu::Queue,
-    caps: Capabilities,
-    workgroup_size: Option<u32>,
-    flavour: Option<Flavour>,
-    pipelines: PipelineCache,
+    pub(super) caps: Capabilities,
+    pub(super) workgroup_size: Option<u32>,
+    pub(super) flavour: Option<Flavour>,
+    pub(super) pipelines: PipelineCache,
     pool: BufferPool,
     uncaptured: Arc<Mutex<Vec<String>>>,
     last_device_ns: AtomicU64,
@@ -235,7 +161,17 @@ impl Context {
         let optional =
             wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & optional;
-        let limits = adapter.limits();
+        let limits = match &options.limits {
+            Some(l) => {
+                if !l.check_limits(&adapter.limits()) {
+                    return Err(Error::Gpu(format!(
+                        "the adapter does not offer the requested limits: {l:?}"
+                    )));
+                }
+                l.clone()
+            }
+            None => adapter.limits(),
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("trmask"),
             required_features: features,
@@ -285,7 +221,7 @@ impl Context {
         uncaptured: Arc<Mutex<Vec<String>>>,
     ) -> Self {
         let limits = device.limits();
-        let caps = Capabilities::from_device(
+        let caps = capabilities_of(
             &device.adapter_info(),
             &limits,
             device.features(),
@@ -319,76 +255,6 @@ impl Context {
     /// The buffer pool.
     pub fn pool(&self) -> &BufferPool {
         &self.pool
-    }
-
-    /// The limits chunk plans must respect.
-    pub fn chunk_limits(&self) -> ChunkLimits {
-        ChunkLimits {
-            max_binding_bytes: self.caps.max_binding_bytes,
-            max_workgroups_per_dim: self
-                .caps
-                .max_workgroups_per_dim
-                .clamp(1, MAX_WORKGROUPS_PER_DIM),
-        }
-    }
-
-    /// The workgroup size used for `op` on this device.
-    pub fn workgroup_size(&self, op: Op) -> u32 {
-        let want = self.workgroup_size.unwrap_or(op.spec().default_workgroup);
-        let cap = self
-            .caps
-            .max_workgroup_invocations
-            .min(self.caps.max_workgroup_size_x)
-            .clamp(1, super::pipeline::MAX_WORKGROUP);
-        want.clamp(1, cap)
-    }
-
-    /// The reduction flavour used for `op` on this device: [`Flavour::Subgroup`] when the op
-    /// has that variant, the device has `SUBGROUP` with one fixed subgroup size (never assumed:
-    /// 8 on lavapipe, 32 or 64 on GPUs) that divides the op's workgroup size, and the options
-    /// do not force [`Flavour::Workgroup`]; the workgroup tree otherwise.
-    pub fn flavour(&self, op: Op) -> Flavour {
-        let (lo, hi) = self.caps.subgroup_sizes;
-        let usable = self.caps.subgroups
-            && lo == hi
-            && lo > 0
-            && self.workgroup_size(op).is_multiple_of(lo)
-            && op.spec().flavours.contains(&Flavour::Subgroup);
-        match self.flavour {
-            Some(Flavour::Workgroup) => Flavour::Workgroup,
-            _ if usable => Flavour::Subgroup,
-            _ => Flavour::Workgroup,
-        }
-    }
-
-    /// The kernel variant for `op` on `dtype` (this device's flavour and workgroup size).
-    pub fn kernel(&self, op: Op, dtype: DType) -> Result<Arc<Kernel>> {
-        self.kernel_for(KernelKey {
-            op,
-            dtype,
-            flavour: self.flavour(op),
-            workgroup: self.workgroup_size(op),
-        })
-    }
-
-    /// The kernel for an explicit key (built on first use).
-    pub fn kernel_for(&self, key: KernelKey) -> Result<Arc<Kernel>> {
-        self.pipelines.get(&self.device, key)
-    }
-
-    /// Builds every kernel variant this device will use now instead of on first use.
-    pub fn warm_up(&self) -> Result<()> {
-        for key in all_kernel_keys() {
-            if key.flavour == self.flavour(key.op) && key.workgroup == self.workgroup_size(key.op) {
-                self.kernel_for(key)?;
-            }
-        }
-        for &op in Op::ALL {
-            for &dtype in op.spec().dtypes {
-                self.kernel(op, dtype)?;
-            }
-        }
-        Ok(())
     }
 
     /// Runs `f` inside out-of-memory and validation error scopes: a wgpu error raised by `f`
@@ -451,25 +317,65 @@ impl Context {
         }
     }
 
+    /// A write of `data` into `buf` at byte `offset`, ordered before the next submission
+    /// (data length and offset multiples of 4).
+    pub fn write(&self, buf: &GpuBuffer, offset: u64, data: &[u8]) -> Result<()> {
+        self.scoped(|| {
+            self.queue.write_buffer(buf.raw(), offset, data);
+            Ok(())
+        })
+    }
+
+    /// Records `passes` into one command buffer and submits it without waiting (e.g. to
+    /// overlap the upload of the next chunk with this compute); errors are checked before
+    /// this returns. See [`Context::wait`].
+    pub fn submit(&self, passes: &[Pass<'_>]) -> Result<Submission> {
+        let (index, _staging) = self.submit_with(passes, &[], false)?;
+        Ok(Submission(index))
+    }
+
+    /// Waits until the GPU has finished `submission` (and everything submitted before it).
+    pub fn wait(&self, submission: &Submission) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(submission.0.clone()),
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| Error::Gpu(format!("waiting for the device: {e}")))
+    }
+
     /// Records every pass into one command buffer, copies each of `readbacks` to a staging
     /// buffer, submits once, checks for errors, waits, and returns the bytes of each readback.
     /// With `TIMESTAMP_QUERY`, the compute pass is timed: see [`Context::last_device_ns`].
+    /// Safe with other threads submitting to and polling the same device (see `read_back`).
     pub fn run(&self, passes: &[Pass<'_>], readbacks: &[&GpuBuffer]) -> Result<Vec<Vec<u8>>> {
-        let device = &self.device;
-        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let recorded = self.record(passes, readbacks);
-        let verr = pollster::block_on(validation.pop());
-        let oerr = pollster::block_on(oom.pop());
-        let (index, staging, _uniforms) = recorded?;
-        if let Some(e) = verr.or(oerr) {
-            staging.into_iter().for_each(GpuBuffer::discard);
-            return Err(Error::Gpu(e.to_string()));
+        let (index, staging) = self.submit_with(passes, readbacks, self.caps.timestamp_query)?;
+        let mut out = self.read_back(index, staging)?;
+        if out.len() > readbacks.len() {
+            let ticks = out.pop().and_then(|b| {
+                let t: &[u64] = bytemuck::try_cast_slice(b.get(..16)?).ok()?;
+                t[1].checked_sub(t[0])
+            });
+            let period = f64::from(self.queue.get_timestamp_period());
+            if let Some(t) = ticks {
+                let ns = (t as f64 * period).round() as u64;
+                self.last_device_ns
+                    .store(ns.min(NOT_TIMED - 1), Ordering::Relaxed);
+            }
         }
-        if let Some(e) = self.take_uncaptured() {
-            staging.into_iter().for_each(GpuBuffer::discard);
-            return Err(Error::Gpu(e));
-        }
+        Ok(out)
+    }
+
+    /// Maps every staging buffer of submission `index` and returns its bytes. Polls until
+    /// every map callback has run: another thread polling the same device (a shared
+    /// [`Context`] or the caller's own device) may run our callbacks on its thread after our
+    /// own `poll` has returned, so the callbacks — not the poll — say when we are done.
+    fn read_back(
+        &self,
+        index: wgpu::SubmissionIndex,
+        staging: Vec<GpuBuffer>,
+    ) -> Result<Vec<Vec<u8>>> {
         let (tx, rx) = mpsc::channel();
         for (i, st) in staging.iter().enumerate() {
             let tx = tx.clone();
@@ -480,28 +386,40 @@ impl Context {
                 });
         }
         drop(tx);
-        let polled = device.poll(wgpu::PollType::Wait {
+        let poll = |p: wgpu::PollType| {
+            self.device
+                .poll(p)
+                .map(|_| ())
+                .map_err(|e| Error::Gpu(format!("waiting for the device: {e}")))
+        };
+        let mut polled = poll(wgpu::PollType::Wait {
             submission_index: Some(index),
             timeout: None,
         });
-        if let Err(e) = polled {
-            staging.into_iter().for_each(GpuBuffer::discard);
-            return Err(Error::Gpu(format!("waiting for the device: {e}")));
-        }
-        let mut ok = vec![false; staging.len()];
+        let mut pending = staging.len();
         let mut failure = None;
-        for (i, r) in rx.try_iter() {
-            match r {
-                Ok(()) => ok[i] = true,
-                Err(e) => failure = Some(e.to_string()),
+        while pending > 0 {
+            if let Err(e) = polled {
+                failure = Some(e);
+                break;
+            }
+            match rx.recv_timeout(std::time::Duration::from_millis(1)) {
+                Ok((_, Ok(()))) => pending -= 1,
+                Ok((_, Err(e))) => {
+                    failure = Some(Error::Gpu(format!("mapping results failed: {e}")));
+                    break;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => polled = poll(wgpu::PollType::Poll),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    failure = Some(Error::Gpu("mapping results: callback dropped".into()));
+                    break;
+                }
             }
         }
-        if failure.is_some() || ok.iter().any(|o| !o) {
+        if let Some(e) = failure {
+            // possibly still mapped or in use: never back into the pool
             staging.into_iter().for_each(GpuBuffer::discard);
-            return Err(Error::Gpu(format!(
-                "mapping results failed: {}",
-                failure.unwrap_or_else(|| "callback not called".into())
-            )));
+            return Err(e);
         }
         let mut out = Vec::with_capacity(staging.len());
         let mut read_error = None;
@@ -517,42 +435,51 @@ impl Context {
                 staging.into_iter().for_each(GpuBuffer::discard);
                 Err(e)
             }
-            None => {
-                if out.len() > readbacks.len() {
-                    let ticks = out.pop().and_then(|b| {
-                        let t: &[u64] = bytemuck::try_cast_slice(b.get(..16)?).ok()?;
-                        t[1].checked_sub(t[0])
-                    });
-                    let period = f64::from(self.queue.get_timestamp_period());
-                    if let Some(t) = ticks {
-                        let ns = (t as f64 * period).round() as u64;
-                        self.last_device_ns
-                            .store(ns.min(NOT_TIMED - 1), Ordering::Relaxed);
-                    }
-                }
-                Ok(out)
-            }
+            None => Ok(out),
         }
+    }
+
+    /// Records and submits inside error scopes; checks validation / out-of-memory / uncaptured
+    /// errors before returning the submission and its staging buffers (one per readback, then
+    /// the timestamps when `timed`).
+    fn submit_with(
+        &self,
+        passes: &[Pass<'_>],
+        readbacks: &[&GpuBuffer],
+        timed: bool,
+    ) -> Result<(wgpu::SubmissionIndex, Vec<GpuBuffer>)> {
+        let device = &self.device;
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let recorded = self.record(passes, readbacks, timed);
+        let verr = pollster::block_on(validation.pop());
+        let oerr = pollster::block_on(oom.pop());
+        let (index, staging, _uniforms) = recorded?;
+        let err = verr
+            .or(oerr)
+            .map(|e| e.to_string())
+            .or_else(|| self.take_uncaptured());
+        if let Some(e) = err {
+            staging.into_iter().for_each(GpuBuffer::discard);
+            return Err(Error::Gpu(e));
+        }
+        Ok((index, staging))
     }
 
     fn record(
         &self,
         passes: &[Pass<'_>],
         readbacks: &[&GpuBuffer],
+        timed: bool,
     ) -> Result<(wgpu::SubmissionIndex, Vec<GpuBuffer>, GpuBuffer)> {
         let device = &self.device;
-        let stride = META_SIZE.div_ceil(u64::from(self.caps.uniform_offset_alignment.max(4)))
-            * u64::from(self.caps.uniform_offset_alignment.max(4));
+        let align = u64::from(self.caps.uniform_offset_alignment.max(4));
+        let (stride, bytes) = super::pass::uniform_bytes(passes, align)?;
         let uniforms = self.pool.get(
             device,
             BufferKind::Uniform,
             stride * passes.len().max(1) as u64,
         )?;
-        let mut bytes = vec![0u8; (stride as usize) * passes.len()];
-        for (i, p) in passes.iter().enumerate() {
-            let o = i * stride as usize;
-            bytes[o..o + META_SIZE as usize].copy_from_slice(bytemuck::bytes_of(&p.meta));
-        }
         if !bytes.is_empty() {
             self.queue.write_buffer(uniforms.raw(), 0, &bytes);
         }
@@ -563,16 +490,29 @@ impl Context {
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                     buffer: uniforms.raw(),
                     offset: i as u64 * stride,
-                    size: NonZeroU64::new(META_SIZE),
+                    size: NonZeroU64::new(p.params.len() as u64),
                 }),
             }];
-            for (j, b) in p.buffers.iter().enumerate() {
+            for (j, b) in p.bindings.iter().enumerate() {
+                let (buffer, offset, size) = match *b {
+                    Bind::Whole(g) => (g.raw(), 0, g.len().div_ceil(4) * 4),
+                    Bind::Window {
+                        buffer,
+                        offset,
+                        size,
+                    } => (buffer.raw(), offset, size),
+                    Bind::Device {
+                        logits,
+                        offset,
+                        size,
+                    } => (logits.buffer(), offset, size),
+                };
                 entries.push(wgpu::BindGroupEntry {
                     binding: j as u32 + 1,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: b.raw(),
-                        offset: 0,
-                        size: NonZeroU64::new(b.len().div_ceil(4) * 4),
+                        buffer,
+                        offset,
+                        size: NonZeroU64::new(size),
                     }),
                 });
             }
@@ -585,7 +525,7 @@ impl Context {
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("trmask"),
         });
-        let timer = if self.caps.timestamp_query {
+        let timer = if timed {
             let set = device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("trmask timestamps"),
                 ty: wgpu::QueryType::Timestamp,
@@ -615,7 +555,7 @@ impl Context {
                 cpass.dispatch_workgroups(p.grid.0, p.grid.1, 1);
             }
         }
-        let mut staging = Vec::with_capacity(readbacks.len());
+        let mut staging = Vec::with_capacity(readbacks.len() + 1);
         for rb in readbacks {
             let len = rb.len().div_ceil(4) * 4;
             let st = self.pool.get(device, BufferKind::Staging, len)?;

@@ -13,11 +13,13 @@
 //! pool, so steady-state calls allocate no device memory.
 
 use super::chunking::dispatch_grid;
-use super::context::{Context, Pass};
-use super::pipeline::{Meta, Op};
+use super::context::Context;
+use super::pass::Pass;
+use super::pipeline::Op;
 use super::token_stats::pack_mask;
-use crate::batch::{DType, Segments};
+use crate::batch::Segments;
 use crate::error::{Error, Result};
+use crate::logits::DType;
 use crate::passes::{check_plan, token_reject_fraction};
 use crate::plan::{CorrectionsRaw, MaskAgg, MaskPlan, MaskSource};
 use crate::stats::{IsLevel, TokenStats};
@@ -26,8 +28,30 @@ use crate::stats::{IsLevel, TokenStats};
 const TOKEN_WORDS: usize = 9;
 /// Plan words per criterion.
 const PLAN_WORDS: usize = 6;
-/// Finite "no lower bound" sentinel (BIG in the prelude).
+/// Finite "no lower bound" sentinel (-BIG in `shaders/common/math.wgsl`).
 const NO_LOWER: f32 = -3.0e38;
+
+/// The kernel's uniform: twin of `MasksParams` in `shaders/masks.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct MasksParams {
+    /// Sequences in this chunk.
+    pub sequences: u32,
+    /// Criteria in the plan (≤ 32).
+    pub criteria: u32,
+    /// Slots in this chunk.
+    pub slots: u32,
+    /// Host columns.
+    pub columns: u32,
+    /// Bit 0 IS on, bit 1 sequence-level IS, bit 2 IcePop (lower bound).
+    pub is_flags: u32,
+    /// IS upper bound.
+    pub is_upper: f32,
+    /// IS lower bound (IcePop).
+    pub is_lower: f32,
+    /// Always 1.0: TwoSum's opaque one (`shaders/common/two_sum.wgsl`), never an IS bound.
+    pub one: f32,
+}
 
 fn plan_words(plan: &MaskPlan) -> Vec<u32> {
     let mut w = Vec::with_capacity(PLAN_WORDS * plan.criteria.len().max(1));
@@ -166,21 +190,27 @@ pub fn corrections_pass(
     }
     let mut passes = Vec::with_capacity(chunks.len());
     for ((ch, sr), (l, mb, r, c, t, s)) in chunks.iter().zip(&slot_ranges).zip(&bufs) {
-        passes.push(Pass {
-            kernel: kernel.clone(),
-            meta: Meta {
-                count: ch.len() as u32,
-                width: nc as u32,
-                stride: sr.len() as u32,
-                flags,
-                scale: is_upper,
-                param: is_lower,
-                extra0: ncol as u32,
-                extra1: 0,
-            },
-            buffers: vec![l, mb, r, &plan_buf, c, t, s],
-            grid: dispatch_grid(ch.len() as u64, limits.max_workgroups_per_dim)?,
-        });
+        let params = MasksParams {
+            sequences: ch.len() as u32,
+            criteria: nc as u32,
+            slots: sr.len() as u32,
+            columns: ncol as u32,
+            is_flags: flags,
+            is_upper,
+            is_lower,
+            one: 1.0,
+        };
+        let bindings = vec![
+            l.into(),
+            mb.into(),
+            r.into(),
+            (&plan_buf).into(),
+            c.into(),
+            t.into(),
+            s.into(),
+        ];
+        let grid = dispatch_grid(ch.len() as u64, limits.max_workgroups_per_dim)?;
+        passes.push(Pass::new(kernel.clone(), &params, bindings, grid));
     }
     let readbacks: Vec<_> = bufs.iter().flat_map(|b| [&b.4, &b.5]).collect();
     let results = ctx.run(&passes, &readbacks)?;
@@ -251,4 +281,28 @@ pub fn corrections_pass(
         }
     }
     Ok(Some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    #[test]
+    fn params_match_the_shader() {
+        crate::gpu::pipeline::assert_params_layout(
+            Op::Masks,
+            std::mem::size_of::<MasksParams>(),
+            &[
+                ("sequences", offset_of!(MasksParams, sequences)),
+                ("criteria", offset_of!(MasksParams, criteria)),
+                ("slots", offset_of!(MasksParams, slots)),
+                ("columns", offset_of!(MasksParams, columns)),
+                ("is_flags", offset_of!(MasksParams, is_flags)),
+                ("is_upper", offset_of!(MasksParams, is_upper)),
+                ("is_lower", offset_of!(MasksParams, is_lower)),
+                ("one", offset_of!(MasksParams, one)),
+            ],
+        );
+    }
 }

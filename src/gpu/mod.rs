@@ -29,20 +29,26 @@
 //! device time apart from wall time.
 
 pub mod buffers;
+pub mod capabilities;
 pub mod chunking;
 pub mod context;
+mod kernels;
 pub mod masks;
+pub mod pass;
 pub mod pipeline;
 pub mod segment_reduce;
 pub mod token_stats;
 pub mod topk_divergence;
 pub mod vocab_divergence;
 
-pub use context::{list_adapters, Capabilities, Context, ContextOptions, Pass};
+pub use capabilities::Capabilities;
+pub use context::{list_adapters, Context, ContextOptions, Submission};
+pub use pass::{Bind, Pass};
 
-use crate::batch::{Batch, Logits, Segments};
+use crate::batch::{Batch, Segments};
 use crate::engine::Engine;
 use crate::error::Result;
+use crate::logits::Logits;
 use crate::plan::{CorrectionsRaw, MaskPlan};
 use crate::stats::{SegmentStats, TokenStats, TopkStats, TopkSupport, VocabStats};
 use crate::support::TrainerTopk;

@@ -1,31 +1,60 @@
-//! Kernel variants, WGSL composition and the compute-pipeline cache.
+//! The kernel registry (every op's [`OpSpec`]), WGSL composition and the compute-pipeline cache.
 //!
 //! A kernel is identified by a [`KernelKey`] (op × input dtype × reduction flavour × workgroup
-//! size). Its WGSL text is the concatenation of `shaders/common/*.wgsl` snippets and the op's
-//! own `shaders/<op>.wgsl`, all embedded with `include_str!`; the workgroup size is the `WG`
-//! pipeline-overridable constant, never baked into text. Adding an op: add an [`Op`] variant,
-//! its [`OpSpec`] (snippets, bindings, variants) in [`Op::spec`], and the op's module.
+//! size). Its WGSL text is the concatenation of `shaders/common/prelude.wgsl`,
+//! `shaders/common/math.wgsl` (the one math library), the snippets the variant needs
+//! (`two_sum`, loaders for its dtypes, reductions for its flavour) and the op's own
+//! `shaders/<op>.wgsl`, all embedded with `include_str!`; the workgroup size is the `WG`
+//! pipeline-overridable constant, never baked into text. Binding 0 of every kernel is the op's
+//! own uniform struct (declared in its shader, Rust twin in `src/gpu/<op>.rs`, size in
+//! [`OpSpec::params_size`]). Adding an op: an [`Op`] variant, its [`OpSpec`] here, its shader
+//! and its module.
 
-use crate::batch::DType;
 use crate::error::{Error, Result};
+use crate::logits::DType;
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, RwLock};
 
-/// `shaders/common/prelude.wgsl`: `Meta`, the `params` uniform, `WG`, sentinels, helpers.
+/// `shaders/common/prelude.wgsl`: `WG`, `MAX_WG`, indexing helpers.
 pub const PRELUDE: &str = include_str!("../../shaders/common/prelude.wgsl");
+/// `shaders/common/math.wgsl`: sentinels, k3 / w(u) / expm1 / log1p, the estimators.
+pub const MATH: &str = include_str!("../../shaders/common/math.wgsl");
+/// `shaders/common/two_sum.wgsl`: TwoSum with the op's opaque `params.one`.
+pub const TWO_SUM: &str = include_str!("../../shaders/common/two_sum.wgsl");
 /// `shaders/common/reduce_wg.wgsl`: workgroup-memory tree reductions.
 pub const REDUCE_WG: &str = include_str!("../../shaders/common/reduce_wg.wgsl");
 /// `shaders/common/reduce_acc_wg.wgsl`: `reduce_acc`, workgroup flavour.
 pub const REDUCE_ACC_WG: &str = include_str!("../../shaders/common/reduce_acc_wg.wgsl");
 /// `shaders/common/reduce_sg.wgsl`: `reduce_acc`, subgroup flavour.
 pub const REDUCE_SG: &str = include_str!("../../shaders/common/reduce_sg.wgsl");
-/// `shaders/common/estimators.wgsl`: k3 / expm1 helpers for small log-ratios.
-pub const ESTIMATORS: &str = include_str!("../../shaders/common/estimators.wgsl");
+/// `shaders/common/reduce_slots_wg.wgsl`: trees over many values per thread.
+pub const REDUCE_SLOTS_WG: &str = include_str!("../../shaders/common/reduce_slots_wg.wgsl");
+/// `shaders/common/unpack.wgsl`: f32 / f16 / bf16 decoders of packed words.
+pub const UNPACK: &str = include_str!("../../shaders/common/unpack.wgsl");
 const TOKEN_STATS: &str = include_str!("../../shaders/token_stats.wgsl");
 const MASKS: &str = include_str!("../../shaders/masks.wgsl");
 const SEGMENT_REDUCE: &str = include_str!("../../shaders/segment_reduce.wgsl");
 const TOPK_DIVERGENCE: &str = include_str!("../../shaders/topk_divergence.wgsl");
+const VOCAB_DIVERGENCE: &str = include_str!("../../shaders/vocab_divergence.wgsl");
+
+/// `load_a(e)` over binding 1 in `dtype`.
+fn load_a(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => include_str!("../../shaders/common/load_a_f32.wgsl"),
+        DType::F16 => include_str!("../../shaders/common/load_a_f16_packed.wgsl"),
+        DType::BF16 => include_str!("../../shaders/common/load_a_bf16_packed.wgsl"),
+    }
+}
+
+/// `load_b(e)` over binding 2 in `dtype`.
+fn load_b(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => include_str!("../../shaders/common/load_b_f32.wgsl"),
+        DType::F16 => include_str!("../../shaders/common/load_b_f16_packed.wgsl"),
+        DType::BF16 => include_str!("../../shaders/common/load_b_bf16_packed.wgsl"),
+    }
+}
 
 /// Entry point of every kernel.
 pub const ENTRY_POINT: &str = "main";
@@ -70,7 +99,7 @@ impl Op {
             Op::TokenStats => &TOKEN_STATS_SPEC,
             Op::SegmentReduce => &SEGMENT_REDUCE_SPEC,
             Op::TopkDivergence => &TOPK_DIVERGENCE_SPEC,
-            Op::VocabDivergence(_) => &super::vocab_divergence::VOCAB_DIVERGENCE_SPEC,
+            Op::VocabDivergence(_) => &VOCAB_DIVERGENCE_SPEC,
             Op::Masks => &MASKS_SPEC,
         }
     }
@@ -123,7 +152,7 @@ impl KernelKey {
     }
 }
 
-/// What a binding of an op's bind group is (binding 0 is always the [`Meta`] uniform).
+/// What a binding of an op's bind group is (binding 0 is always the op's uniform struct).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BindingKind {
     /// `var<storage, read>`, at least `min_bytes` bytes.
@@ -145,9 +174,13 @@ pub struct OpSpec {
     pub name: &'static str,
     /// The op's own WGSL (entry point `main`).
     pub body: &'static str,
-    /// Common snippets placed after the prelude, chosen per variant.
+    /// Common snippets placed after the prelude and the math library, chosen per variant.
     pub snippets: fn(&KernelKey) -> Vec<&'static str>,
-    /// Storage bindings 1, 2, … (binding 0 is the `Meta` uniform).
+    /// Name of the op's uniform struct in its shader (binding 0, `params`).
+    pub params_struct: &'static str,
+    /// Size of that struct in bytes (its Rust twin's `size_of`; checked by each op's tests).
+    pub params_size: u64,
+    /// Storage bindings 1, 2, … (binding 0 is the uniform).
     pub bindings: &'static [BindingKind],
     /// Input dtypes the op has variants for.
     pub dtypes: &'static [DType],
@@ -163,7 +196,9 @@ const RW4: BindingKind = BindingKind::ReadWrite { min_bytes: 4 };
 static TOKEN_STATS_SPEC: OpSpec = OpSpec {
     name: "token_stats",
     body: TOKEN_STATS,
-    snippets: |_| vec![ESTIMATORS],
+    snippets: |_| vec![],
+    params_struct: "TokenStatsParams",
+    params_size: 16,
     bindings: &[RO4, RO4, RW4],
     dtypes: &[DType::F32],
     flavours: &[Flavour::Workgroup],
@@ -173,7 +208,9 @@ static TOKEN_STATS_SPEC: OpSpec = OpSpec {
 static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
     name: "segment_reduce",
     body: SEGMENT_REDUCE,
-    snippets: |k| k.flavour.reduce_acc().to_vec(),
+    snippets: |k| [&[TWO_SUM][..], k.flavour.reduce_acc()].concat(),
+    params_struct: "SegmentReduceParams",
+    params_size: 16,
     bindings: &[RO4, RO4, RO4, RW4],
     dtypes: &[DType::F32],
     flavours: &[Flavour::Workgroup, Flavour::Subgroup],
@@ -183,17 +220,56 @@ static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
 static TOPK_DIVERGENCE_SPEC: OpSpec = OpSpec {
     name: "topk_divergence",
     body: TOPK_DIVERGENCE,
-    snippets: |k| k.flavour.reduce_acc().to_vec(),
+    snippets: |k| {
+        [
+            &[TWO_SUM, UNPACK, load_a(k.dtype)][..],
+            k.flavour.reduce_acc(),
+        ]
+        .concat()
+    },
+    params_struct: "TopkDivergenceParams",
+    params_size: 32,
     bindings: &[RO4, RO4, RO4, RO4, RW4],
     dtypes: &[DType::F32, DType::F16, DType::BF16],
     flavours: &[Flavour::Workgroup, Flavour::Subgroup],
     default_workgroup: 256,
 };
 
+/// f32 results per row of the vocabulary kernel.
+pub const VOCAB_RESULTS_PER_ROW: u64 = 8;
+
+/// One variant per (rollout dtype = `key.dtype`, trainer dtype = the op's) pair.
+static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
+    name: "vocab_divergence",
+    body: VOCAB_DIVERGENCE,
+    snippets: |k| {
+        let train = match k.op {
+            Op::VocabDivergence(d) => d,
+            _ => DType::F32,
+        };
+        vec![UNPACK, REDUCE_SLOTS_WG, load_a(k.dtype), load_b(train)]
+    },
+    params_struct: "VocabDivergenceParams",
+    params_size: 32,
+    bindings: &[
+        RO4,
+        RO4,
+        RO4,
+        BindingKind::ReadWrite {
+            min_bytes: VOCAB_RESULTS_PER_ROW * 4,
+        },
+    ],
+    dtypes: &[DType::F32, DType::F16, DType::BF16],
+    flavours: &[Flavour::Workgroup],
+    default_workgroup: 256,
+};
+
 static MASKS_SPEC: OpSpec = OpSpec {
     name: "masks",
     body: MASKS,
-    snippets: |_| vec![REDUCE_WG, ESTIMATORS],
+    snippets: |_| vec![TWO_SUM, REDUCE_WG],
+    params_struct: "MasksParams",
+    params_size: 32,
     bindings: &[RO4, RO4, RO4, RO4, RO4, RW4, RW4],
     dtypes: &[DType::F32],
     flavours: &[Flavour::Workgroup],
@@ -224,12 +300,12 @@ pub fn all_kernel_keys() -> Vec<KernelKey> {
     keys
 }
 
-/// The full WGSL text of a kernel variant (prelude + snippets + body). The workgroup size is
-/// not in the text: pass it as the `WG` pipeline constant.
+/// The full WGSL text of a kernel variant (prelude + math + snippets + body). The workgroup
+/// size is not in the text: pass it as the `WG` pipeline constant.
 pub fn shader_source(key: &KernelKey) -> String {
     let spec = key.op.spec();
     let mut src = String::from(PRELUDE);
-    for s in (spec.snippets)(key) {
+    for s in std::iter::once(MATH).chain((spec.snippets)(key)) {
         src.push('\n');
         src.push_str(s);
     }
@@ -238,30 +314,36 @@ pub fn shader_source(key: &KernelKey) -> String {
     src
 }
 
-/// The sizes of one dispatch: the WGSL `Meta` struct's `#[repr(C)]` twin (32 bytes).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct Meta {
-    /// Items in this dispatch (slots, pieces, rows).
-    pub count: u32,
-    /// Inner size (statistics per slot, vocabulary size, …).
-    pub width: u32,
-    /// Element stride between items.
-    pub stride: u32,
-    /// Op-specific bit flags.
-    pub flags: u32,
-    /// Op-specific scale (e.g. 1 / temperature).
-    pub scale: f32,
-    /// Op-specific parameter.
-    pub param: f32,
-    /// Spare.
-    pub extra0: u32,
-    /// Spare.
-    pub extra1: u32,
+/// Bytes of workgroup memory a kernel variant uses, counted as WebGPU does: every
+/// `var<workgroup>` the entry point uses, each rounded up to 16 bytes (wgpu 30 does not check
+/// this against `max_compute_workgroup_storage_size`; the cache does, before building).
+pub fn workgroup_storage_bytes(key: &KernelKey) -> Result<u64> {
+    let label = key.label();
+    let err = |message: String| Error::ShaderCompile {
+        kernel: label.clone(),
+        message,
+    };
+    let src = shader_source(key);
+    let module = naga::front::wgsl::parse_str(&src).map_err(|e| err(e.emit_to_string(&src)))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| err(e.emit_to_string(&src)))?;
+    let ep = module
+        .entry_points
+        .iter()
+        .position(|e| e.name == ENTRY_POINT)
+        .ok_or_else(|| err(format!("no entry point `{ENTRY_POINT}`")))?;
+    let used = info.get_entry_point(ep);
+    Ok(module
+        .global_variables
+        .iter()
+        .filter(|(h, g)| g.space == naga::AddressSpace::WorkGroup && !used[*h].is_empty())
+        .map(|(_, g)| u64::from(module.types[g.ty].inner.size(module.to_ctx())).div_ceil(16) * 16)
+        .sum())
 }
-
-/// Size of [`Meta`] in bytes.
-pub const META_SIZE: u64 = std::mem::size_of::<Meta>() as u64;
 
 /// A built kernel: pipeline plus its explicit bind-group layout.
 #[derive(Debug)]
@@ -321,6 +403,17 @@ impl PipelineCache {
         if let Some(m) = self.modules.read().ok().and_then(|m| m.get(&mkey).cloned()) {
             return Ok(m);
         }
+        let limit = u64::from(device.limits().max_compute_workgroup_storage_size);
+        let need = workgroup_storage_bytes(key)?;
+        if need > limit {
+            return Err(Error::limit(
+                format!(
+                    "kernel {} needs {need} bytes of workgroup memory",
+                    key.label()
+                ),
+                limit,
+            ));
+        }
         let module = compile(device, &key.label(), &shader_source(key))?;
         if let Ok(mut m) = self.modules.write() {
             m.entry(mkey).or_insert_with(|| module.clone());
@@ -345,7 +438,7 @@ impl PipelineCache {
             ty: wgpu::BindingType::Buffer {
                 ty: wgpu::BufferBindingType::Uniform,
                 has_dynamic_offset: false,
-                min_binding_size: NonZeroU64::new(META_SIZE),
+                min_binding_size: NonZeroU64::new(spec.params_size),
             },
             count: None,
         }];
@@ -405,9 +498,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn meta_is_32_bytes() {
-        assert_eq!(std::mem::size_of::<Meta>(), 32);
-        assert_eq!(std::mem::align_of::<Meta>(), 4);
+    fn every_kernel_fits_webgpu_workgroup_memory() {
+        let limit = 16_384;
+        for key in all_kernel_keys() {
+            let bytes = workgroup_storage_bytes(&key).unwrap();
+            assert!(bytes <= limit, "{}: {bytes} bytes", key.label());
+        }
     }
 
     #[test]
@@ -418,7 +514,42 @@ mod tests {
         for k in &keys {
             let s = shader_source(k);
             assert!(s.starts_with(PRELUDE));
+            assert!(s.contains(MATH));
             assert!(s.contains("fn main("));
         }
     }
+}
+
+/// Checks an op's Rust uniform twin against the WGSL struct `spec.params_struct`: same size
+/// (and [`OpSpec::params_size`]) and, for each `(field, offset)`, the same member offset.
+#[cfg(test)]
+pub(crate) fn assert_params_layout(op: Op, rust_size: usize, fields: &[(&str, usize)]) {
+    let spec = op.spec();
+    assert_eq!(rust_size as u64, spec.params_size, "{}", spec.params_struct);
+    let key = KernelKey {
+        op,
+        dtype: spec.dtypes[0],
+        flavour: Flavour::Workgroup,
+        workgroup: 64,
+    };
+    let module = naga::front::wgsl::parse_str(&shader_source(&key)).unwrap();
+    let (members, span) = module
+        .types
+        .iter()
+        .find_map(|(_, t)| match &t.inner {
+            naga::TypeInner::Struct { members, span }
+                if t.name.as_deref() == Some(spec.params_struct) =>
+            {
+                Some((members.clone(), *span))
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no struct {}", spec.params_struct));
+    assert_eq!(u64::from(span), spec.params_size, "{}", spec.params_struct);
+    let wgsl: Vec<(String, usize)> = members
+        .iter()
+        .map(|m| (m.name.clone().unwrap_or_default(), m.offset as usize))
+        .collect();
+    let rust: Vec<(String, usize)> = fields.iter().map(|(n, o)| (n.to_string(), *o)).collect();
+    assert_eq!(wgsl, rust, "{} fields and offsets", spec.params_struct);
 }

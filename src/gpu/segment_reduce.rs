@@ -4,17 +4,34 @@
 //! One workgroup per (statistic, sequence), a deterministic tree (no float atomics), all
 //! statistics in one submission. Sums are compensated on the device (TwoSum, returned as an
 //! f32 (hi, lo) pair added in f64 on the host), so the only error left is the rounding of the
-//! inputs to f32. `Meta::param` carries the opaque 1.0 that keeps the shader compiler from
-//! folding TwoSum's error term away (tests/gpu_vs_cpu.rs `segment_sums_are_compensated`). A sequence longer than one chunk is cut into pieces whose partial results are
-//! merged on the host in order (ties keep the first maximum).
+//! inputs to f32. [`SegmentReduceParams::one`] is the opaque 1.0 that keeps the shader compiler
+//! from folding TwoSum's error term away (tests/gpu_vs_cpu.rs `segment_sums_are_compensated`).
+//! A sequence longer than one chunk is cut into pieces whose partial results are merged on the
+//! host in order (ties keep the first maximum).
 
 use super::chunking::{dispatch_grid, plan_segments};
-use super::context::{Context, Pass};
-use super::pipeline::{Meta, Op};
+use super::context::Context;
+use super::pass::Pass;
+use super::pipeline::Op;
 use super::token_stats::pack_mask;
-use crate::batch::{DType, Segments};
+use crate::batch::Segments;
 use crate::error::{Error, Result};
+use crate::logits::DType;
 use crate::stats::SegmentStats;
+
+/// The kernel's uniform: twin of `SegmentReduceParams` in `shaders/segment_reduce.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct SegmentReduceParams {
+    /// Pieces in this chunk.
+    pub pieces: u32,
+    /// Statistics (rows of the values binding).
+    pub stats: u32,
+    /// Slots in this chunk (the row stride of the values binding).
+    pub slots: u32,
+    /// Always 1.0: TwoSum's opaque one (`shaders/common/two_sum.wgsl`).
+    pub one: f32,
+}
 
 /// Output words per (statistic, piece).
 const WORDS: usize = 6;
@@ -98,22 +115,21 @@ pub fn segment_reduce(
     }
     let mut passes = Vec::with_capacity(plan.len());
     for (chunk, (v, m, r, o)) in plan.iter().zip(&bufs) {
-        passes.push(Pass {
-            kernel: kernel.clone(),
-            meta: Meta {
-                count: chunk.pieces.len() as u32,
-                width: k as u32,
-                stride: chunk.slots as u32,
-                // the opaque 1.0 of the shader's two_sum (see shaders/common/prelude.wgsl)
-                param: 1.0,
-                ..Meta::default()
-            },
-            buffers: vec![v, m, r, o],
-            grid: dispatch_grid(
+        let params = SegmentReduceParams {
+            pieces: chunk.pieces.len() as u32,
+            stats: k as u32,
+            slots: chunk.slots as u32,
+            one: 1.0,
+        };
+        passes.push(Pass::new(
+            kernel.clone(),
+            &params,
+            vec![v.into(), m.into(), r.into(), o.into()],
+            dispatch_grid(
                 (chunk.pieces.len() * k) as u64,
                 limits.max_workgroups_per_dim,
             )?,
-        });
+        ));
     }
     let readbacks: Vec<_> = bufs.iter().map(|b| &b.3).collect();
     let results = ctx.run(&passes, &readbacks)?;
@@ -152,4 +168,24 @@ pub fn segment_reduce(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    #[test]
+    fn params_match_the_shader() {
+        crate::gpu::pipeline::assert_params_layout(
+            Op::SegmentReduce,
+            std::mem::size_of::<SegmentReduceParams>(),
+            &[
+                ("pieces", offset_of!(SegmentReduceParams, pieces)),
+                ("stats", offset_of!(SegmentReduceParams, stats)),
+                ("slots", offset_of!(SegmentReduceParams, slots)),
+                ("one", offset_of!(SegmentReduceParams, one)),
+            ],
+        );
+    }
 }

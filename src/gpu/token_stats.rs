@@ -9,11 +9,26 @@
 //! results are widened back to f64.
 
 use super::chunking::{dispatch_grid, plan_rows};
-use super::context::{Context, Pass};
-use super::pipeline::{Meta, Op};
-use crate::batch::DType;
+use super::context::Context;
+use super::pass::Pass;
+use super::pipeline::Op;
 use crate::error::{Error, Result};
+use crate::logits::DType;
 use crate::stats::TokenStats;
+
+/// The kernel's uniform: twin of `TokenStatsParams` in `shaders/token_stats.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct TokenStatsParams {
+    /// Slots in this chunk.
+    pub slots: u32,
+    /// Padding (the struct is 16 bytes).
+    pub pad0: u32,
+    /// Padding.
+    pub pad1: u32,
+    /// Padding.
+    pub pad2: u32,
+}
 
 /// Number of per-slot outputs (log_ratio, rho, k1, k2, k3, abs, ser).
 const OUTPUTS: usize = 7;
@@ -85,15 +100,16 @@ pub fn token_stats(
     let mut passes = Vec::with_capacity(chunks.len());
     for ((c, (lr, bits)), o) in chunks.iter().zip(&inputs).zip(&outputs) {
         let len = c.len() as u64;
-        passes.push(Pass {
-            kernel: kernel.clone(),
-            meta: Meta {
-                count: len as u32,
-                ..Meta::default()
-            },
-            buffers: vec![lr, bits, o],
-            grid: dispatch_grid(len.div_ceil(wg), limits.max_workgroups_per_dim)?,
-        });
+        let params = TokenStatsParams {
+            slots: len as u32,
+            ..Default::default()
+        };
+        passes.push(Pass::new(
+            kernel.clone(),
+            &params,
+            vec![lr.into(), bits.into(), o.into()],
+            dispatch_grid(len.div_ceil(wg), limits.max_workgroups_per_dim)?,
+        ));
     }
     let readbacks: Vec<_> = outputs.iter().collect();
     let results = ctx.run(&passes, &readbacks)?;
@@ -117,4 +133,24 @@ pub fn token_stats(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    #[test]
+    fn params_match_the_shader() {
+        crate::gpu::pipeline::assert_params_layout(
+            Op::TokenStats,
+            std::mem::size_of::<TokenStatsParams>(),
+            &[
+                ("slots", offset_of!(TokenStatsParams, slots)),
+                ("pad0", offset_of!(TokenStatsParams, pad0)),
+                ("pad1", offset_of!(TokenStatsParams, pad1)),
+                ("pad2", offset_of!(TokenStatsParams, pad2)),
+            ],
+        );
+    }
 }

@@ -15,18 +15,22 @@
 //! Accuracy: the row normaliser is a compensated (TwoSum) sum whose shift starts at the largest
 //! trainer logit on S, so the terms on S recomputed by thread 0 are bitwise those of the stream
 //! and the trainer tail `(s − s_S)/s` keeps tails far below f32's 1e-7 (1e-23 on real data).
-//! The shader's TwoSum (the prelude's `two_sum`) multiplies by an opaque uniform 1.0
-//! (`Meta::param`): Mesa's NIR treats float ops as inexact and otherwise folds `(a + b) − a` to `b`, silently turning the
-//! compensated sum into a plain one (seen on lavapipe: tails off by one ulp of 1, 1.2e-7).
+//! The shader's TwoSum multiplies by an opaque uniform 1.0 ([`TopkDivergenceParams::one`]):
+//! Mesa's NIR treats float ops as inexact and otherwise folds `(a + b) − a` to `b`, silently
+//! turning the compensated sum into a plain one (seen on lavapipe: tails off by one ulp of 1).
+//!
+//! Device-resident trainer logits ([`crate::Logits::device`]) are bound in place (windows of the
+//! caller's buffer covering each chunk's rows; nothing is uploaded or read back but the support,
+//! the rollout log-probs and the results).
 //!
 //! Trainer log-probs given on S directly ([`TrainerTopk::LogProbs`]) leave nothing to stream:
 //! that case runs the CPU reference.
 
-use super::chunking::{dispatch_grid, plan_rows};
-use super::context::{Context, Pass};
-use super::pipeline::{Meta, Op};
-use super::GpuEngine;
-use crate::batch::{Batch, DType};
+use super::chunking::{dispatch_grid, plan_rows, window, OFFSET_ALIGN};
+use super::context::Context;
+use super::pass::{Bind, Pass};
+use super::pipeline::Op;
+use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::math::log_sum_exp;
 use crate::stats::{TopkStats, TopkSupport};
@@ -35,26 +39,26 @@ use crate::support::{prepare_support, TrainerTopk};
 /// f32 outputs per row.
 const OUTPUTS: usize = 8;
 
-fn dtype_code(d: DType) -> u32 {
-    match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-    }
-}
-
-impl GpuEngine {
-    /// Per-slot top-K divergences (see [`crate::topk`]) with the trainer side on the GPU.
-    /// Same inputs, validation and errors as [`crate::topk::topk_divergence`]; results within
-    /// f32 accuracy of it.
-    pub fn topk_divergence(
-        &self,
-        batch: &Batch,
-        support: TopkSupport,
-        trainer: TrainerTopk<'_>,
-    ) -> Result<TopkStats> {
-        topk_divergence(self.context(), batch, support, trainer)
-    }
+/// The kernel's uniform: twin of `TopkDivergenceParams` in `shaders/topk_divergence.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct TopkDivergenceParams {
+    /// Rows in this dispatch.
+    pub rows: u32,
+    /// Vocabulary size V.
+    pub vocab: u32,
+    /// Support width W (K + 1).
+    pub width: u32,
+    /// Index of the chunk's first logits element inside binding 1.
+    pub first: u32,
+    /// 1 / temperature.
+    pub inv_temp: f32,
+    /// Always 1.0: TwoSum's opaque one (`shaders/common/two_sum.wgsl`).
+    pub one: f32,
+    /// Padding (the struct is 32 bytes).
+    pub pad0: u32,
+    /// Padding.
+    pub pad1: u32,
 }
 
 /// Per-slot top-K divergences on `ctx` (see [`GpuEngine::topk_divergence`]).
@@ -90,30 +94,54 @@ pub fn topk_divergence(
             format!("vocabulary {v} / support width {w} too large for the GPU path"),
         ));
     };
+    let device = logits.on_device();
+    if device.is_some_and(|d| !d.is_storage()) {
+        return Err(Error::input(
+            "old_logits",
+            "device buffer lacks BufferUsages::STORAGE: the GPU engine binds it in place",
+        ));
+    }
     let kernel = ctx.kernel(Op::TopkDivergence, logits.dtype())?;
     let limits = ctx.chunk_limits();
+    let row_logits = (v * esize) as u64;
     // The largest binding per row: the logits row, the support, or the outputs.
-    let row_bytes = ((v * esize) as u64)
-        .max((w * 4) as u64)
-        .max((OUTPUTS * 4) as u64);
+    let row_bytes = row_logits.max((w * 4) as u64).max((OUTPUTS * 4) as u64);
     // Element indices inside a chunk must fit in u32.
     let max_rows = (u32::MAX as usize / v.max(1)).max(1);
-    let mut chunks = plan_rows(rows.len(), row_bytes, &limits)?;
+    // Host logits: chunks of valid rows, packed. Device logits: chunks of consecutive slots
+    // (a window of the caller's buffer, with room for its aligned start), valid rows picked.
+    let (total, slack) = match device {
+        None => (rows.len(), 0),
+        Some(_) => (n, OFFSET_ALIGN + 4),
+    };
+    let reduced = super::chunking::ChunkLimits {
+        max_binding_bytes: limits.max_binding_bytes.saturating_sub(slack),
+        ..limits
+    };
+    let mut chunks = plan_rows(total, row_bytes, &reduced)?;
     if chunks.iter().any(|c| c.len() > max_rows) {
-        chunks = (0..rows.len())
+        chunks = (0..total)
             .step_by(max_rows)
-            .map(|a| a..(a + max_rows).min(rows.len()))
+            .map(|a| a..(a + max_rows).min(total))
             .collect();
     }
     for c in chunks {
-        let chunk_rows = &rows[c];
+        let (chunk_rows, r0): (Vec<usize>, usize) = match device {
+            None => (rows[c.clone()].to_vec(), 0),
+            Some(_) => (c.clone().filter(|&r| mask[r]).collect(), c.start),
+        };
         let m = chunk_rows.len();
-        let mut bytes = Vec::with_capacity(m * v * esize + 4);
+        if m == 0 {
+            continue;
+        }
+        let mut bytes = Vec::new();
         let mut ids = vec![-1i32; m * w];
         let mut roll = vec![0f32; m * w];
         let mut info = vec![0u32; m * 4];
         for (k, &r) in chunk_rows.iter().enumerate() {
-            bytes.extend_from_slice(logits.row_bytes(r));
+            if device.is_none() {
+                bytes.extend_from_slice(logits.row_bytes(r));
+            }
             let len = prepared.len[r] as usize;
             let o = r * w;
             for j in 0..len {
@@ -125,27 +153,53 @@ pub fn topk_divergence(
             info[k * 4] = len as u32;
             info[k * 4 + 1] = prepared.y_index[r];
             info[k * 4 + 2] = (mu_tail as f32).to_bits();
+            info[k * 4 + 3] = match device {
+                None => k as u32,
+                Some(_) => (r - r0) as u32,
+            };
         }
-        let b_logits = ctx.upload(&bytes)?;
+        let b_logits;
+        let (logits_bind, first) = match device {
+            None => {
+                b_logits = ctx.upload(&bytes)?;
+                (Bind::Whole(&b_logits), 0)
+            }
+            Some(d) => {
+                let start = d.offset() + r0 as u64 * row_logits;
+                let (offset, size, first) =
+                    window(start, start + c.len() as u64 * row_logits, esize as u64);
+                (
+                    Bind::Device {
+                        logits: d,
+                        offset,
+                        size,
+                    },
+                    first,
+                )
+            }
+        };
         let b_ids = ctx.upload(bytemuck::cast_slice(&ids))?;
         let b_roll = ctx.upload(bytemuck::cast_slice(&roll))?;
         let b_info = ctx.upload(bytemuck::cast_slice(&info))?;
         let b_out = ctx.output((m * OUTPUTS * 4) as u64)?;
-        let pass = Pass {
-            kernel: kernel.clone(),
-            meta: Meta {
-                count: m as u32,
-                width: v32,
-                stride: w32,
-                flags: dtype_code(logits.dtype()),
-                scale: (1.0 / temperature) as f32,
-                // An opaque 1.0 that keeps the shader's TwoSum from being optimised away.
-                param: 1.0,
-                ..Meta::default()
-            },
-            buffers: vec![&b_logits, &b_ids, &b_roll, &b_info, &b_out],
-            grid: dispatch_grid(m as u64, limits.max_workgroups_per_dim)?,
+        let params = TopkDivergenceParams {
+            rows: m as u32,
+            vocab: v32,
+            width: w32,
+            first,
+            inv_temp: (1.0 / temperature) as f32,
+            one: 1.0,
+            ..Default::default()
         };
+        let bindings = vec![
+            logits_bind,
+            (&b_ids).into(),
+            (&b_roll).into(),
+            (&b_info).into(),
+            (&b_out).into(),
+        ];
+        let grid = dispatch_grid(m as u64, limits.max_workgroups_per_dim)?;
+        let pass = Pass::new(kernel.clone(), &params, bindings, grid);
         let results = ctx.run(&[pass], &[&b_out])?;
         let vals: &[f32] = bytemuck::try_cast_slice(&results[0][..m * OUTPUTS * 4])
             .map_err(|e| Error::Gpu(format!("bad result buffer: {e}")))?;

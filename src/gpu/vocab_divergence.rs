@@ -3,68 +3,51 @@
 //!
 //! One workgroup per row. Logits travel as their raw bytes (u32 words, 16-bit types packed two
 //! per word, odd byte counts padded), never widened on the host. Rows are split into chunks
-//! whose bindings fit the device limit ([`plan_rows`]); each binding is a window of its buffer
-//! starting at a 256-byte aligned offset, and `Meta` tells the kernel where the chunk starts
-//! inside it. Host logits are uploaded chunk by chunk into two alternating slots, one submit
-//! per chunk, so the upload of chunk i+1 overlaps the compute of chunk i; logits already on the
-//! device ([`vocab_divergence_device`]) are bound in place, all chunks in one submit.
+//! whose bindings fit the device limit ([`plan_host`], `plan`); each binding is a window of its
+//! buffer starting at a 256-byte aligned offset, and [`VocabDivergenceParams`] tells the kernel
+//! where the chunk starts inside it. Host logits are uploaded chunk by chunk into two
+//! alternating slots, one [`Context::submit`] per chunk, so the upload of chunk i+1 overlaps the
+//! compute of chunk i; the last chunk goes through [`Context::run`], which reads the results
+//! back. Device-resident logits ([`crate::Logits::device`]) are bound in place — windows of the
+//! caller's buffer, zero copy: only `row_info` goes up and the 8 results per row come back — all
+//! chunks in one [`Context::run`].
 
-use super::buffers::{BufferKind, GpuBuffer};
-use super::chunking::{dispatch_grid, plan_rows, ChunkLimits, OFFSET_ALIGN};
+use super::buffers::GpuBuffer;
+use super::chunking::{dispatch_grid, plan_rows, window, ChunkLimits, OFFSET_ALIGN};
 use super::context::Context;
-use super::pipeline::{BindingKind, Flavour, KernelKey, Meta, Op, OpSpec, META_SIZE};
-use crate::batch::DType;
-use crate::batch::Logits;
+use super::pass::{Bind, Pass};
+use super::pipeline::{Op, VOCAB_RESULTS_PER_ROW};
 use crate::cpu::{check_vocab_inputs, first_bad_logit};
 use crate::error::{Error, Result};
+use crate::logits::{DType, Logits};
 use crate::stats::VocabStats;
-use std::num::NonZeroU64;
 
 /// `row_info` value of an invalid (masked) slot.
 pub const ROW_MASKED: u32 = u32::MAX;
 /// f32 results per row: kl, kl_rev, tv, h_p, h_q, logp, logq, flags.
-pub const RESULTS_PER_ROW: usize = 8;
+pub const RESULTS_PER_ROW: usize = VOCAB_RESULTS_PER_ROW as usize;
 
-/// The kernel's description for the pipeline cache: one variant per (rollout dtype =
-/// `key.dtype`, trainer dtype = the op's) pair, composed from the per-role loaders.
-pub static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
-    name: "vocab_divergence",
-    body: include_str!("../../shaders/vocab_divergence.wgsl"),
-    snippets: vocab_snippets,
-    bindings: &[
-        BindingKind::ReadOnly { min_bytes: 4 },
-        BindingKind::ReadOnly { min_bytes: 4 },
-        BindingKind::ReadOnly { min_bytes: 4 },
-        BindingKind::ReadWrite {
-            min_bytes: (RESULTS_PER_ROW * 4) as u64,
-        },
-    ],
-    dtypes: &[DType::F32, DType::F16, DType::BF16],
-    flavours: &[Flavour::Workgroup],
-    default_workgroup: 256,
-};
-
-fn vocab_snippets(key: &KernelKey) -> Vec<&'static str> {
-    let train = match key.op {
-        Op::VocabDivergence(d) => d,
-        _ => DType::F32,
-    };
-    let load_a = match key.dtype {
-        DType::F32 => include_str!("../../shaders/common/load_a_f32.wgsl"),
-        DType::F16 => include_str!("../../shaders/common/load_a_f16_packed.wgsl"),
-        DType::BF16 => include_str!("../../shaders/common/load_a_bf16_packed.wgsl"),
-    };
-    let load_b = match train {
-        DType::F32 => include_str!("../../shaders/common/load_b_f32.wgsl"),
-        DType::F16 => include_str!("../../shaders/common/load_b_f16_packed.wgsl"),
-        DType::BF16 => include_str!("../../shaders/common/load_b_bf16_packed.wgsl"),
-    };
-    vec![
-        include_str!("../../shaders/common/unpack.wgsl"),
-        include_str!("../../shaders/common/lse.wgsl"),
-        load_a,
-        load_b,
-    ]
+/// The kernel's uniform: twin of `VocabDivergenceParams` in `shaders/vocab_divergence.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct VocabDivergenceParams {
+    /// Rows in this chunk.
+    pub rows: u32,
+    /// Vocabulary size V.
+    pub vocab: u32,
+    /// Index of the chunk's first rollout element inside binding 1.
+    pub a_first: u32,
+    /// Index of the chunk's first trainer element inside binding 2.
+    pub b_first: u32,
+    /// Index of the chunk's first row inside binding 3 (`row_info`); binding 4 holds the
+    /// results from row `info_first % 8`.
+    pub info_first: u32,
+    /// 1 when `row_info` holds sampled ids (log-probs wanted).
+    pub has_responses: u32,
+    /// 1 / temperature.
+    pub inv_temp: f32,
+    /// Padding (the struct is 32 bytes).
+    pub pad0: u32,
 }
 
 const F_KL_INF: u32 = 1;
@@ -76,37 +59,8 @@ const F_B_BAD: u32 = 32;
 const F_A_EMPTY: u32 = 64;
 const F_B_EMPTY: u32 = 128;
 
-/// Where the two logits tensors come from.
-enum Source<'a> {
-    /// Host bytes, uploaded chunk by chunk (double-buffered).
-    Host {
-        rollout: &'a Logits,
-        train: &'a Logits,
-    },
-    /// Tensors already on the device (zero copy).
-    Device {
-        rollout: &'a wgpu::Buffer,
-        train: &'a wgpu::Buffer,
-    },
-}
-
 fn ceil4(x: u64) -> u64 {
     x.div_ceil(4) * 4
-}
-
-/// A binding window `[offset, offset + size)` covering bytes `[first, end)` with a
-/// `OFFSET_ALIGN`-aligned offset, and the index (in `elem`-byte units) of `first` inside it.
-fn window(first: u64, end: u64, elem: u64) -> (u64, u64, u32) {
-    let off = first / OFFSET_ALIGN * OFFSET_ALIGN;
-    (off, ceil4(end) - off, ((first - off) / elem) as u32)
-}
-
-fn binding(buf: &wgpu::Buffer, off: u64, size: u64) -> wgpu::BindingResource<'_> {
-    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-        buffer: buf,
-        offset: off,
-        size: NonZeroU64::new(size),
-    })
 }
 
 /// Largest upload of host logits per tensor per chunk (bytes, including the 4-byte pad). Host
@@ -160,217 +114,140 @@ fn plan(
     plan_rows(rows, row_bytes, &reduced)
 }
 
-/// Runs the kernel over all rows; returns the raw per-row results (8 f32 per row).
-#[allow(clippy::too_many_arguments)]
+/// Runs the kernel over all rows of `rollout` / `train` (host or device logits of the same
+/// shape); returns the raw per-row results (8 f32 per row).
 fn run(
     ctx: &Context,
-    src: &Source<'_>,
-    (da, db): (DType, DType),
-    rows: usize,
-    vocab: usize,
+    (rollout, train): (&Logits, &Logits),
     info: &[u32],
     has_responses: bool,
     inv_temp: f32,
 ) -> Result<Vec<f32>> {
+    let rows = info.len();
     if rows == 0 {
         return Ok(Vec::new());
     }
+    let (da, db) = (rollout.dtype(), train.dtype());
+    let vocab = rollout.vocab();
+    let devices = (rollout.on_device(), train.on_device());
+    let on_device = match devices {
+        (None, None) => false,
+        (Some(_), Some(_)) => true,
+        _ => {
+            return Err(Error::input(
+                "old_logits",
+                "rollout_logits and old_logits must both be on the host or both on the device",
+            ))
+        }
+    };
+    for (name, l) in [("rollout_logits", rollout), ("old_logits", train)] {
+        if l.on_device().is_some_and(|d| !d.is_storage()) {
+            return Err(Error::input(
+                name,
+                "device buffer lacks BufferUsages::STORAGE: the GPU engine binds it in place",
+            ));
+        }
+    }
     let kernel = ctx.kernel(Op::VocabDivergence(db), da)?;
     let limits = ctx.chunk_limits();
-    let chunks = match src {
-        Source::Host { .. } => plan_host(rows, vocab, da, db, &limits)?,
-        Source::Device { .. } => plan(rows, vocab, da, db, &limits)?,
+    let chunks = if on_device {
+        plan(rows, vocab, da, db, &limits)?
+    } else {
+        plan_host(rows, vocab, da, db, &limits)?
     };
     let (sa, sb) = (da.size() as u64, db.size() as u64);
     let v = vocab as u64;
-    if let Source::Device { rollout, train } = src {
-        for (name, b, s) in [("rollout_logits", rollout, sa), ("old_logits", train, sb)] {
-            if b.size() < ceil4(rows as u64 * v * s) {
-                return Err(Error::input(
-                    name,
-                    format!(
-                        "device buffer of {} bytes is smaller than [{rows}, {vocab}] {} values",
-                        b.size(),
-                        if s == 4 { "4-byte" } else { "2-byte" }
-                    ),
-                ));
+    let out_bytes = (RESULTS_PER_ROW * 4 * rows) as u64;
+    let info_buf = ctx.upload(bytemuck::cast_slice(info))?;
+    let out_buf = ctx.output(out_bytes)?;
+    let max_rows = chunks.iter().map(|c| c.len()).max().unwrap_or(0) as u64;
+    let slots: Vec<[GpuBuffer; 2]> = if on_device {
+        Vec::new()
+    } else {
+        (0..2.min(chunks.len()))
+            .map(|_| -> Result<[GpuBuffer; 2]> {
+                Ok([
+                    ctx.output(ceil4(max_rows * v * sa) + 4)?,
+                    ctx.output(ceil4(max_rows * v * sb) + 4)?,
+                ])
+            })
+            .collect::<Result<_>>()?
+    };
+    let mut submitted = Vec::with_capacity(chunks.len());
+    let mut passes = Vec::with_capacity(chunks.len());
+    for (ci, ch) in chunks.iter().enumerate() {
+        let (r0, r1) = (ch.start as u64, ch.end as u64);
+        let unit = (RESULTS_PER_ROW * 4) as u64;
+        let info_w = window(4 * r0, 4 * r1, 4);
+        let out_w = window(unit * r0, unit * r1, unit);
+        debug_assert_eq!(out_w.2, info_w.2 % 8);
+        let mut tensors = [Bind::Whole(&info_buf); 2];
+        let mut firsts = [0u32; 2];
+        for (k, (l, s)) in [(rollout, sa), (train, sb)].into_iter().enumerate() {
+            let (first, end) = (r0 * v * s, r1 * v * s);
+            if let Some(d) = l.on_device() {
+                let (offset, size, f) = window(d.offset() + first, d.offset() + end, s);
+                tensors[k] = Bind::Device {
+                    logits: d,
+                    offset,
+                    size,
+                };
+                firsts[k] = f;
+            } else {
+                // bounded memory: at most two chunks (and their upload staging) in flight
+                if k == 0 && ci >= 2 {
+                    ctx.wait(&submitted[ci - 2])?;
+                }
+                let buf = &slots[ci % 2][k];
+                let bytes = l.host_bytes("logits")?;
+                let start = (first / 4 * 4) as usize;
+                let (end, full) = (end as usize, ((end - first / 4 * 4) / 4 * 4) as usize);
+                ctx.write(buf, 0, &bytes[start..start + full])?;
+                if start + full < end {
+                    let mut tail = [0u8; 4];
+                    tail[..end - start - full].copy_from_slice(&bytes[start + full..end]);
+                    ctx.write(buf, full as u64, &tail)?;
+                }
+                tensors[k] = Bind::Whole(buf);
+                firsts[k] = ((first - first / 4 * 4) / s) as u32;
             }
+        }
+        let params = VocabDivergenceParams {
+            rows: ch.len() as u32,
+            vocab: vocab as u32,
+            a_first: firsts[0],
+            b_first: firsts[1],
+            info_first: info_w.2,
+            has_responses: has_responses as u32,
+            inv_temp,
+            pad0: 0,
+        };
+        let bindings = vec![
+            tensors[0],
+            tensors[1],
+            Bind::Window {
+                buffer: &info_buf,
+                offset: info_w.0,
+                size: info_w.1,
+            },
+            Bind::Window {
+                buffer: &out_buf,
+                offset: out_w.0,
+                size: out_w.1,
+            },
+        ];
+        let grid = dispatch_grid(ch.len() as u64, limits.max_workgroups_per_dim)?;
+        passes.push(Pass::new(kernel.clone(), &params, bindings, grid));
+        if !on_device && ci + 1 < chunks.len() {
+            // one submit per host chunk: the next chunk's upload overlaps this compute
+            submitted.push(ctx.submit(&passes)?);
+            passes.clear();
         }
     }
-    let dev = ctx.device();
-    let queue = ctx.queue();
-    let ualign = u64::from(ctx.capabilities().uniform_offset_alignment.max(4));
-    let ustride = META_SIZE.div_ceil(ualign) * ualign;
-    let out_bytes = (RESULTS_PER_ROW * 4 * rows) as u64;
-    let pool = ctx.pool();
-    ctx.scoped(|| {
-        let info_buf = pool.get(dev, BufferKind::Storage, 4 * rows as u64)?;
-        queue.write_buffer(info_buf.raw(), 0, bytemuck::cast_slice(info));
-        let out_buf = pool.get(dev, BufferKind::Storage, out_bytes)?;
-        let staging = pool.get(dev, BufferKind::Staging, out_bytes)?;
-        let uniforms = pool.get(dev, BufferKind::Uniform, ustride * chunks.len() as u64)?;
-        let max_rows = chunks.iter().map(|c| c.len()).max().unwrap_or(0) as u64;
-        let slots: Vec<[GpuBuffer; 2]> = match src {
-            Source::Host { .. } => (0..2)
-                .map(|_| -> Result<[GpuBuffer; 2]> {
-                    Ok([
-                        pool.get(dev, BufferKind::Storage, ceil4(max_rows * v * sa) + 4)?,
-                        pool.get(dev, BufferKind::Storage, ceil4(max_rows * v * sb) + 4)?,
-                    ])
-                })
-                .collect::<Result<_>>()?,
-            Source::Device { .. } => Vec::new(),
-        };
-        let mut metas = vec![0u8; (ustride as usize) * chunks.len()];
-        let mut windows = Vec::with_capacity(chunks.len());
-        for (ci, ch) in chunks.iter().enumerate() {
-            let (r0, r1) = (ch.start as u64, ch.end as u64);
-            let tensor = |s: u64| match src {
-                Source::Device { .. } => window(r0 * v * s, r1 * v * s, s),
-                Source::Host { .. } => {
-                    let (first, end) = (r0 * v * s, r1 * v * s);
-                    let start = first / 4 * 4;
-                    (0, ceil4(end) - start, ((first - start) / s) as u32)
-                }
-            };
-            let (a, b) = (tensor(sa), tensor(sb));
-            let info_w = window(4 * r0, 4 * r1, 4);
-            let unit = (RESULTS_PER_ROW * 4) as u64;
-            let out_w = window(unit * r0, unit * r1, unit);
-            debug_assert_eq!(out_w.2, info_w.2 % 8);
-            let meta = Meta {
-                count: ch.len() as u32,
-                width: vocab as u32,
-                stride: a.2,
-                flags: has_responses as u32,
-                scale: inv_temp,
-                param: 0.0,
-                extra0: b.2,
-                extra1: info_w.2,
-            };
-            metas[ci * ustride as usize..][..META_SIZE as usize]
-                .copy_from_slice(bytemuck::bytes_of(&meta));
-            windows.push((a, b, info_w, out_w));
-        }
-        queue.write_buffer(uniforms.raw(), 0, &metas);
-        let new_encoder = || {
-            dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("trmask vocab_divergence"),
-            })
-        };
-        let mut enc = new_encoder();
-        let mut submitted: Vec<wgpu::SubmissionIndex> = Vec::new();
-        for (ci, ch) in chunks.iter().enumerate() {
-            let (a, b, info_w, out_w) = windows[ci];
-            let (abuf, bbuf): (&wgpu::Buffer, &wgpu::Buffer) = match src {
-                Source::Device { rollout, train } => (rollout, train),
-                Source::Host { rollout, train } => {
-                    // bounded memory: at most two chunks (and their upload staging) in flight
-                    if ci >= 2 {
-                        dev.poll(wgpu::PollType::Wait {
-                            submission_index: Some(submitted[ci - 2].clone()),
-                            timeout: None,
-                        })
-                        .map_err(|e| Error::Gpu(format!("waiting for the device: {e}")))?;
-                    }
-                    let slot = &slots[ci % 2];
-                    for (l, buf) in [(rollout, &slot[0]), (train, &slot[1])] {
-                        let s = l.dtype().size();
-                        let bytes = l.bytes();
-                        let (first, end) = (ch.start * vocab * s, ch.end * vocab * s);
-                        let start = first / 4 * 4;
-                        let full = (end - start) / 4 * 4;
-                        queue.write_buffer(buf.raw(), 0, &bytes[start..start + full]);
-                        if start + full < end {
-                            let mut tail = [0u8; 4];
-                            tail[..end - start - full].copy_from_slice(&bytes[start + full..end]);
-                            queue.write_buffer(buf.raw(), full as u64, &tail);
-                        }
-                    }
-                    (slot[0].raw(), slot[1].raw())
-                }
-            };
-            let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("trmask vocab_divergence"),
-                layout: &kernel.layout,
-                entries: &[
-                    wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: binding(uniforms.raw(), ci as u64 * ustride, META_SIZE),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 1,
-                        resource: binding(abuf, a.0, a.1),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 2,
-                        resource: binding(bbuf, b.0, b.1),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 3,
-                        resource: binding(info_buf.raw(), info_w.0, info_w.1),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 4,
-                        resource: binding(out_buf.raw(), out_w.0, out_w.1),
-                    },
-                ],
-            });
-            let grid = dispatch_grid(ch.len() as u64, limits.max_workgroups_per_dim)?;
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("trmask vocab_divergence"),
-                    timestamp_writes: None,
-                });
-                pass.set_pipeline(&kernel.pipeline);
-                pass.set_bind_group(0, &bg, &[]);
-                pass.dispatch_workgroups(grid.0, grid.1, 1);
-            }
-            if let Source::Host { .. } = src {
-                // one submit per chunk: the next chunk's upload overlaps this compute
-                submitted.push(queue.submit([std::mem::replace(&mut enc, new_encoder()).finish()]));
-            }
-        }
-        enc.copy_buffer_to_buffer(out_buf.raw(), 0, staging.raw(), 0, ceil4(out_bytes));
-        let index = queue.submit([enc.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let slice = staging.raw().slice(0..ceil4(out_bytes));
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        // Another thread polling the same device may run our callback: wait for it, polling.
-        let mut waited = dev
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(index),
-                timeout: None,
-            })
-            .map(|_| ())
-            .map_err(|e| Error::Gpu(format!("waiting for the device: {e}")));
-        let mapped = loop {
-            if let Err(e) = waited {
-                break Err(e);
-            }
-            match rx.recv_timeout(std::time::Duration::from_millis(5)) {
-                Ok(r) => break r.map_err(|e| Error::Gpu(format!("mapping results: {e}"))),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    waited = dev
-                        .poll(wgpu::PollType::Poll)
-                        .map(|_| ())
-                        .map_err(|e| Error::Gpu(format!("waiting for the device: {e}")));
-                }
-                Err(e) => break Err(Error::Gpu(format!("mapping results: {e}"))),
-            }
-        };
-        if let Err(e) = mapped {
-            staging.discard(); // possibly still mapped: never back into the pool
-            return Err(e);
-        }
-        let out = slice
-            .get_mapped_range()
-            .map(|view| bytemuck::pod_collect_to_vec::<u8, f32>(&view[..out_bytes as usize]));
-        staging.raw().unmap();
-        out.map_err(|e| Error::Gpu(format!("reading results: {e}")))
-    })
+    let results = ctx.run(&passes, &[&out_buf])?;
+    Ok(bytemuck::pod_collect_to_vec::<u8, f32>(
+        &results[0][..out_bytes as usize],
+    ))
 }
 
 /// The per-row `row_info` words: the sampled id of each valid slot, [`ROW_MASKED`] elsewhere.
@@ -443,7 +320,9 @@ pub fn finish_vocab_stats(
     Ok(s)
 }
 
-/// Exact vocabulary divergences of host logits on the GPU (validated as on the CPU path).
+/// Exact vocabulary divergences of host or device-resident logits on the GPU (validated as
+/// on the CPU path; device logits must both be on this context's device, see
+/// [`crate::Logits::device`]).
 pub fn vocab_divergence(
     ctx: &Context,
     rollout: &Logits,
@@ -456,78 +335,39 @@ pub fn vocab_divergence(
     let info = row_info(responses, mask);
     let raw = run(
         ctx,
-        &Source::Host { rollout, train },
-        (rollout.dtype(), train.dtype()),
-        mask.len(),
-        rollout.vocab(),
+        (rollout, train),
         &info,
         responses.is_some(),
         (1.0 / temperature) as f32,
     )?;
-    finish_vocab_stats(&raw, mask.len(), Some((rollout, train)))
-}
-
-/// Exact vocabulary divergences of logits already in device buffers of `ctx`'s device (zero
-/// copy; e.g. a context from [`Context::from_wgpu`]). Each buffer holds row-major
-/// `[mask.len(), vocab]` little-endian values of its dtype from byte 0 (16-bit types packed two
-/// per u32 word), is at least that many bytes rounded up to 4, and has
-/// `BufferUsages::STORAGE`. Rows where `mask` is false are never read.
-#[allow(clippy::too_many_arguments)]
-pub fn vocab_divergence_device(
-    ctx: &Context,
-    rollout: &wgpu::Buffer,
-    rollout_dtype: DType,
-    train: &wgpu::Buffer,
-    train_dtype: DType,
-    vocab: usize,
-    responses: Option<&[i64]>,
-    mask: &[bool],
-    temperature: f64,
-) -> Result<VocabStats> {
-    if !(temperature.is_finite() && temperature > 0.0) {
-        return Err(Error::config(
-            "temperature",
-            format!("{temperature} must be finite and > 0"),
-        ));
-    }
-    if vocab == 0 {
-        return Err(Error::input("logits", "vocabulary size is 0"));
-    }
-    if let Some(ids) = responses {
-        if ids.len() != mask.len() {
-            return Err(Error::input(
-                "responses",
-                format!("{} ids for {} slots", ids.len(), mask.len()),
-            ));
-        }
-        if let Some(i) = (0..mask.len()).find(|&i| mask[i] && !(0..vocab as i64).contains(&ids[i]))
-        {
-            return Err(Error::input(
-                "responses",
-                format!(
-                    "id {} at slot {i} is outside the vocabulary [0, {vocab})",
-                    ids[i]
-                ),
-            ));
-        }
-    }
-    let info = row_info(responses, mask);
-    let raw = run(
-        ctx,
-        &Source::Device { rollout, train },
-        (rollout_dtype, train_dtype),
-        mask.len(),
-        vocab,
-        &info,
-        responses.is_some(),
-        (1.0 / temperature) as f32,
-    )?;
-    finish_vocab_stats(&raw, mask.len(), None)
+    let host =
+        (rollout.on_device().is_none() && train.on_device().is_none()).then_some((rollout, train));
+    finish_vocab_stats(&raw, mask.len(), host)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn params_match_the_shader() {
+        use std::mem::offset_of;
+        type P = VocabDivergenceParams;
+        crate::gpu::pipeline::assert_params_layout(
+            Op::VocabDivergence(DType::F32),
+            std::mem::size_of::<P>(),
+            &[
+                ("rows", offset_of!(P, rows)),
+                ("vocab", offset_of!(P, vocab)),
+                ("a_first", offset_of!(P, a_first)),
+                ("b_first", offset_of!(P, b_first)),
+                ("info_first", offset_of!(P, info_first)),
+                ("has_responses", offset_of!(P, has_responses)),
+                ("inv_temp", offset_of!(P, inv_temp)),
+                ("pad0", offset_of!(P, pad0)),
+            ],
+        );
+    }
 
     #[test]
     fn windows_start_aligned_and_cover_the_rows() {

@@ -1,0 +1,71 @@
+// The one WGSL math library: every formula the kernels share and the one set of finite
+// sentinels (WGSL has no infinity literals). Concatenated into every kernel right after the
+// prelude; needs nothing from it. Series are used wherever the closed form would cancel at first
+// order; each series stops at x^9 / 9!, whose truncation error is below 3e-9 relative for
+// |x| <= 0.5 (f32 rounding is 6e-8).
+
+// Finite sentinels. Decoders (unpack.wgsl) map a -inf logit (p = 0) to NEG_SENTINEL and NaN /
+// +inf to BAD_SENTINEL; BIG / -BIG are also the identities of max / min and "no bound".
+const BIG: f32 = 3.0e38;
+const NEG_SENTINEL: f32 = -3.0e38;
+const BAD_SENTINEL: f32 = 3.0e38;
+// Running maximum of an empty online-softmax state: below every finite logit, yet
+// (EMPTY_MAX - x) * (1 / temperature) stays finite, so rescaling an empty state never makes
+// 0 * inf.
+const EMPTY_MAX: f32 = -1.0e30;
+// verl's clamp of the log-ratio before exp and in k1/k2/k3 (SPEC §1).
+const SAFETY_BOUND: f32 = 20.0;
+
+fn is_neg_inf(x: f32) -> bool {
+    return x < -1.0e38;
+}
+
+fn is_bad(x: f32) -> bool {
+    return x > 1.0e38;
+}
+
+// k3(x) = expm1(x) - x >= 0, second order in x: x^2/2! + ... + x^9/9! for |x| <= 0.5.
+fn k3_of(x: f32) -> f32 {
+    if abs(x) <= 0.5 {
+        return x * x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0
+            + x * (1.0 / 720.0 + x * (1.0 / 5040.0 + x * (1.0 / 40320.0 + x * (1.0 / 362880.0))))))));
+    }
+    return (exp(x) - 1.0) - x;
+}
+
+// expm1(x) with ~1 ulp relative error for every |x|.
+fn expm1_acc(x: f32) -> f32 {
+    if abs(x) <= 0.5 {
+        return x + k3_of(x);
+    }
+    return exp(x) - 1.0;
+}
+
+// w(u) = expm1(-u) + u = k3(-u) >= 0 (the vocabulary kernel's second-order weight).
+fn w_of(u: f32) -> f32 {
+    return k3_of(-u);
+}
+
+// log1p(x) - x <= 0, second order in x (series for |x| <= 1/16); x > -1.
+fn log1p_minus_x(x: f32) -> f32 {
+    if abs(x) <= 0.0625 {
+        return x * x * (-0.5 + x * (1.0 / 3.0 + x * (-0.25 + x * (0.2 + x * (-1.0 / 6.0
+            + x * (1.0 / 7.0 + x * (-0.125 + x * (1.0 / 9.0))))))));
+    }
+    return log(1.0 + x) - x;
+}
+
+// log1p(x) with ~1 ulp relative error for every x > -1.
+fn log1p_acc(x: f32) -> f32 {
+    if abs(x) <= 0.0625 {
+        return x + log1p_minus_x(x);
+    }
+    return log(1.0 + x);
+}
+
+// The seven per-token estimators of SPEC §1, in output order: log_ratio (unclamped), rho, k1,
+// k2, k3, abs, ser, from lr = log pi_train - log pi_roll clamped to +-SAFETY_BOUND (verl).
+fn estimators(lr: f32) -> array<f32, 7> {
+    let c = clamp(lr, -SAFETY_BOUND, SAFETY_BOUND);
+    return array<f32, 7>(lr, exp(c), -c, 0.5 * c * c, k3_of(c), abs(c), abs(expm1_acc(c)));
+}

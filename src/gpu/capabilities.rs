@@ -1,0 +1,69 @@
+//! What the device offers and what trmask uses of it (filled in by `context.rs`).
+
+/// What the device offers and what trmask uses of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Adapter name (`llvmpipe (LLVM 15.0.6, 256 bits)`, `NVIDIA H100`, …).
+    pub adapter_name: String,
+    /// Backend (`Vulkan`, `Metal`, `Dx12`, `Gl`).
+    pub backend: String,
+    /// Device type (`Cpu`, `DiscreteGpu`, …).
+    pub device_type: String,
+    /// Driver name and info.
+    pub driver: String,
+    /// `max_storage_buffer_binding_size` of the device.
+    pub max_storage_binding: u64,
+    /// `max_buffer_size` of the device.
+    pub max_buffer_size: u64,
+    /// The binding limit chunks are planned against (forced value or the smaller of the two).
+    pub max_binding_bytes: u64,
+    /// `max_compute_invocations_per_workgroup`.
+    pub max_workgroup_invocations: u32,
+    /// `max_compute_workgroup_size_x`.
+    pub max_workgroup_size_x: u32,
+    /// `max_compute_workgroups_per_dimension`.
+    pub max_workgroups_per_dim: u32,
+    /// `max_compute_workgroup_storage_size` (bytes).
+    pub max_workgroup_storage: u32,
+    /// `min_uniform_buffer_offset_alignment`.
+    pub uniform_offset_alignment: u32,
+    /// `min_storage_buffer_offset_alignment`.
+    pub storage_offset_alignment: u32,
+    /// `Features::SUBGROUP` enabled.
+    pub subgroups: bool,
+    /// Subgroup size range (meaningful when `subgroups`).
+    pub subgroup_sizes: (u32, u32),
+    /// `Features::SHADER_F16` enabled.
+    pub shader_f16: bool,
+    /// `Features::TIMESTAMP_QUERY` enabled.
+    pub timestamp_query: bool,
+}
+
+impl Capabilities {
+    /// A multi-line human-readable summary (for `trmask devices`).
+    pub fn describe(&self) -> String {
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        let yn = |b: bool| if b { "yes" } else { "no" };
+        format!(
+            "{} ({}, {})\n  driver: {}\n  max storage binding: {:.0} MiB, max buffer: {:.0} MiB, chunk limit: {:.2} MiB\n  workgroups: {} threads max, {} per dimension, {} KiB shared memory\n  subgroups: {}{}\n  shader-f16: {}, timestamps: {}",
+            self.adapter_name,
+            self.backend,
+            self.device_type,
+            if self.driver.is_empty() { "?" } else { &self.driver },
+            mib(self.max_storage_binding),
+            mib(self.max_buffer_size),
+            mib(self.max_binding_bytes),
+            self.max_workgroup_invocations,
+            self.max_workgroups_per_dim,
+            self.max_workgroup_storage / 1024,
+            yn(self.subgroups),
+            if self.subgroups {
+                format!(" (size {}..{})", self.subgroup_sizes.0, self.subgroup_sizes.1)
+            } else {
+                String::new()
+            },
+            yn(self.shader_f16),
+            yn(self.timestamp_query),
+        )
+    }
+}

@@ -1,0 +1,82 @@
+//! Which kernel variant each op uses on a [`Context`] (workgroup size, reduction flavour),
+//! the chunk limits its plans respect, and the uniform bytes of a list of passes.
+
+use super::chunking::{ChunkLimits, MAX_WORKGROUPS_PER_DIM};
+use super::context::Context;
+use super::pipeline::{all_kernel_keys, Flavour, Kernel, KernelKey, Op};
+use crate::error::Result;
+use crate::logits::DType;
+use std::sync::Arc;
+
+impl Context {
+    /// The limits chunk plans must respect.
+    pub fn chunk_limits(&self) -> ChunkLimits {
+        ChunkLimits {
+            max_binding_bytes: self.caps.max_binding_bytes,
+            max_workgroups_per_dim: self
+                .caps
+                .max_workgroups_per_dim
+                .clamp(1, MAX_WORKGROUPS_PER_DIM),
+        }
+    }
+
+    /// The workgroup size used for `op` on this device.
+    pub fn workgroup_size(&self, op: Op) -> u32 {
+        let want = self.workgroup_size.unwrap_or(op.spec().default_workgroup);
+        let cap = self
+            .caps
+            .max_workgroup_invocations
+            .min(self.caps.max_workgroup_size_x)
+            .clamp(1, super::pipeline::MAX_WORKGROUP);
+        want.clamp(1, cap)
+    }
+
+    /// The reduction flavour used for `op` on this device: [`Flavour::Subgroup`] when the op
+    /// has that variant, the device has `SUBGROUP` with one fixed subgroup size (never assumed:
+    /// 8 on lavapipe, 32 or 64 on GPUs) that divides the op's workgroup size, and the options
+    /// do not force [`Flavour::Workgroup`]; the workgroup tree otherwise.
+    pub fn flavour(&self, op: Op) -> Flavour {
+        let (lo, hi) = self.caps.subgroup_sizes;
+        let usable = self.caps.subgroups
+            && lo == hi
+            && lo > 0
+            && self.workgroup_size(op).is_multiple_of(lo)
+            && op.spec().flavours.contains(&Flavour::Subgroup);
+        match self.flavour {
+            Some(Flavour::Workgroup) => Flavour::Workgroup,
+            _ if usable => Flavour::Subgroup,
+            _ => Flavour::Workgroup,
+        }
+    }
+
+    /// The kernel variant for `op` on `dtype` (this device's flavour and workgroup size).
+    pub fn kernel(&self, op: Op, dtype: DType) -> Result<Arc<Kernel>> {
+        self.kernel_for(KernelKey {
+            op,
+            dtype,
+            flavour: self.flavour(op),
+            workgroup: self.workgroup_size(op),
+        })
+    }
+
+    /// The kernel for an explicit key (built on first use).
+    pub fn kernel_for(&self, key: KernelKey) -> Result<Arc<Kernel>> {
+        self.pipelines.get(&self.device, key)
+    }
+
+    /// Builds every kernel variant this device will use now instead of on first use.
+    pub fn warm_up(&self) -> Result<()> {
+        for key in all_kernel_keys() {
+            if key.flavour == self.flavour(key.op) && key.workgroup == self.workgroup_size(key.op) {
+                self.kernel_for(key)?;
+            }
+        }
+        for &op in Op::ALL {
+            for &dtype in op.spec().dtypes {
+                self.kernel(op, dtype)?;
+            }
+        }
+        Ok(())
+    }
+}
+
