@@ -195,3 +195,25 @@ fn gpu_fresh() -> Option<Arc<GpuEngine>> {
     gpu()?;
     Some(Arc::new(GpuEngine::new().unwrap()))
 }
+
+/// `ContextOptions::limits` opens a device with WebGPU's default (minimum) limits, and it
+/// reports them.
+#[test]
+fn context_opens_with_webgpu_default_limits() {
+    if gpu().is_none() {
+        return;
+    }
+    let e = GpuEngine::with_options(&ContextOptions {
+        limits: Some(wgpu::Limits::default()),
+        ..Default::default()
+    })
+    .unwrap();
+    let caps = e.capabilities();
+    assert_eq!(
+        caps.max_workgroup_storage,
+        wgpu::Limits::default().max_compute_workgroup_storage_size
+    );
+    e.warm_up().unwrap();
+    let s = e.token_stats(&[-1.0], &[-1.5], &[true]).unwrap();
+    assert!(s.k3[0] > 0.0);
+}

@@ -493,33 +493,6 @@ impl PipelineCache {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_kernel_fits_webgpu_workgroup_memory() {
-        let limit = 16_384;
-        for key in all_kernel_keys() {
-            let bytes = workgroup_storage_bytes(&key).unwrap();
-            assert!(bytes <= limit, "{}: {bytes} bytes", key.label());
-        }
-    }
-
-    #[test]
-    fn keys_are_unique_and_sources_compose() {
-        let keys = all_kernel_keys();
-        let set: std::collections::HashSet<_> = keys.iter().collect();
-        assert_eq!(set.len(), keys.len());
-        for k in &keys {
-            let s = shader_source(k);
-            assert!(s.starts_with(PRELUDE));
-            assert!(s.contains(MATH));
-            assert!(s.contains("fn main("));
-        }
-    }
-}
-
 /// Checks an op's Rust uniform twin against the WGSL struct `spec.params_struct`: same size
 /// (and [`OpSpec::params_size`]) and, for each `(field, offset)`, the same member offset.
 #[cfg(test)]
@@ -552,4 +525,31 @@ pub(crate) fn assert_params_layout(op: Op, rust_size: usize, fields: &[(&str, us
         .collect();
     let rust: Vec<(String, usize)> = fields.iter().map(|(n, o)| (n.to_string(), *o)).collect();
     assert_eq!(wgsl, rust, "{} fields and offsets", spec.params_struct);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_fits_webgpu_workgroup_memory() {
+        let limit = 16_384;
+        for key in all_kernel_keys() {
+            let bytes = workgroup_storage_bytes(&key).unwrap();
+            assert!(bytes <= limit, "{}: {bytes} bytes", key.label());
+        }
+    }
+
+    #[test]
+    fn keys_are_unique_and_sources_compose() {
+        let keys = all_kernel_keys();
+        let set: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(set.len(), keys.len());
+        for k in &keys {
+            let s = shader_source(k);
+            assert!(s.starts_with(PRELUDE));
+            assert!(s.contains(MATH));
+            assert!(s.contains("fn main("));
+        }
+    }
 }
