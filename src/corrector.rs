@@ -25,11 +25,11 @@
 //! wraps the trainer's bytes (host) or, on the GPU engine, its device buffer.
 
 use crate::batch::Batch;
-use crate::logits::Logits;
 use crate::config::{CorrectionConfig, Resolved};
 use crate::correction;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::logits::Logits;
 use crate::passes::token_table_config;
 use crate::stats::Corrections;
 use half::{bf16, f16};

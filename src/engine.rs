@@ -4,8 +4,8 @@
 //! [`crate::passes`].
 
 use crate::batch::{Batch, Segments};
-use crate::logits::Logits;
 use crate::error::Result;
+use crate::logits::Logits;
 use crate::plan::{CorrectionsRaw, MaskPlan};
 use crate::stats::{SegmentStats, TokenStats, TopkStats, TopkSupport, VocabStats};
 use crate::support::TrainerTopk;

@@ -24,6 +24,9 @@ pub enum Error {
     /// The input (or a kernel) needs more than a device limit allows: `what` says what needs
     /// how much, `limit` is the device's value (bytes, workgroups, …) it exceeds.
     Limit { what: String, limit: u64 },
+    /// The device (or the host) ran out of memory for a request the limits allow: `what` says
+    /// which. Not the input's fault (CLI exit code 1): a smaller chunk or another device helps.
+    OutOfMemory(String),
 }
 
 impl Error {
@@ -84,6 +87,7 @@ impl fmt::Display for Error {
             Error::Limit { what, limit } => {
                 write!(f, "{what}: over the device limit of {limit}")
             }
+            Error::OutOfMemory(m) => write!(f, "out of memory: {m}"),
         }
     }
 }

@@ -6,8 +6,8 @@
 //! holding a single sequence. Tensors with other names are ignored.
 
 use crate::batch::{Batch, Layout};
-use crate::logits::{DType, Logits};
 use crate::error::{Error, Result};
+use crate::logits::{DType, Logits};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;

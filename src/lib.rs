@@ -61,13 +61,13 @@ mod corrector;
 pub mod io;
 
 pub use batch::{Batch, Layout, Segments};
-pub use logits::{DType, Logits};
 pub use certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};
 pub use config::CorrectionConfig;
 pub use corrector::{Corrector, IntoEngine, MaskValues, Step, Values};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use gpu::GpuEngine;
+pub use logits::{DType, Logits};
 pub use stats::{
     Corrections, CriterionResult, SegmentStats, StatTable, TokenStats, TopkStats, VocabStats,
     SAFETY_BOUND,

@@ -54,8 +54,8 @@
 //! ```
 
 use crate::batch::Batch;
-use crate::logits::Logits;
 use crate::error::{Error, Result};
+use crate::logits::Logits;
 use crate::math::log_sum_exp;
 use crate::stats::TopkSupport;
 

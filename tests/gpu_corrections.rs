@@ -436,7 +436,11 @@ fn fused_sequence_sums_are_compensated() {
     lr3[0] = 16.0;
     lr3[256 * 2047] = -16.0;
     let all: Vec<f64> = [lr, lr2, lr3].concat();
-    let seg = Segments::new(vec![(0, n), (n, 2 * n), (2 * n, 2 * n + n3)], vec![true; 2 * n + n3]).unwrap();
+    let seg = Segments::new(
+        vec![(0, n), (n, 2 * n), (2 * n, 2 * n + n3)],
+        vec![true; 2 * n + n3],
+    )
+    .unwrap();
     let sum = 2046.0 * 3e-7;
     let modes = [
         ("IS off", None),

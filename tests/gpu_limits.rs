@@ -10,11 +10,11 @@ use common::{assert_close, gpu, Rng};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use std::sync::Arc;
 use trmask::cpu::CpuEngine;
-use trmask::engine::{MaskAgg, MaskCriterion, MaskPlan, MaskSource};
 use trmask::gpu::pipeline::{
     all_kernel_keys, shader_source, Flavour, KernelKey, ENTRY_POINT, WORKGROUP_OVERRIDE,
 };
 use trmask::gpu::{Context, ContextOptions, GpuEngine};
+use trmask::plan::{MaskAgg, MaskCriterion, MaskPlan, MaskSource};
 use trmask::topk::{TopkSupport, TrainerTopk};
 use trmask::{Batch, DType, Engine, Logits};
 
@@ -94,7 +94,7 @@ fn run_every_op(e: &GpuEngine, what: &str) {
     let train: Vec<f64> = roll.iter().map(|r| r + rng.range(-0.2, 0.2)).collect();
     let batch0 = Batch::padded(b, t, &mask_f).unwrap();
     let seg = batch0.segments().clone();
-    let m = &seg.mask;
+    let m = seg.mask();
     let ts = e.token_stats(&roll, &train, m).unwrap();
     let want = cpu.token_stats(&roll, &train, m).unwrap();
     assert_close(&format!("{what} k3"), &ts.k3, &want.k3, 2e-5, 2e-6, 0);

@@ -7,7 +7,7 @@ mod common;
 use common::{gpu, Rng};
 use std::sync::Arc;
 use trmask::config::IsLevel;
-use trmask::engine::{CorrectionsRaw, MaskAgg, MaskCriterion, MaskIs, MaskPlan, MaskSource};
+use trmask::plan::{CorrectionsRaw, MaskAgg, MaskCriterion, MaskIs, MaskPlan, MaskSource};
 use trmask::topk::{TopkStats, TopkSupport, TrainerTopk};
 use trmask::{Batch, Engine, GpuEngine, Logits, SegmentStats, Segments, TokenStats, VocabStats};
 
@@ -77,7 +77,7 @@ type Out = (
 );
 
 fn all_ops(e: &GpuEngine, x: &Inputs) -> Out {
-    let m = &x.seg.mask;
+    let m = x.seg.mask();
     let ts = e.token_stats(&x.roll, &x.train, m).unwrap();
     let sr = e.segment_reduce(&[&ts.k3, &ts.k1], &x.seg).unwrap();
     let lr: Vec<f64> = ts.log_ratio.clone();
@@ -126,7 +126,7 @@ fn same(a: &Out, b: &Out) -> bool {
 /// by another thread's poll, after this thread's own poll has returned.
 fn small_ops(e: &GpuEngine, x: &Inputs) -> (TokenStats, Vec<SegmentStats>) {
     let n = 64;
-    let m = &x.seg.mask[..n];
+    let m = &x.seg.mask()[..n];
     let ts = e.token_stats(&x.roll[..n], &x.train[..n], m).unwrap();
     let seg = Segments::new(vec![(0, 40), (40, n)], m.to_vec()).unwrap();
     (ts.clone(), e.segment_reduce(&[&ts.k3], &seg).unwrap())

@@ -8,7 +8,7 @@ use trmask::topk::{
     dppo_mask, topk_divergence, DppoConfig, DppoDirection, TopkDivergence, TopkStats, TopkSupport,
     TrainerSupportLogProbs, TrainerTopk,
 };
-use trmask::{Batch, DType, Error, Logits};
+use trmask::{Batch, DType, Engine, Error, Logits};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/real-small");
 

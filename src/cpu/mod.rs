@@ -9,18 +9,26 @@ mod vocab_divergence;
 mod vocab_fast;
 mod vocab_general;
 
+// The engine's building blocks, for benches and tests; the API is `CpuEngine` (the `Engine`
+// trait), which checks shapes before calling them.
+#[doc(hidden)]
 pub use segment_reduce::segment_reduce;
+#[doc(hidden)]
 pub use token_stats::token_stats;
-pub use topk_divergence::{topk_divergence, topk_divergence_batch, topk_row, TopkRow};
+#[doc(hidden)]
+pub use topk_divergence::topk_divergence_batch;
+#[doc(hidden)]
+pub use topk_divergence::{topk_divergence, topk_row, TopkRow};
+#[doc(hidden)]
 pub use vocab_divergence::vocab_divergence;
 pub(crate) use vocab_divergence::{
     check_inputs as check_vocab_inputs, first_bad as first_bad_logit,
 };
 
 use crate::batch::{Batch, Segments};
-use crate::logits::Logits;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::logits::Logits;
 use crate::plan::{CorrectionsRaw, MaskPlan};
 use crate::stats::{SegmentStats, TokenStats, TopkStats, TopkSupport, VocabStats};
 use crate::support::TrainerTopk;

@@ -9,8 +9,8 @@
 //! probabilities are `π_i − μ_i = μ_i expm1(d_i)`.
 
 use crate::batch::Batch;
-use crate::logits::Logits;
 use crate::error::{Error, Result};
+use crate::logits::Logits;
 use crate::math::{k3_from_log_ratio, log_sum_exp, neumaier_sum};
 use crate::stats::{TopkStats, TopkSupport};
 use crate::support::{prepare_support, PreparedSupport, TrainerTopk, TAIL_FLOOR};

@@ -27,8 +27,8 @@
 
 use super::vocab_fast::row_fast;
 use super::vocab_general::{decode_scaled, row_general, Row, Scratch};
-use crate::logits::Logits;
 use crate::error::{Error, Result};
+use crate::logits::Logits;
 use crate::stats::VocabStats;
 use rayon::prelude::*;
 

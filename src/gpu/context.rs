@@ -266,9 +266,10 @@ impl Context {
         let r = f();
         let verr = pollster::block_on(validation.pop());
         let oerr = pollster::block_on(oom.pop());
-        match verr.or(oerr) {
-            Some(e) => Err(Error::Gpu(e.to_string())),
-            None => r,
+        match (verr, oerr) {
+            (Some(e), _) => Err(Error::Gpu(e.to_string())),
+            (None, Some(e)) => Err(Error::OutOfMemory(e.to_string())),
+            (None, None) => r,
         }
     }
 
@@ -455,13 +456,14 @@ impl Context {
         let verr = pollster::block_on(validation.pop());
         let oerr = pollster::block_on(oom.pop());
         let (index, staging, _uniforms) = recorded?;
-        let err = verr
-            .or(oerr)
-            .map(|e| e.to_string())
-            .or_else(|| self.take_uncaptured());
+        let err = match (verr, oerr) {
+            (Some(e), _) => Some(Error::Gpu(e.to_string())),
+            (None, Some(e)) => Some(Error::OutOfMemory(e.to_string())),
+            (None, None) => self.take_uncaptured().map(Error::Gpu),
+        };
         if let Some(e) = err {
             staging.into_iter().for_each(GpuBuffer::discard);
-            return Err(Error::Gpu(e));
+            return Err(e);
         }
         Ok((index, staging))
     }

@@ -28,21 +28,26 @@
 //! [`Context::run`] (e.g. `gpu.context().last_device_ns()` after an op), for benches that report
 //! device time apart from wall time.
 
-pub mod buffers;
-pub mod capabilities;
-pub mod chunking;
-pub mod context;
+mod buffers;
+mod capabilities;
+mod chunking;
+mod context;
 mod kernels;
+#[doc(hidden)]
 pub mod masks;
-pub mod pass;
+mod pass;
+#[doc(hidden)]
 pub mod pipeline;
-pub mod segment_reduce;
-pub mod token_stats;
-pub mod topk_divergence;
-pub mod vocab_divergence;
+mod segment_reduce;
+mod token_stats;
+mod topk_divergence;
+mod vocab_divergence;
 
 pub use capabilities::Capabilities;
-pub use context::{list_adapters, Context, ContextOptions, Submission};
+#[doc(hidden)]
+pub use context::Submission;
+pub use context::{list_adapters, Context, ContextOptions};
+#[doc(hidden)]
 pub use pass::{Bind, Pass};
 
 use crate::batch::{Batch, Segments};

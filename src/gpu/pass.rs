@@ -50,7 +50,7 @@ pub struct Pass<'a> {
     pub params: Vec<u8>,
     /// Storage bindings 1, 2, ….
     pub bindings: Vec<Bind<'a>>,
-    /// Workgroups in x and y (see [`super::chunking::dispatch_grid`]).
+    /// Workgroups in x and y (see `chunking::dispatch_grid`).
     pub grid: (u32, u32),
 }
 
