@@ -52,18 +52,22 @@ fn stat_of(ci: u32, i: u32, c: f32) -> f32 {
         case 4u: { return abs(c); }
         case 5u: { return abs(expm1_of(c)); }
         case 6u: { return columns[col * params.stride + i]; }
-        case 8u: { return binary_kl_of(columns[col * params.stride + i], lr_in[i]); }
+        case 8u: {
+            let lp = columns[col * params.stride + i];
+            return binary_kl_of(lp, columns[(col + 1u) * params.stride + i], lr_in[i]);
+        }
         default: { return abs(expm1_of(c)) * columns[col * params.stride + i]; }
     }
 }
 
-// KPop: max(D_B(p||q), D_B(q||p)) from the trainer log-prob lp and the unclamped lr = lp - lq;
+// KPop: max(D_B(p||q), D_B(q||p)) from the log-probs lp (trainer), lq (rollout) and the
+// unclamped lr = lp - lq (rounded once from f64, so it keeps its relative precision);
 // the f32 twin of trmask::numerics::binary_kl. Each direction is p*k3(lq - lp) +
 // (1-p)*k3(ln((1-q)/(1-p))) (terms >= 0, no cancellation), 1-p = -expm1(lp) and
 // ln((1-q)/(1-p)) = log1p(q*expm1(lr)/(1-p)); a log-prob >= 0 counts as p = 1 - 1e-8.
-fn binary_kl_of(lp_in: f32, lr: f32) -> f32 {
+fn binary_kl_of(lp_in: f32, lq_in: f32, lr: f32) -> f32 {
     var lp = lp_in;
-    var lq = lp_in - lr;
+    var lq = lq_in;
     var d = lr;
     if lp >= 0.0 || lq >= 0.0 {
         lp = select(lp, -1.0e-8, lp >= 0.0);

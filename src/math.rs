@@ -103,13 +103,15 @@ fn kl_term(x: f64, y: f64, u: f64) -> f64 {
 }
 
 /// KPop's bidirectional binary KL `max(D_B(p‖q), D_B(q‖p))` of the sampled token, from the
-/// trainer log-prob `lp` and the log-ratio `lr = lp − lq` (lq the rollout's), where
+/// trainer log-prob `lp`, the rollout's `lq` and the log-ratio `lr = lp − lq` (passed
+/// separately: a difference taken in higher precision, or one that keeps its relative
+/// precision where `lp − lq` is computed from rounded inputs), where
 /// `D_B(p‖q) = p ln(p/q) + (1−p) ln((1−p)/(1−q))`. Each direction is evaluated as
 /// `p·k3(lq − lp) + (1−p)·k3(ln((1−q)/(1−p)))` (both terms ≥ 0, so nothing cancels), with
 /// `1 − p = −expm1(lp)` and `ln((1−q)/(1−p)) = log1p(q·expm1(lr)/(1−p))`: full precision when p
 /// and q are both within 1e-9 of 1. A log-prob ≥ 0 counts as `p = 1 − BINARY_KL_FLOOR`
 /// (see docs/CORRECTIONS.md); equal inputs give exactly 0.
-pub fn binary_kl(lp: f64, lr: f64) -> f64 {
+pub fn binary_kl(lp: f64, lq: f64, lr: f64) -> f64 {
     let floor = |x: f64| {
         if x >= 0.0 {
             (-BINARY_KL_FLOOR).ln_1p()
@@ -117,7 +119,6 @@ pub fn binary_kl(lp: f64, lr: f64) -> f64 {
             x
         }
     };
-    let lq = lp - lr;
     let (lp, lq, d) = if lp >= 0.0 || lq >= 0.0 {
         // a clamped side: the ratio follows the clamped log-probs
         let (cp, cq) = (floor(lp), floor(lq));
@@ -171,20 +172,24 @@ mod tests {
 
     #[test]
     fn binary_kl_edges() {
-        assert_eq!(binary_kl(-0.3, 0.0), 0.0);
-        assert_eq!(binary_kl(0.0, 0.0), 0.0);
-        assert_eq!(binary_kl(1e-3, 0.0), 0.0);
+        let bk = |lp: f64, lq: f64| binary_kl(lp, lq, lp - lq);
+        assert_eq!(bk(-0.3, -0.3), 0.0);
+        assert_eq!(bk(0.0, 0.0), 0.0);
+        assert_eq!(bk(1e-3, 1e-3), 0.0);
+        assert_eq!(bk(0.0, 2e-3), 0.0);
         // p = 1 (log-prob 0) counts as 1 − 1e-8: finite, equal to the clamped value
-        let want = binary_kl((-BINARY_KL_FLOOR).ln_1p(), (-BINARY_KL_FLOOR).ln_1p() + 0.1);
-        assert_eq!(binary_kl(0.0, 0.1), want);
+        let fl = (-BINARY_KL_FLOOR).ln_1p();
+        let want = bk(fl, -0.1);
+        assert_eq!(bk(0.0, -0.1), want);
+        assert_eq!(bk(-0.1, 0.0), want);
         assert!(want.is_finite() && want > 0.0);
         // symmetric in p, q
         let (lp, lq) = (-0.2f64, -1.7f64);
-        assert!((binary_kl(lp, lp - lq) - binary_kl(lq, lq - lp)).abs() < 1e-15);
+        assert!((bk(lp, lq) - bk(lq, lp)).abs() < 1e-15);
         // moderate values against the textbook formula
         let (p, q) = (lp.exp(), lq.exp());
         let db = |p: f64, q: f64| p * (p / q).ln() + (1.0 - p) * ((1.0 - p) / (1.0 - q)).ln();
         let naive = db(p, q).max(db(q, p));
-        assert!((binary_kl(lp, lp - lq) - naive).abs() < 1e-14 * naive);
+        assert!((bk(lp, lq) - naive).abs() < 1e-14 * naive);
     }
 }

@@ -66,9 +66,9 @@ fn rel(got: f64, want: f64) -> f64 {
     }
 }
 
-/// Per-token D_B criteria at each threshold plus `seq_max_binary_kl` at the first, on column 0
-/// (the trainer log-prob).
-fn plan<'a>(o: &Oracle, col: &'a [f64]) -> MaskPlan<'a> {
+/// Per-token D_B criteria at each threshold plus `seq_max_binary_kl` at the first, on columns
+/// 0 (the trainer log-prob) and 1 (the rollout's).
+fn plan<'a>(o: &'a Oracle) -> MaskPlan<'a> {
     let crit = |agg, upper| MaskCriterion {
         source: MaskSource::BinaryKl(0),
         agg,
@@ -84,7 +84,7 @@ fn plan<'a>(o: &Oracle, col: &'a [f64]) -> MaskPlan<'a> {
     MaskPlan {
         criteria,
         is: None,
-        columns: vec![col],
+        columns: vec![&o.lp, &o.lq],
     }
 }
 
@@ -96,9 +96,7 @@ fn run(engine: &dyn Engine, o: &Oracle, cu: &[i64]) -> CorrectionsRaw {
         .collect();
     let segs = Segments::new(ranges, vec![true; n]).unwrap();
     let lr: Vec<f64> = (0..n).map(|i| o.lp[i] - o.lq[i]).collect();
-    engine
-        .corrections_pass(&lr, &segs, &plan(o, &o.lp))
-        .unwrap()
+    engine.corrections_pass(&lr, &segs, &plan(o)).unwrap()
 }
 
 #[test]
@@ -107,7 +105,7 @@ fn cpu_values_and_masks_match_the_mpmath_oracle() {
     let n = o.lp.len();
     let (mut worst_near, mut worst_all) = (0f64, 0f64);
     for i in 0..n {
-        let v = binary_kl(o.lp[i], o.lp[i] - o.lq[i]);
+        let v = binary_kl(o.lp[i], o.lq[i], o.lp[i] - o.lq[i]);
         let r = rel(v, o.val[i]);
         if o.near_one[i] {
             worst_near = worst_near.max(r);
@@ -198,21 +196,39 @@ fn gpu_values_and_masks_match_the_mpmath_oracle() {
     println!("gpu binary_kl vs mpmath: worst rel {worst:e}; masks equal away from ties ({ties} tie flips)");
 }
 
+/// p, q in [1 − 1e-9, 1): the textbook formula on `p = exp(lp)` keeps only a few of f64's
+/// digits (1 − p has lost 7 to 10 of them), AReaL's f32 evaluation (clamp to [1e-8, 1 − 1e-8],
+/// whose upper end is 1.0 in f32) gives NaN, i.e. a masked token; trmask stays within 1e-12.
 #[test]
 fn naive_complements_lose_every_digit_near_one() {
     let o = oracle();
     let db = |p: f64, q: f64| p * (p / q).ln() + (1.0 - p) * ((1.0 - p) / (1.0 - q)).ln();
-    let (mut naive_worst, mut ours_worst, mut m) = (0f64, 0f64, 0);
+    let db32 = |lp: f64, lq: f64| {
+        let c = |x: f64| ((x as f32).exp()).clamp(1e-8, 1.0 - 1e-8);
+        let (p, q) = (c(lp), c(lq));
+        p * (p / q).ln() + (1.0 - p) * ((1.0 - p) / (1.0 - q)).ln()
+    };
+    let (mut naive_worst, mut ours_worst, mut m, mut nan32) = (0f64, 0f64, 0, 0);
     for i in (0..o.lp.len()).filter(|&i| o.near_one[i] && o.val[i] > 0.0) {
         let (p, q) = (o.lp[i].exp(), o.lq[i].exp());
         let naive = db(p, q).max(db(q, p));
         naive_worst = naive_worst.max(rel(naive, o.val[i]));
-        ours_worst = ours_worst.max(rel(binary_kl(o.lp[i], o.lp[i] - o.lq[i]), o.val[i]));
+        let ours = binary_kl(o.lp[i], o.lq[i], o.lp[i] - o.lq[i]);
+        ours_worst = ours_worst.max(rel(ours, o.val[i]));
+        let areal = db32(o.lp[i], o.lq[i]).max(db32(o.lq[i], o.lp[i]));
+        nan32 += usize::from(areal.is_nan()); // AReaL's keep test `<= upper` fails on NaN
         m += 1;
     }
-    println!("p, q in [1-1e-9, 1), {m} tokens: naive f64 worst rel {naive_worst:e}, trmask {ours_worst:e}");
+    println!(
+        "p, q in [1-1e-9, 1), {m} tokens: naive f64 worst rel {naive_worst:e}, trmask {ours_worst:e}; \
+         AReaL-style f32 gives NaN (masked) on {nan32}/{m}"
+    );
     assert!(m > 100);
-    assert!(naive_worst > 0.1, "the naive formula should fail here");
+    assert!(
+        naive_worst > 1e-3,
+        "the naive f64 formula should lose >= 13 digits here"
+    );
+    assert_eq!(nan32, m, "AReaL's f32 clamp makes every one of them NaN");
     assert!(ours_worst <= 1e-12);
 }
 
@@ -227,8 +243,10 @@ fn config_spellings_thresholds_and_metrics() {
     let b = cfg(json!({"rollout_rs": "token_binary_kl,binary_kl", "rollout_rs_threshold": 0.1}));
     assert_eq!(a.resolve().unwrap().criteria, b.resolve().unwrap().criteria);
     for bad in [json!("0.05_0.1"), json!(0.0), json!(-1.0)] {
-        let c = cfg(json!({"rollout_rs": "binary_kl", "rollout_rs_threshold": bad}));
-        assert!(c.resolve().is_err(), "{bad} must be rejected");
+        let v = json!({"rollout_rs": "binary_kl", "rollout_rs_threshold": bad});
+        let r = CorrectionConfig::from_json_value(&v).and_then(|c| c.resolve());
+        let e = r.expect_err("threshold must be rejected").to_string();
+        assert!(e.contains("rollout_rs_threshold"), "{bad}: {e}");
     }
     for ok in [
         "seq_max_binary_kl",

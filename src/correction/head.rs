@@ -195,8 +195,12 @@ fn mask_plan<'a>(table: &'a StatTable, cfg: &Resolved, lntrm_w: &'a [f64]) -> Re
                 let j = *lntrm_col.get_or_insert_with(|| col(lntrm_w));
                 MaskSource::SerWeighted(j)
             }
-            // from the trainer log-prob and the log-ratio (no rounding of p, q on the host)
-            Stat::BinaryKl => MaskSource::BinaryKl(col(table.get("train_log_prob")?)),
+            // from both log-probs (columns j, j + 1) and the log-ratio
+            Stat::BinaryKl => {
+                let j = col(table.get("train_log_prob")?);
+                col(table.get("rollout_log_prob")?);
+                MaskSource::BinaryKl(j)
+            }
             s => MaskSource::Column(col(table.get(s.name())?)),
         };
         let agg = match c.agg {

@@ -45,6 +45,7 @@ pub(crate) fn check_plan(lr: &[f64], segments: &Segments, plan: &MaskPlan) -> Re
             {
                 true
             }
+            (MaskSource::BinaryKl(j), _) if !ok(j + 1) => true,
             (_, MaskAgg::WeightedMean(j)) => !ok(j),
             _ => false,
         };
@@ -80,7 +81,9 @@ fn source_values(source: MaskSource, t: &TokenStats, plan: &MaskPlan, mask: &[bo
         MaskSource::Ser => t.ser.clone(),
         MaskSource::Column(j) => tok(&|i| plan.columns[j][i]),
         MaskSource::SerWeighted(j) => tok(&|i| t.ser[i] * plan.columns[j][i]),
-        MaskSource::BinaryKl(j) => tok(&|i| binary_kl(plan.columns[j][i], t.log_ratio[i])),
+        MaskSource::BinaryKl(j) => {
+            tok(&|i| binary_kl(plan.columns[j][i], plan.columns[j + 1][i], t.log_ratio[i]))
+        }
     }
 }
 

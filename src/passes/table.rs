@@ -147,7 +147,7 @@ pub fn token_table_with_support(
         let bkl = (0..mask.len())
             .map(|i| {
                 if mask[i] {
-                    binary_kl(t[i], t[i] - r[i])
+                    binary_kl(t[i], r[i], t[i] - r[i])
                 } else {
                     0.0
                 }
