@@ -223,7 +223,7 @@ fn group_and_length_metrics_match_float64() {
     let s = seed(15);
     let cfg = CorrectionConfig::from_json_value(&json!({
         "rollout_rs": "seq_mean_k3,binary_kl,seq_max_abs",
-        "rollout_rs_threshold": "0.004,0.05,0.45",
+        "rollout_rs_threshold": "0.02,0.15,0.6",
     }))
     .unwrap();
     let mut engines: Vec<Arc<dyn Engine>> = vec![Arc::new(CpuEngine::new())];
