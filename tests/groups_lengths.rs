@@ -3,6 +3,8 @@
 //! against a float64 computation written here from the definitions, on random padded batches
 //! with group ids, on both engines; and `uid` through the JSON reader.
 
+#![allow(clippy::needless_range_loop)]
+
 mod common;
 
 use common::{gpu, seed, Rng};

@@ -5,6 +5,8 @@
 //! values near p = q = 1 are really checked), masks equal away from ties. Also: the naive
 //! formula on rounded p loses every digit there, and the config spellings and metrics.
 
+#![allow(clippy::needless_range_loop)]
+
 mod common;
 
 use common::{gpu, json_flatten, load_json};
