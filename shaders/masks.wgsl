@@ -38,6 +38,7 @@ const SRC_ABS: u32 = 4u;
 const SRC_SER: u32 = 5u;
 const SRC_COLUMN: u32 = 6u;
 const SRC_SER_WEIGHTED: u32 = 7u;
+const SRC_BINARY_KL: u32 = 8u;
 // aggregations (MaskAgg)
 const AGG_TOKEN: u32 = 0u;
 const AGG_SUM: u32 = 1u;
@@ -60,8 +61,53 @@ fn stat_of(ci: u32, i: u32, c: f32) -> f32 {
         case 4u: { return abs(c); }
         case 5u: { return abs(expm1_acc(c)); }
         case 6u: { return columns[col * params.slots + i]; }
+        case 8u: {
+            let lp = columns[col * params.slots + i];
+            return binary_kl_of(lp, columns[(col + 1u) * params.slots + i], lr_in[i]);
+        }
         default: { return abs(expm1_acc(c)) * columns[col * params.slots + i]; }
     }
+}
+
+// KPop: max(D_B(p||q), D_B(q||p)) from the log-probs lp (trainer), lq (rollout) and the
+// unclamped lr = lp - lq (rounded once from f64, so it keeps its relative precision);
+// the f32 twin of trmask::numerics::binary_kl. Each direction is p*k3(lq - lp) +
+// (1-p)*k3(ln((1-q)/(1-p))) (terms >= 0, no cancellation), 1-p = -expm1(lp) and
+// ln((1-q)/(1-p)) = log1p(q*expm1(lr)/(1-p)); a log-prob >= 0 counts as p = 1 - 1e-8.
+fn binary_kl_of(lp_in: f32, lq_in: f32, lr: f32) -> f32 {
+    var lp = lp_in;
+    var lq = lq_in;
+    var d = lr;
+    if lp >= 0.0 || lq >= 0.0 {
+        lp = select(lp, -1.0e-8, lp >= 0.0);
+        lq = select(lq, -1.0e-8, lq >= 0.0);
+        d = lp - lq;
+    }
+    let pq = vec2<f32>(exp(lp), exp(lq));
+    let ab = vec2<f32>(-expm1_acc(lp), -expm1_acc(lq));
+    let t = pq.y * expm1_acc(clamp(d, -SAFETY_BOUND, SAFETY_BOUND)) / ab.x;
+    var v: f32;
+    if abs(d) < SAFETY_BOUND && abs(t) < 1.0e-3 {
+        v = t * (1.0 - t * (0.5 - t * (1.0 / 3.0 - 0.25 * t)));
+    } else if abs(d) < SAFETY_BOUND && abs(t) < 0.5 {
+        v = log(1.0 + t);
+    } else {
+        // ln(1 - e^x), Maechler's switch at -ln 2
+        let l1q = select(log(1.0 - pq.y), log(ab.y), lq > -0.6931472);
+        let l1p = select(log(1.0 - pq.x), log(ab.x), lp > -0.6931472);
+        v = l1q - l1p;
+    }
+    let fwd = bkl_term(pq.x, pq.y, -d) + bkl_term(ab.x, ab.y, v);
+    let rev = bkl_term(pq.y, pq.x, d) + bkl_term(ab.y, ab.x, -v);
+    return max(fwd, rev);
+}
+
+// x*(e^u - 1 - u) given y = x*e^u, without cancellation.
+fn bkl_term(x: f32, y: f32, u: f32) -> f32 {
+    if u > 1.0 {
+        return y - x * (1.0 + u);
+    }
+    return x * k3_of(u);
 }
 
 fn keeps(ci: u32, x: f32) -> bool {

@@ -28,7 +28,7 @@ pub struct Analysis {
 }
 
 /// Per-token outputs of SPEC §4 written by `trmask analyze`.
-pub const TOKEN_OUTPUTS: [&str; 12] = [
+pub const TOKEN_OUTPUTS: [&str; 13] = [
     "log_ratio",
     "k1",
     "k2",
@@ -41,6 +41,7 @@ pub const TOKEN_OUTPUTS: [&str; 12] = [
     "topk_kl",
     "topk_tv",
     "ddot",
+    "binary_kl",
 ];
 
 /// Runs the estimators (and vocabulary divergences when logits are present), reduces them per

@@ -131,6 +131,8 @@ pub struct Batch {
     pub rollout_topk_log_prob: Option<Vec<f64>>,
     /// K of the top-K tensors (0 when absent).
     pub topk: usize,
+    /// Per-sequence GRPO group id (verl's `uid`, TRL's prompt index), one per sequence.
+    pub uid: Option<Vec<i64>>,
 }
 
 impl Batch {
@@ -226,6 +228,7 @@ impl Batch {
             rollout_topk_ids: None,
             rollout_topk_log_prob: None,
             topk: 0,
+            uid: None,
         }
     }
 
@@ -288,6 +291,17 @@ impl Batch {
             }
         };
         *slot = Some(values);
+        Ok(self)
+    }
+
+    /// Attaches the per-sequence group ids (`uid`, `[B]` padded or `[S]` packed).
+    pub fn with_uid(mut self, uid: Vec<i64>) -> Result<Self> {
+        let n = self.num_seqs();
+        if uid.len() != n {
+            let msg = format!("has {} values but the batch has {n} sequences", uid.len());
+            return Err(Error::input("uid", msg));
+        }
+        self.uid = Some(uid);
         Ok(self)
     }
 

@@ -166,6 +166,7 @@ pub struct Step<'a> {
     log_prob: Option<Values<'a>>,
     advantages: Option<Values<'a>>,
     responses: Option<&'a [i64]>,
+    uid: Option<&'a [i64]>,
     rollout_logits: Option<&'a Logits>,
     old_logits: Option<&'a Logits>,
 }
@@ -180,6 +181,7 @@ impl<'a> Step<'a> {
             log_prob: None,
             advantages: None,
             responses: None,
+            uid: None,
             rollout_logits: None,
             old_logits: None,
         }
@@ -221,6 +223,12 @@ impl<'a> Step<'a> {
     /// Sampled token ids (verl's `responses`), needed with logits.
     pub fn responses(mut self, ids: &'a [i64]) -> Self {
         self.responses = Some(ids);
+        self
+    }
+    /// Per-sequence GRPO group ids (verl's `uid`, TRL's prompt index): adds the
+    /// `trmask/group_*` metrics.
+    pub fn uid(mut self, ids: &'a [i64]) -> Self {
+        self.uid = Some(ids);
         self
     }
     /// Full rollout and trainer logits `[slots, V]` for exact divergences.
@@ -274,6 +282,9 @@ impl<'a> Step<'a> {
         }
         if let Some(ids) = self.responses {
             batch = batch.with_responses(ids.to_vec())?;
+        }
+        if let Some(ids) = self.uid {
+            batch = batch.with_uid(ids.to_vec())?;
         }
         if let Some(l) = self.rollout_logits {
             batch = batch.with_logits("rollout_logits", l.clone())?;

@@ -36,7 +36,7 @@ enum LogitsSource {
     Values(Vec<f32>),
 }
 
-const DENSE_NAMES: [&str; 9] = [
+const DENSE_NAMES: [&str; 10] = [
     "rollout_log_prob",
     "old_log_prob",
     "log_prob",
@@ -46,6 +46,7 @@ const DENSE_NAMES: [&str; 9] = [
     "responses",
     "rollout_topk_ids",
     "rollout_topk_log_prob",
+    "uid",
 ];
 const LOGITS_NAMES: [&str; 2] = ["rollout_logits", "old_logits"];
 
@@ -338,6 +339,13 @@ fn build_batch(mut raw: Raw) -> Result<Batch> {
             check(name, &d.shape, 0)?;
             batch = batch.with_log_probs(name, d.data)?;
         }
+    }
+    if let Some(d) = raw.dense.remove("uid") {
+        if d.shape.len() != 1 {
+            let msg = format!("must be 1-D ([B] or [S]), got shape {:?}", d.shape);
+            return Err(Error::input("uid", msg));
+        }
+        batch = batch.with_uid(to_ids("uid", &d.data)?)?;
     }
     if let Some(d) = raw.dense.remove("responses") {
         check("responses", &d.shape, 0)?;

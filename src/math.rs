@@ -79,6 +79,67 @@ pub fn log_sum_exp(x: &[f64]) -> f64 {
     m + rest.ln_1p()
 }
 
+/// `ln(1 − eˣ)` for x < 0 (log1mexp, Mächler's switch at −ln 2); `−∞` at x = 0.
+pub fn log1mexp(x: f64) -> f64 {
+    if x > -std::f64::consts::LN_2 {
+        (-x.exp_m1()).ln()
+    } else {
+        (-x.exp()).ln_1p()
+    }
+}
+
+/// The complement `1 − p` that stands in when a log-prob is ≥ 0 (p rounds to 1; AReaL's clamp
+/// `p ≤ 1 − 1e-8`). Complements that are merely tiny (p within 1e-9 of 1) are used exactly.
+pub const BINARY_KL_FLOOR: f64 = 1e-8;
+
+/// `x·(e^u − 1 − u)` given `y = x·e^u`: a term of a KL in the `Σ x·k3(ln(y/x))` form, never
+/// negative up to rounding and free of cancellation (series for small u, `y − x(1+u)` for u > 1).
+fn kl_term(x: f64, y: f64, u: f64) -> f64 {
+    if u > 1.0 {
+        y - x * (1.0 + u)
+    } else {
+        x * k3_from_log_ratio(u)
+    }
+}
+
+/// KPop's bidirectional binary KL `max(D_B(p‖q), D_B(q‖p))` of the sampled token, from the
+/// trainer log-prob `lp`, the rollout's `lq` and the log-ratio `lr = lp − lq` (passed
+/// separately: a difference taken in higher precision, or one that keeps its relative
+/// precision where `lp − lq` is computed from rounded inputs), where
+/// `D_B(p‖q) = p ln(p/q) + (1−p) ln((1−p)/(1−q))`. Each direction is evaluated as
+/// `p·k3(lq − lp) + (1−p)·k3(ln((1−q)/(1−p)))` (both terms ≥ 0, so nothing cancels), with
+/// `1 − p = −expm1(lp)` and `ln((1−q)/(1−p)) = log1p(q·expm1(lr)/(1−p))`: full precision when p
+/// and q are both within 1e-9 of 1. A log-prob ≥ 0 counts as `p = 1 − BINARY_KL_FLOOR`
+/// (see docs/CORRECTIONS.md); equal inputs give exactly 0.
+pub fn binary_kl(lp: f64, lq: f64, lr: f64) -> f64 {
+    let floor = |x: f64| {
+        if x >= 0.0 {
+            (-BINARY_KL_FLOOR).ln_1p()
+        } else {
+            x
+        }
+    };
+    let (lp, lq, d) = if lp >= 0.0 || lq >= 0.0 {
+        // a clamped side: the ratio follows the clamped log-probs
+        let (cp, cq) = (floor(lp), floor(lq));
+        (cp, cq, cp - cq)
+    } else {
+        (lp, lq, lr)
+    };
+    let (p, q) = (lp.exp(), lq.exp());
+    let (a, b) = (-lp.exp_m1(), -lq.exp_m1());
+    // v = ln(b/a), (b − a)/a = (p − q)/a = q·expm1(d)/a
+    let t = q * d.exp_m1() / a;
+    let v = if t.abs() < 0.5 {
+        t.ln_1p()
+    } else {
+        log1mexp(lq) - log1mexp(lp)
+    };
+    let fwd = kl_term(p, q, -d) + kl_term(a, b, v);
+    let rev = kl_term(q, p, d) + kl_term(b, a, -v);
+    fwd.max(rev)
+}
+
 /// `1/n!` for n = 0..=11: the Taylor coefficients shared by the CPU vocabulary fast path.
 pub const INV_FACT: [f64; 12] = [
     1.0,
@@ -107,5 +168,28 @@ mod tests {
         let want = 1e-20 - (-50f64).exp();
         assert!((t - want).abs() < 1e-30, "{t} {want}");
         assert_eq!(log_sum_exp(&[]), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn binary_kl_edges() {
+        let bk = |lp: f64, lq: f64| binary_kl(lp, lq, lp - lq);
+        assert_eq!(bk(-0.3, -0.3), 0.0);
+        assert_eq!(bk(0.0, 0.0), 0.0);
+        assert_eq!(bk(1e-3, 1e-3), 0.0);
+        assert_eq!(bk(0.0, 2e-3), 0.0);
+        // p = 1 (log-prob 0) counts as 1 − 1e-8: finite, equal to the clamped value
+        let fl = (-BINARY_KL_FLOOR).ln_1p();
+        let want = bk(fl, -0.1);
+        assert_eq!(bk(0.0, -0.1), want);
+        assert_eq!(bk(-0.1, 0.0), want);
+        assert!(want.is_finite() && want > 0.0);
+        // symmetric in p, q
+        let (lp, lq) = (-0.2f64, -1.7f64);
+        assert!((bk(lp, lq) - bk(lq, lp)).abs() < 1e-15);
+        // moderate values against the textbook formula
+        let (p, q) = (lp.exp(), lq.exp());
+        let db = |p: f64, q: f64| p * (p / q).ln() + (1.0 - p) * ((1.0 - p) / (1.0 - q)).ln();
+        let naive = db(p, q).max(db(q, p));
+        assert!((bk(lp, lq) - naive).abs() < 1e-14 * naive);
     }
 }

@@ -22,6 +22,10 @@ pub enum MaskSource {
     Column(usize),
     /// `ser × column j` (LN-TRM: column j holds the weights `w_t`).
     SerWeighted(usize),
+    /// KPop's `max(D_B(p‖q), D_B(q‖p))` (`trmask::numerics::binary_kl`) from column j (the
+    /// trainer log-prob `ln p`), column j + 1 (the rollout's `ln q`) and the unclamped
+    /// log-ratio.
+    BinaryKl(usize),
 }
 
 /// How a criterion aggregates its per-token statistic.

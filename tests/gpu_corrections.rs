@@ -160,6 +160,9 @@ fn source_stat(t: &TokenStats, plan: &MaskPlan, src: MaskSource, i: usize) -> f6
         MaskSource::Ser => t.ser[i],
         MaskSource::Column(j) => plan.columns[j][i],
         MaskSource::SerWeighted(j) => t.ser[i] * plan.columns[j][i],
+        MaskSource::BinaryKl(j) => {
+            trmask::numerics::binary_kl(plan.columns[j][i], plan.columns[j + 1][i], t.log_ratio[i])
+        }
     }
 }
 

@@ -48,10 +48,16 @@ impl CorrectionConfig {
                         format!(
                             "Invalid rollout_rs option: {opt}. Must be one of verl's {VERL_OPTIONS:?} \
                              or trmask's token_/seq_sum_/seq_mean_/seq_max_ with abs, ser, kl, kl_rev, tv, \
-                             topk_kl, topk_tv, or seq_lntrm."
+                             topk_kl, topk_tv, binary_kl, or seq_lntrm (binary_kl alone is KPop, token level)."
                         ),
                     ));
                 }
+                // token_binary_kl is verl's binary_kl (one criterion, verl's metric names)
+                let opt = if opt == "token_binary_kl" {
+                    "binary_kl"
+                } else {
+                    opt
+                };
                 if !options.iter().any(|o| o == opt) {
                     options.push(opt.to_string());
                 }
@@ -238,11 +244,14 @@ pub enum Stat {
     TopkTv,
     /// LN-TRM's `|ρ − 1|` weighted by `w_t` (`seq_lntrm` only).
     LnTrm,
+    /// KPop's bidirectional binary KL `max(D_B(p‖q), D_B(q‖p))` of the sampled token
+    /// (`binary_kl`, verl PR #6800 / AReaL; `trmask::numerics::binary_kl`).
+    BinaryKl,
 }
 
 impl Stat {
     /// Every statistic a `<agg>_<stat>` option may name.
-    pub const ALL: [Stat; 10] = [
+    pub const ALL: [Stat; 11] = [
         Stat::K1,
         Stat::K2,
         Stat::K3,
@@ -253,6 +262,7 @@ impl Stat {
         Stat::Tv,
         Stat::TopkKl,
         Stat::TopkTv,
+        Stat::BinaryKl,
     ];
 
     /// The name in options and in the statistics table (`k3`, `kl_rev`, `topk_kl`, `lntrm`).
@@ -269,6 +279,7 @@ impl Stat {
             Stat::TopkKl => "topk_kl",
             Stat::TopkTv => "topk_tv",
             Stat::LnTrm => "lntrm",
+            Stat::BinaryKl => "binary_kl",
         }
     }
 
@@ -291,6 +302,10 @@ pub enum Agg {
 fn parse_option(opt: &str) -> Option<(Agg, Stat)> {
     if opt == "seq_lntrm" {
         return Some((Agg::LnTrm, Stat::LnTrm));
+    }
+    if opt == "binary_kl" {
+        // verl's (PR #6800) spelling of token_binary_kl (KPop)
+        return Some((Agg::Token, Stat::BinaryKl));
     }
     let (agg, stat) = if let Some(s) = opt.strip_prefix("token_") {
         (Agg::Token, s)

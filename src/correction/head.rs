@@ -9,6 +9,7 @@ use crate::config::{Agg, Criterion, IsLevel, Resolved, Stat};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::metrics::ctx::{mean, std_unbiased, vmax, vmin, Ctx};
+use crate::metrics::diagnostics::{group_metrics, length_metrics};
 use crate::metrics::trmask::trmask_metrics;
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
 use crate::plan::{CorrectionsRaw, MaskAgg, MaskCriterion, MaskIs, MaskPlan, MaskSource};
@@ -132,6 +133,15 @@ pub fn compute(
         weights.as_deref(),
         &mut metrics,
     )?;
+    let est = [
+        ("k1", k1),
+        ("k3", table.get("k3")?),
+        ("abs_log_ratio", table.get("abs")?),
+    ];
+    length_metrics(segs, est, &seq_accept, &criteria, &mut metrics);
+    if let Some(uid) = &batch.uid {
+        group_metrics(uid, &seq_accept, &mut metrics);
+    }
 
     Ok(Corrections {
         weights,
@@ -184,6 +194,12 @@ fn mask_plan<'a>(table: &'a StatTable, cfg: &Resolved, lntrm_w: &'a [f64]) -> Re
             Stat::LnTrm => {
                 let j = *lntrm_col.get_or_insert_with(|| col(lntrm_w));
                 MaskSource::SerWeighted(j)
+            }
+            // from both log-probs (columns j, j + 1) and the log-ratio
+            Stat::BinaryKl => {
+                let j = col(table.get("train_log_prob")?);
+                col(table.get("rollout_log_prob")?);
+                MaskSource::BinaryKl(j)
             }
             s => MaskSource::Column(col(table.get(s.name())?)),
         };

@@ -65,6 +65,7 @@ fn plan_words(plan: &MaskPlan) -> Vec<u32> {
             MaskSource::Ser => (5, 0),
             MaskSource::Column(j) => (6, j as u32),
             MaskSource::SerWeighted(j) => (7, j as u32),
+            MaskSource::BinaryKl(j) => (8, j as u32),
         };
         let (agg, acol) = match c.agg {
             MaskAgg::Token => (0, 0),

@@ -3,6 +3,7 @@
 //! `trmask/*`.
 
 pub(crate) mod ctx;
+pub(crate) mod diagnostics;
 pub(crate) mod trmask;
 pub(crate) mod verl;
 

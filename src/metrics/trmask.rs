@@ -2,6 +2,7 @@
 //! the shares and position buckets of exact divergences.
 
 use super::ctx::{mean, Ctx};
+use super::diagnostics::position_means;
 use crate::batch::Segments;
 use crate::error::Result;
 use crate::stats::CriterionResult;
@@ -11,13 +12,10 @@ use std::collections::BTreeMap;
 /// [`divergence_metrics`]).
 pub const DIVERGENCES: [&str; 5] = ["kl", "kl_rev", "tv", "topk_kl", "topk_tv"];
 
-/// Upper ends of the response-position buckets of `trmask/<stat>_pos_<lo>_<hi>`.
-pub const POSITION_BUCKETS: [usize; 6] = [16, 64, 256, 1024, 4096, usize::MAX];
-
 /// For an exact per-token divergence `name`: `trmask/<name>_frac_above_1e-4` and `_1e-3`
 /// (share of valid tokens strictly above), and `trmask/<name>_pos_<lo>_<hi>` — the mean over
 /// valid tokens whose position t in their response (0-based, counting valid tokens) lies in
-/// `[lo, hi)`, for the buckets of [`POSITION_BUCKETS`] that hold a token (the last is named
+/// `[lo, hi)`, for the buckets of [`POSITION_BUCKETS`](super::diagnostics::POSITION_BUCKETS) that hold a token (the last is named
 /// `_pos_4096_inf`). Long responses drift more; this shows where.
 pub fn divergence_metrics(
     name: &str,
@@ -25,27 +23,18 @@ pub fn divergence_metrics(
     segments: &Segments,
     metrics: &mut BTreeMap<String, f64>,
 ) {
-    let mut n = 0usize;
     let mut above = [0usize; 2];
-    let mut bucket_sum = [0f64; POSITION_BUCKETS.len()];
-    let mut bucket_n = [0usize; POSITION_BUCKETS.len()];
     for &(a, b) in segments.ranges() {
-        let valid = v[a..b]
+        for (&x, _) in v[a..b]
             .iter()
             .zip(&segments.mask()[a..b])
-            .filter(|(_, &m)| m);
-        for (t, (&x, _)) in valid.enumerate() {
-            n += 1;
+            .filter(|(_, &m)| m)
+        {
             above[0] += (x > 1e-4) as usize;
             above[1] += (x > 1e-3) as usize;
-            let k = POSITION_BUCKETS
-                .iter()
-                .position(|&hi| t < hi)
-                .unwrap_or(POSITION_BUCKETS.len() - 1);
-            bucket_sum[k] += x;
-            bucket_n[k] += 1;
         }
     }
+    let n = position_means(name, v, segments, false, metrics);
     if n == 0 {
         return;
     }
@@ -57,21 +46,6 @@ pub fn divergence_metrics(
         format!("trmask/{name}_frac_above_1e-3"),
         above[1] as f64 / n as f64,
     );
-    let mut lo = 0usize;
-    for (k, &hi) in POSITION_BUCKETS.iter().enumerate() {
-        if bucket_n[k] > 0 {
-            let hi_name = if hi == usize::MAX {
-                "inf".to_string()
-            } else {
-                hi.to_string()
-            };
-            metrics.insert(
-                format!("trmask/{name}_pos_{lo}_{hi_name}"),
-                bucket_sum[k] / bucket_n[k] as f64,
-            );
-        }
-        lo = hi;
-    }
 }
 
 /// Linear-interpolation percentile (numpy's default) of sorted values.

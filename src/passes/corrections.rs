@@ -5,6 +5,7 @@
 use crate::batch::Segments;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::math::binary_kl;
 use crate::plan::{
     CorrectionsRaw, MaskAgg, MaskCriterion, MaskPlan, MaskSource, MAX_MASK_CRITERIA,
 };
@@ -39,7 +40,12 @@ pub(crate) fn check_plan(lr: &[f64], segments: &Segments, plan: &MaskPlan) -> Re
     let ok = |j: usize| j < plan.columns.len();
     for c in &plan.criteria {
         let bad = match (c.source, c.agg) {
-            (MaskSource::Column(j) | MaskSource::SerWeighted(j), _) if !ok(j) => true,
+            (MaskSource::Column(j) | MaskSource::SerWeighted(j) | MaskSource::BinaryKl(j), _)
+                if !ok(j) =>
+            {
+                true
+            }
+            (MaskSource::BinaryKl(j), _) if !ok(j + 1) => true,
             (_, MaskAgg::WeightedMean(j)) => !ok(j),
             _ => false,
         };
@@ -75,6 +81,9 @@ fn source_values(source: MaskSource, t: &TokenStats, plan: &MaskPlan, mask: &[bo
         MaskSource::Ser => t.ser.clone(),
         MaskSource::Column(j) => tok(&|i| plan.columns[j][i]),
         MaskSource::SerWeighted(j) => tok(&|i| t.ser[i] * plan.columns[j][i]),
+        MaskSource::BinaryKl(j) => {
+            tok(&|i| binary_kl(plan.columns[j][i], plan.columns[j + 1][i], t.log_ratio[i]))
+        }
     }
 }
 

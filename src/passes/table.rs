@@ -5,7 +5,7 @@ use crate::batch::Batch;
 use crate::config::CorrectionConfig;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::math::neumaier_sum;
+use crate::math::{binary_kl, neumaier_sum};
 use crate::stats::{StatTable, TopkSupport};
 use crate::support::TrainerTopk;
 
@@ -143,6 +143,17 @@ pub fn token_table_with_support(
         };
         table.stats.insert("rollout_log_prob".into(), masked(r));
         table.stats.insert("train_log_prob".into(), masked(t));
+        // KPop's bidirectional binary KL (f64 on the host, from both log-probs)
+        let bkl = (0..mask.len())
+            .map(|i| {
+                if mask[i] {
+                    binary_kl(t[i], r[i], t[i] - r[i])
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        table.stats.insert("binary_kl".into(), bkl);
         for (name, v) in [
             ("log_ratio", s.log_ratio),
             ("rho", s.rho),

@@ -1,0 +1,204 @@
+//! Length-aware and GRPO-group diagnostics (`trmask/*`), from log-probs alone: per-position
+//! bucket means of the sampled-token estimators, rejection rate by response length, the
+//! correlation of length with each criterion's sequence statistic, and what rejection leaves
+//! of each prompt's group.
+
+use crate::batch::Segments;
+use crate::stats::CriterionResult;
+use std::collections::BTreeMap;
+
+/// Upper ends of the response-position (and length) buckets of `trmask/<stat>_pos_<lo>_<hi>`
+/// and `trmask/reject_rate_len_<lo>_<hi>`.
+pub const POSITION_BUCKETS: [usize; 6] = [16, 64, 256, 1024, 4096, usize::MAX];
+
+/// `lo_hi` bucket names of [`POSITION_BUCKETS`] (`4096_inf` for the last).
+fn bucket_names() -> Vec<String> {
+    let mut lo = 0usize;
+    POSITION_BUCKETS
+        .iter()
+        .map(|&hi| {
+            let h = if hi == usize::MAX {
+                "inf".to_string()
+            } else {
+                hi.to_string()
+            };
+            let name = format!("{lo}_{h}");
+            lo = hi;
+            name
+        })
+        .collect()
+}
+
+/// The bucket of [`POSITION_BUCKETS`] holding `x` (`[lo, hi)`).
+pub(crate) fn bucket_of(x: usize) -> usize {
+    POSITION_BUCKETS
+        .iter()
+        .position(|&hi| x < hi)
+        .unwrap_or(POSITION_BUCKETS.len() - 1)
+}
+
+/// `trmask/<name>_pos_<lo>_<hi>`: the mean of `v` over valid tokens whose position t in their
+/// response (0-based, counting valid tokens) lies in `[lo, hi)`, for the buckets that hold a
+/// token; also `trmask/<name>_mean` over every valid token when `with_mean`. Returns the
+/// number of valid tokens.
+pub(crate) fn position_means(
+    name: &str,
+    v: &[f64],
+    segments: &Segments,
+    with_mean: bool,
+    metrics: &mut BTreeMap<String, f64>,
+) -> usize {
+    let nb = POSITION_BUCKETS.len();
+    let (mut sum, mut cnt) = (vec![0f64; nb], vec![0usize; nb]);
+    for &(a, b) in segments.ranges() {
+        let valid = v[a..b]
+            .iter()
+            .zip(&segments.mask()[a..b])
+            .filter(|(_, &m)| m);
+        for (t, (&x, _)) in valid.enumerate() {
+            let k = bucket_of(t);
+            sum[k] += x;
+            cnt[k] += 1;
+        }
+    }
+    for (k, bucket) in bucket_names().iter().enumerate() {
+        if cnt[k] > 0 {
+            metrics.insert(
+                format!("trmask/{name}_pos_{bucket}"),
+                sum[k] / cnt[k] as f64,
+            );
+        }
+    }
+    let n: usize = cnt.iter().sum();
+    if with_mean && n > 0 {
+        metrics.insert(
+            format!("trmask/{name}_mean"),
+            sum.iter().sum::<f64>() / n as f64,
+        );
+    }
+    n
+}
+
+/// Pearson correlation of `x` and `y` (`None` with fewer than 2 points or a constant side).
+pub(crate) fn pearson(x: &[f64], y: &[f64]) -> Option<f64> {
+    let n = x.len() as f64;
+    if x.len() < 2 {
+        return None;
+    }
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for (a, b) in x.iter().zip(y) {
+        sxy += (a - mx) * (b - my);
+        sxx += (a - mx) * (a - mx);
+        syy += (b - my) * (b - my);
+    }
+    (sxx > 0.0 && syy > 0.0 && (sxy / (sxx * syy).sqrt()).is_finite())
+        .then(|| (sxy / (sxx * syy).sqrt()).clamp(-1.0, 1.0))
+}
+
+/// Length-aware diagnostics from the per-token estimators (`k1`, `k3`, `abs` = |log ρ|):
+/// `trmask/{k1,k3,abs_log_ratio}_pos_<lo>_<hi>` and `_mean`; over non-empty sequences,
+/// `trmask/reject_rate_len_<lo>_<hi>` (share of the sequences whose valid length lies in
+/// `[lo, hi)` that were rejected, for buckets holding a sequence) and
+/// `trmask/len_corr/<criterion>` (Pearson correlation of the valid length with the criterion's
+/// per-sequence statistic; absent when undefined).
+pub(crate) fn length_metrics(
+    segments: &Segments,
+    estimators: [(&str, &[f64]); 3],
+    seq_accept: &[bool],
+    criteria: &[CriterionResult],
+    m: &mut BTreeMap<String, f64>,
+) {
+    for (name, v) in estimators {
+        position_means(name, v, segments, true, m);
+    }
+    let len = segments.lengths();
+    let nonempty: Vec<usize> = (0..len.len()).filter(|&i| len[i] > 0).collect();
+    let nb = POSITION_BUCKETS.len();
+    let (mut rej, mut cnt) = (vec![0usize; nb], vec![0usize; nb]);
+    for &i in &nonempty {
+        let k = bucket_of(len[i]);
+        cnt[k] += 1;
+        rej[k] += usize::from(!seq_accept[i]);
+    }
+    for (k, bucket) in bucket_names().iter().enumerate() {
+        if cnt[k] > 0 {
+            m.insert(
+                format!("trmask/reject_rate_len_{bucket}"),
+                rej[k] as f64 / cnt[k] as f64,
+            );
+        }
+    }
+    let x: Vec<f64> = nonempty.iter().map(|&i| len[i] as f64).collect();
+    for c in criteria {
+        let y: Vec<f64> = nonempty.iter().map(|&i| c.seq_stat[i]).collect();
+        if let Some(r) = pearson(&x, &y) {
+            m.insert(format!("trmask/len_corr/{}", c.name), r);
+        }
+    }
+}
+
+/// GRPO group effects of rejection, with `uid` the group id of each sequence (every sequence,
+/// empty ones included, is a member; a sequence is rejected when `seq_accept` is false):
+/// `trmask/group_rejected_fraction` (groups with at least one rejected sequence),
+/// `trmask/group_fully_rejected_fraction`, `trmask/group_degenerate_fraction` (groups left
+/// with fewer than 2 accepted sequences: no within-group baseline) and
+/// `trmask/group_accepted_size_mean`; plus `trmask/num_groups`.
+pub(crate) fn group_metrics(uid: &[i64], seq_accept: &[bool], m: &mut BTreeMap<String, f64>) {
+    // group → (size, accepted)
+    let mut groups: BTreeMap<i64, (usize, usize)> = BTreeMap::new();
+    for (&g, &a) in uid.iter().zip(seq_accept) {
+        let e = groups.entry(g).or_default();
+        e.0 += 1;
+        e.1 += usize::from(a);
+    }
+    if groups.is_empty() {
+        return;
+    }
+    let ng = groups.len() as f64;
+    let frac =
+        |f: &dyn Fn(&(usize, usize)) -> bool| groups.values().filter(|g| f(g)).count() as f64 / ng;
+    m.insert("trmask/num_groups".into(), ng);
+    m.insert(
+        "trmask/group_rejected_fraction".into(),
+        frac(&|&(n, a)| a < n),
+    );
+    m.insert(
+        "trmask/group_fully_rejected_fraction".into(),
+        frac(&|&(_, a)| a == 0),
+    );
+    m.insert(
+        "trmask/group_degenerate_fraction".into(),
+        frac(&|&(_, a)| a < 2),
+    );
+    let acc: usize = groups.values().map(|g| g.1).sum();
+    m.insert("trmask/group_accepted_size_mean".into(), acc as f64 / ng);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pearson_edges() {
+        assert_eq!(pearson(&[1.0], &[2.0]), None);
+        assert_eq!(pearson(&[1.0, 2.0], &[3.0, 3.0]), None);
+        let r = pearson(&[1.0, 2.0, 3.0], &[2.0, 4.0, 6.5]).unwrap();
+        assert!(r > 0.99 && r <= 1.0);
+        assert_eq!(pearson(&[1.0, 2.0], &[2.0, 1.0]), Some(-1.0));
+    }
+
+    #[test]
+    fn groups_by_hand() {
+        // groups 7: {acc, rej, acc}, 3: {rej, rej}, 5: {acc}
+        let uid = [7, 3, 7, 5, 3, 7];
+        let acc = [true, false, false, true, false, true];
+        let mut m = BTreeMap::new();
+        group_metrics(&uid, &acc, &mut m);
+        assert_eq!(m["trmask/num_groups"], 3.0);
+        assert_eq!(m["trmask/group_rejected_fraction"], 2.0 / 3.0);
+        assert_eq!(m["trmask/group_fully_rejected_fraction"], 1.0 / 3.0);
+        assert_eq!(m["trmask/group_degenerate_fraction"], 2.0 / 3.0);
+        assert_eq!(m["trmask/group_accepted_size_mean"], 1.0);
+    }
+}
