@@ -33,6 +33,8 @@
 
 // Layer 0: no internal dependency but `error`.
 mod error;
+mod lenient_json;
+mod logits;
 mod math;
 pub mod plan;
 mod stats;
@@ -58,6 +60,8 @@ pub mod analysis;
 pub mod backend;
 mod corrector;
 pub mod io;
+// Layer 6: what the CLI prints and renders.
+pub mod report;
 
 pub use batch::{Batch, DType, Layout, Logits, Segments};
 pub use certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};
