@@ -41,7 +41,7 @@ fn main() -> anyhow::Result<()> {
         Ok(args.get(i).map(|s| s.parse()).transpose()?.unwrap_or(d))
     };
     let (b, t, v) = (arg(1, 64)?, arg(2, 2048)?, arg(3, 64)?);
-    let mut rng = Rng(arg(4, 1)? as u64 * 0x9E37_79B9_7F4A_7C15 | 1);
+    let mut rng = Rng((arg(4, 1)? as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let (mut ra, mut oa) = (Vec::with_capacity(b * t * v), Vec::with_capacity(b * t * v));
     let (mut ids, mut rlp, mut olp, mut mask) = (vec![], vec![], vec![], vec![]);
     for s in 0..b {

@@ -29,7 +29,7 @@ fn drifting_batch() -> serde_json::Value {
         for p in 0..t {
             let x = r.range(-5.0, -0.01);
             let drift = if s % 2 == 0 {
-                0.8 * (p as f64 / t as f64).powi(3)
+                4.0 * (p as f64 / t as f64).powi(3)
             } else {
                 0.0
             };

@@ -105,7 +105,7 @@ fn temperature_without_logits_warns() {
 
 #[test]
 fn constant_offset_warns() {
-    let b = batch(5, |x, r| x + 0.5 + r.range(-0.01, 0.01), false);
+    let b = batch(5, |x, r| x - 0.5 + r.range(-0.01, 0.01), false);
     let (code, _, err) = analyze("offset.json", &b, &[]);
     assert_eq!(code, 0, "{err}");
     let w = warnings(&err);

@@ -6,11 +6,14 @@ use super::{num, output, ranking, worst_order, Subject};
 use std::fmt::Write as _;
 
 const BUCKETS: usize = 64;
+
+/// `(bucket start, mean, p90)` per position bucket.
+type Buckets = Vec<(f64, f64, f64)>;
 const COLORS: [&str; 3] = ["#1f6fb4", "#d1741f", "#2e9e4f"];
 
 /// Per-position mean and p90 of a per-token statistic over the valid tokens of every
 /// sequence, in at most [`BUCKETS`] position buckets: `(bucket start, mean, p90)`.
-fn by_position(s: &Subject, values: &[f64]) -> Vec<(f64, f64, f64)> {
+fn by_position(s: &Subject, values: &[f64]) -> Buckets {
     let mask = s.batch.mask();
     let tmax = s
         .analysis
@@ -50,8 +53,7 @@ fn position_chart(s: &Subject) -> String {
         .iter()
         .filter_map(|n| output(s.analysis, n).map(|v| (*n, v)))
         .collect();
-    let series: Vec<(&str, Vec<(f64, f64, f64)>)> =
-        stats.iter().map(|(n, v)| (*n, by_position(s, v))).collect();
+    let series: Vec<(&str, Buckets)> = stats.iter().map(|(n, v)| (*n, by_position(s, v))).collect();
     let all = series
         .iter()
         .flat_map(|(_, p)| p.iter().flat_map(|q| [q.1, q.2]));
@@ -180,6 +182,7 @@ fn rejections_chart(s: &Subject) -> String {
         lo: 0.0,
         hi: n,
         log: false,
+        categorical: true,
     };
     let y = Axis::fit(counts.iter().map(|&k| k as f64), false);
     let names: Vec<&str> = c.criteria.iter().map(|k| k.name.as_str()).collect();

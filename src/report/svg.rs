@@ -24,6 +24,8 @@ pub struct Axis {
     pub lo: f64,
     pub hi: f64,
     pub log: bool,
+    /// No tick labels (bar positions of categories; the legend names them).
+    pub categorical: bool,
 }
 
 impl Axis {
@@ -46,7 +48,12 @@ impl Axis {
             }
             lo = lo.min(0.0);
         }
-        Axis { lo, hi, log }
+        Axis {
+            lo,
+            hi,
+            log,
+            categorical: false,
+        }
     }
     fn t(&self, v: f64) -> f64 {
         let (a, b, v) = if self.log {
@@ -57,7 +64,9 @@ impl Axis {
         ((v - a) / (b - a)).clamp(0.0, 1.0)
     }
     fn ticks(&self) -> Vec<f64> {
-        if self.log {
+        if self.categorical {
+            Vec::new()
+        } else if self.log {
             let (a, b) = (self.lo.log10() as i32, self.hi.log10() as i32);
             let step = ((b - a) / 6).max(1);
             (a..=b)
@@ -210,19 +219,30 @@ impl Frame {
     }
     pub fn vline(&mut self, x: f64, text: &str) {
         let px = self.px(x);
+        let right = px > L + 0.6 * (W - L - R);
         let _ = write!(
             self.svg,
             "<line x1=\"{px:.1}\" y1=\"{T}\" x2=\"{px:.1}\" y2=\"{}\" stroke=\"#c00\" \
-             stroke-dasharray=\"6 3\"/><text x=\"{:.1}\" y=\"{}\" fill=\"#c00\">{}</text>",
+             stroke-dasharray=\"6 3\"/><text x=\"{:.1}\" y=\"{}\" fill=\"#c00\" \
+             text-anchor=\"{}\">{}</text>",
             H - B,
-            px + 4.0,
+            if right { px - 4.0 } else { px + 4.0 },
             T + 12.0,
+            if right { "end" } else { "start" },
             esc(text)
         );
     }
     /// A legend entry at row `i` of the top-left corner.
     pub fn legend(&mut self, i: usize, color: &str, text: &str) {
         let y = T + 14.0 + 14.0 * i as f64;
+        let _ = write!(
+            self.svg,
+            "<rect x=\"{}\" y=\"{:.1}\" width=\"{:.0}\" height=\"14\" fill=\"#fff\" \
+             fill-opacity=\"0.85\"/>",
+            L + 4.0,
+            y - 11.0,
+            14.0 + 6.5 * text.chars().count() as f64
+        );
         let _ = write!(
             self.svg,
             "<rect x=\"{}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/>\
