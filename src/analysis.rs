@@ -27,8 +27,9 @@ pub struct Analysis {
     pub certificate: Option<Certificate>,
 }
 
-/// Per-token outputs of SPEC §4 written by `trmask analyze`.
-pub const TOKEN_OUTPUTS: [&str; 13] = [
+/// Per-token outputs of SPEC §4 written by `trmask analyze` (`ddot` is added as a copy of
+/// the one the configured DPPO / PDM direction uses, see [`ddot_used`]).
+pub const TOKEN_OUTPUTS: [&str; 14] = [
     "log_ratio",
     "k1",
     "k2",
@@ -40,9 +41,19 @@ pub const TOKEN_OUTPUTS: [&str; 13] = [
     "training_entropy",
     "topk_kl",
     "topk_tv",
-    "ddot",
+    "ddot_aggregated",
+    "ddot_uniform",
     "binary_kl",
 ];
+
+/// The `ddot` variant the configured direction uses: `ddot_uniform` with
+/// `dppo.direction = predictive_uniform`, else `ddot_aggregated`.
+pub fn ddot_used(config: &CorrectionConfig) -> &'static str {
+    match config.dppo.as_ref().map(|d| d.direction) {
+        Some(crate::stats::DppoDirection::PredictiveUniform) => "ddot_uniform",
+        _ => "ddot_aggregated",
+    }
+}
 
 /// Runs the estimators (and vocabulary divergences when logits are present), reduces them per
 /// sequence, and computes the configured IS weights, rejection masks and metrics
@@ -54,16 +65,23 @@ pub fn analyze(engine: &dyn Engine, batch: &Batch, config: &CorrectionConfig) ->
     let mut outputs = Vec::new();
     let mut metrics = BTreeMap::new();
     // trmask/<stat>_mean (exact, over valid tokens) and _max of every per-token statistic
-    let stat_names: Vec<&str> = table
+    // the table's `ddot` is the aggregated one; the output `ddot` is the one the mask used
+    let keys: Vec<&str> = table
         .stats
         .keys()
         .map(String::as_str)
         .filter(|n| !matches!(*n, "rollout_log_prob" | "train_log_prob"))
         .collect();
-    let stat_values: Vec<&[f64]> = stat_names
+    let mut stat_names: Vec<&str> = keys
         .iter()
-        .map(|n| table.stats[*n].as_slice())
+        .map(|&n| if n == "ddot" { "ddot_aggregated" } else { n })
         .collect();
+    let mut stat_values: Vec<&[f64]> = keys.iter().map(|n| table.stats[*n].as_slice()).collect();
+    let used = ddot_used(config);
+    if let Some(i) = stat_names.iter().position(|n| *n == used) {
+        stat_names.push("ddot");
+        stat_values.push(stat_values[i]);
+    }
     let reduced = engine.segment_reduce(&stat_values, batch.segments())?;
     let valid = batch.mask().iter().filter(|&&m| m).count();
     let criterion_outputs: Vec<&str> = corrections
@@ -91,7 +109,7 @@ pub fn analyze(engine: &dyn Engine, batch: &Batch, config: &CorrectionConfig) ->
         if DIVERGENCES.contains(name) {
             divergence_metrics(name, v, batch.segments(), &mut metrics);
         }
-        if !TOKEN_OUTPUTS.contains(name) {
+        if !TOKEN_OUTPUTS.contains(name) && *name != "ddot" {
             continue;
         }
         outputs.push(token_output(batch, name, v.to_vec()));

@@ -8,6 +8,7 @@
 
 use crate::error::{Error, Result};
 
+pub(crate) use crate::logits::impossible_sample;
 use crate::logits::Logits;
 
 /// How sequences are laid out.
@@ -286,7 +287,7 @@ impl Batch {
             other => {
                 return Err(Error::input(
                     other,
-                    "is not a per-token f64 tensor of SPEC §3",
+                    "is not a per-token f64 tensor (see docs/FORMAT.md)",
                 ))
             }
         };
@@ -327,7 +328,12 @@ impl Batch {
         match name {
             "rollout_logits" => self.rollout_logits = Some(logits),
             "old_logits" => self.old_logits = Some(logits),
-            other => return Err(Error::input(other, "is not a logits tensor of SPEC §3")),
+            other => {
+                return Err(Error::input(
+                    other,
+                    "is not a logits tensor (see docs/FORMAT.md)",
+                ))
+            }
         }
         Ok(self)
     }
@@ -419,6 +425,20 @@ impl Batch {
                     "responses",
                     format!(
                         "token id {} at valid position {} is outside [0, {v})",
+                        ids[i],
+                        self.position(i)
+                    ),
+                ));
+            }
+        }
+        if let (Some(l), Some(ids)) = (&self.rollout_logits, &self.responses) {
+            if let Some(i) = impossible_sample(l, ids, mask) {
+                return Err(Error::input(
+                    "responses",
+                    format!(
+                        "token id {} at valid position {} has rollout logit -inf: zero \
+                         probability under the policy that sampled it (wrong ids, or a sampler \
+                         mask that the dump does not reflect)",
                         ids[i],
                         self.position(i)
                     ),

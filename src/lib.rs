@@ -33,6 +33,7 @@
 
 // Layer 0: no internal dependency but `error`.
 mod error;
+mod lenient_json;
 mod math;
 pub mod plan;
 mod stats;
@@ -59,6 +60,8 @@ pub mod analysis;
 pub mod backend;
 mod corrector;
 pub mod io;
+// Layer 6: what the CLI prints and renders.
+pub mod report;
 
 pub use batch::{Batch, Layout, Segments};
 pub use certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};

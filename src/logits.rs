@@ -266,6 +266,24 @@ pub(crate) fn check_logits_size(len: usize, dtype: DType, rows: usize, vocab: us
     Ok(())
 }
 
+/// The first valid slot whose sampled id has a rollout logit of −∞ (probability 0 under the
+/// policy that sampled it). Ids outside the vocabulary are skipped (checked elsewhere), and so
+/// are device-resident logits (the kernel reports the sampled log-prob instead).
+pub(crate) fn impossible_sample(rollout: &Logits, ids: &[i64], mask: &[bool]) -> Option<usize> {
+    if rollout.on_device().is_some() {
+        return None;
+    }
+    let v = rollout.vocab() as i64;
+    (0..mask.len().min(ids.len()).min(rollout.rows())).find(|&r| {
+        mask[r]
+            && (0..v).contains(&ids[r])
+            && rollout
+                .dtype()
+                .decode(rollout.row_bytes(r), ids[r] as usize)
+                == f32::NEG_INFINITY
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,7 +71,7 @@ fn analyze_safetensors_output_roundtrips() {
         out.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{err}");
-    assert!(stdout.contains("kl"), "{stdout}");
+    assert!(stdout.contains("exact KL mean"), "{stdout}");
     let bytes = std::fs::read(&out).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let kl = st.tensor("kl").unwrap();
@@ -127,7 +127,7 @@ fn bad_tensors_exit_2_naming_the_tensor() {
     assert_bad(
         analyze_json(
             "shape.json",
-            r#"{"rollout_log_prob": [[-1, -2], [-1, 0]], "old_log_prob": [[-1, -2, 0], [-1, 0, 0]]}"#,
+            r#"{"rollout_log_prob": [[-1, -2], [-1, 0]], "old_log_prob": [[-1, -2, 0], [-1, 0, 0]], "response_mask": [[1, 1], [1, 1]]}"#,
         ),
         &["old_log_prob", "shape"],
     );

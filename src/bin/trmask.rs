@@ -1,7 +1,7 @@
 //! The `trmask` command line: a thin layer over the library (parse, call, print).
 
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `println!` that never panics: a closed stdout (`trmask analyze … | head`) ends output quietly.
 macro_rules! say {
@@ -25,34 +25,65 @@ struct Cli {
     command: Command,
 }
 
+/// Options shared by `analyze` and `report`.
+#[derive(clap::Args)]
+struct Common {
+    /// auto (GPU when an adapter exists), gpu or cpu.
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// Correction config: JSON or YAML (.yaml/.yml) with verl's `rollout_correction` keys
+    /// (flat, or nested as `algorithm: rollout_correction:`) plus trmask's.
+    #[arg(long, conflicts_with = "preset")]
+    config: Option<PathBuf>,
+    /// A verl preset or paper alias (listed below).
+    #[arg(long)]
+    preset: Option<String>,
+    /// Softmax temperature applied to both logits tensors (overrides the config's).
+    #[arg(allow_negative_numbers = true, long)]
+    temperature: Option<f64>,
+    /// Every slot is a valid token: a [B, T] input without response_mask has no padding, a
+    /// 1-D input without cu_seqlens is one sequence.
+    #[arg(long)]
+    all_valid: bool,
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Analyse a batch (safetensors or JSON, SPEC §3 names): per-token estimators, exact
-    /// divergences from logits, per-sequence reductions, masks, weights and metrics.
+    /// Analyse batches (safetensors or JSON; trmask, verl, TRL, prime-rl, SkyRL or slime
+    /// tensor names): per-token estimators, exact divergences from logits, per-sequence
+    /// reductions, masks, weights and metrics. Prints a one-screen summary per input.
     Analyze {
-        /// The batch file (.safetensors or .json).
-        input: PathBuf,
-        /// auto (GPU when an adapter exists), gpu or cpu.
-        #[arg(long, default_value = "auto")]
-        backend: String,
-        /// Correction config (JSON with verl's keys plus trmask's; see `trmask::config`).
-        #[arg(long, conflicts_with = "preset")]
-        config: Option<PathBuf>,
-        /// A verl preset (`decoupled_k3_rs`, …) or paper alias (`trm_max`, `trm_avg`,
-        /// `geo_mask`, `seq_mis`).
-        #[arg(long)]
-        preset: Option<String>,
-        /// Softmax temperature applied to both logits tensors (overrides the config's).
-        #[arg(allow_negative_numbers = true, long)]
-        temperature: Option<f64>,
-        /// Write per-token / per-sequence outputs (.safetensors or .json).
+        /// The batch files (.safetensors or .json).
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        #[command(flatten)]
+        common: Common,
+        /// Write per-token / per-sequence outputs (.safetensors or .json); one input only.
         #[arg(long)]
         output: Option<PathBuf>,
-        /// Write the metrics as a JSON object.
+        /// Write the metrics as a JSON object (`-`: stdout, the summary then goes to stderr);
+        /// one input only.
         #[arg(long)]
         metrics: Option<PathBuf>,
+        /// Append one JSON line per input: {"input", "step", every metric}. `step` is the
+        /// file's metadata key `step`, else the input's position.
+        #[arg(long)]
+        metrics_jsonl: Option<PathBuf>,
+        /// Print every metric after the summary.
+        #[arg(long)]
+        all_metrics: bool,
     },
-    /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes (SPEC §8).
+    /// Render one batch's analysis as a self-contained HTML page (inline SVG, no network).
+    Report {
+        /// The batch file (.safetensors or .json).
+        input: PathBuf,
+        #[command(flatten)]
+        common: Common,
+        /// The HTML file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes .
     Bounds {
         /// T, the response length (horizon).
         #[arg(long)]
@@ -77,60 +108,175 @@ enum Command {
     Devices,
 }
 
+struct Ctx {
+    cfg: trmask::CorrectionConfig,
+    preset: Option<String>,
+    engine: Box<dyn Engine>,
+    engine_name: String,
+}
+
+fn setup(c: &Common) -> Result<Ctx, trmask::Error> {
+    let backend: Backend = c.backend.parse()?;
+    let mut cfg = match (&c.config, &c.preset) {
+        (Some(path), _) => trmask::CorrectionConfig::from_file(path)?,
+        (None, Some(name)) => trmask::CorrectionConfig::preset(name)?,
+        (None, None) => trmask::CorrectionConfig::default(),
+    };
+    if let Some(t) = c.temperature {
+        if !(t > 0.0 && t.is_finite()) {
+            return Err(trmask::Error::config(
+                "temperature",
+                format!("must be > 0, got {t}"),
+            ));
+        }
+        cfg.temperature = t;
+    }
+    let mut notes = Vec::new();
+    let engine = open_engine(backend, &mut notes)?;
+    for n in &notes {
+        eprintln!("{n}");
+    }
+    Ok(Ctx {
+        cfg,
+        preset: c.preset.clone(),
+        engine_name: engine.name(),
+        engine,
+    })
+}
+
+/// A spinner on stderr that appears only after a second of work and only on a terminal.
+fn spinner(what: String) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal as _;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let pb =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::hidden());
+    pb.set_message(what);
+    let shown = pb.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        if !shown.is_finished() {
+            shown.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            shown.enable_steady_tick(std::time::Duration::from_millis(120));
+        }
+    });
+    Some(pb)
+}
+
+struct Done {
+    input: trmask::io::Input,
+    analysis: trmask::analysis::Analysis,
+}
+
+fn analyse_one(ctx: &Ctx, path: &Path, c: &Common) -> Result<Done, trmask::Error> {
+    let pb = spinner(format!("analysing {}", path.display()));
+    let opts = trmask::io::ReadOptions {
+        all_valid: c.all_valid,
+    };
+    let result = (|| {
+        let input = trmask::io::read_input(path, &opts)?;
+        if let Some(note) = input.renames.note() {
+            eprintln!("{note}");
+        }
+        let analysis = trmask::analysis::analyze(ctx.engine.as_ref(), &input.batch, &ctx.cfg)?;
+        for w in trmask::report::warnings(&trmask::report::WarningInputs {
+            batch: &input.batch,
+            analysis: &analysis,
+            config: &ctx.cfg,
+            temperature_flag: c.temperature.is_some(),
+        }) {
+            eprintln!("{w}");
+        }
+        Ok(Done { input, analysis })
+    })();
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    result
+}
+
+fn subject<'a>(ctx: &'a Ctx, path: &'a str, d: &'a Done) -> trmask::report::Subject<'a> {
+    trmask::report::Subject {
+        input: path,
+        batch: &d.input.batch,
+        sources: &d.input.sources,
+        config: &ctx.cfg,
+        preset: ctx.preset.as_deref(),
+        analysis: &d.analysis,
+        engine: &ctx.engine_name,
+    }
+}
+
 fn run(cli: Cli) -> Result<(), trmask::Error> {
     match cli.command {
         Command::Analyze {
-            input,
-            backend,
-            config,
-            preset,
-            temperature,
+            inputs,
+            common,
             output,
             metrics,
+            metrics_jsonl,
+            all_metrics,
         } => {
-            let backend: Backend = backend.parse()?;
-            let mut cfg = match (&config, &preset) {
-                (Some(path), _) => trmask::CorrectionConfig::from_file(path)?,
-                (None, Some(name)) => trmask::CorrectionConfig::preset(name)?,
-                (None, None) => trmask::CorrectionConfig::default(),
-            };
-            if let Some(t) = temperature {
-                if !(t > 0.0 && t.is_finite()) {
-                    return Err(trmask::Error::config(
-                        "temperature",
-                        format!("must be > 0, got {t}"),
-                    ));
+            if inputs.len() > 1 && (output.is_some() || metrics.is_some()) {
+                return Err(trmask::Error::config(
+                    "--output/--metrics",
+                    "take one input; with several inputs use --metrics-jsonl",
+                ));
+            }
+            let ctx = setup(&common)?;
+            let to_stderr = metrics.as_deref() == Some(Path::new("-"));
+            for (k, path) in inputs.iter().enumerate() {
+                let d = analyse_one(&ctx, path, &common)?;
+                let mut written = Vec::new();
+                if let Some(p) = &output {
+                    trmask::io::write_outputs(p, &d.analysis.outputs)?;
+                    written.push(p.display().to_string());
                 }
-                cfg.temperature = t;
+                if let Some(p) = &metrics {
+                    trmask::io::write_metrics(p, &d.analysis.metrics)?;
+                    if !to_stderr {
+                        written.push(p.display().to_string());
+                    }
+                }
+                let name = path.display().to_string();
+                if let Some(p) = &metrics_jsonl {
+                    let step = d.input.step.unwrap_or(k as f64);
+                    trmask::io::append_metrics_line(p, &name, step, &d.analysis.metrics)?;
+                    written.push(format!("{} (line {})", p.display(), k + 1));
+                }
+                let mut text = trmask::report::summary(&subject(&ctx, &name, &d), &written);
+                if all_metrics {
+                    for (key, v) in &d.analysis.metrics {
+                        text.push_str(&format!("\n{key:<48} {v:.6e}"));
+                    }
+                    if let Some(cert) = &d.analysis.certificate {
+                        text.push_str(&format!("\n{}", cert.summary()));
+                    }
+                }
+                if to_stderr {
+                    eprintln!("{text}");
+                } else {
+                    if k > 0 {
+                        say!("");
+                    }
+                    say!("{text}");
+                }
             }
-            let batch = trmask::io::read_batch(&input)?;
-            let mut notes = Vec::new();
-            let engine = open_engine(backend, &mut notes)?;
-            for n in &notes {
-                eprintln!("{n}");
-            }
-            let analysis = trmask::analysis::analyze(engine.as_ref(), &batch, &cfg)?;
-            if let Some(path) = &output {
-                trmask::io::write_outputs(path, &analysis.outputs)?;
-            }
-            if let Some(path) = &metrics {
-                trmask::io::write_metrics(path, &analysis.metrics)?;
-            }
-            say!("engine: {}", engine.name());
-            say!(
-                "sequences: {}  token slots: {}",
-                batch.num_seqs(),
-                batch.slots()
-            );
-            let c = &analysis.corrections;
-            let accepted = c.seq_accept.iter().filter(|&&a| a).count();
-            say!("accepted sequences: {accepted} of {}", c.seq_accept.len());
-            for (k, v) in &analysis.metrics {
-                say!("{k:<48} {v:.6e}");
-            }
-            if let Some(cert) = &analysis.certificate {
-                say!("{}", cert.summary());
-            }
+            Ok(())
+        }
+        Command::Report {
+            input,
+            common,
+            output,
+        } => {
+            let ctx = setup(&common)?;
+            let d = analyse_one(&ctx, &input, &common)?;
+            let name = input.display().to_string();
+            let html = trmask::report::render_html(&subject(&ctx, &name, &d));
+            let p = output.display().to_string();
+            std::fs::write(&output, html).map_err(|e| trmask::Error::file(&p, e.to_string()))?;
+            say!("wrote {p}");
             Ok(())
         }
         Command::Bounds {
@@ -201,7 +347,17 @@ fn ensure_runtime_dir() {
 
 fn main() -> ExitCode {
     ensure_runtime_dir();
-    let cli = match Cli::try_parse() {
+    let presets = format!(
+        "Presets (--preset): {}",
+        trmask::CorrectionConfig::preset_names().join(", ")
+    );
+    let command = <Cli as clap::CommandFactory>::command()
+        .mut_subcommand("analyze", |c| c.after_help(presets.clone()))
+        .mut_subcommand("report", |c| c.after_help(presets.clone()));
+    let parsed = command
+        .try_get_matches()
+        .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(c) => c,
         Err(e) => {
             if !e.use_stderr() {

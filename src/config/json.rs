@@ -17,7 +17,10 @@ impl ThresholdSpec {
         match v {
             Value::Null => Ok(None),
             Value::Number(n) => Ok(Some(ThresholdSpec::Number(n.as_f64().unwrap_or(f64::NAN)))),
-            Value::String(s) => Ok(Some(ThresholdSpec::Text(s.clone()))),
+            Value::String(s) => Ok(Some(match crate::lenient_json::non_finite(s) {
+                Some(x) => ThresholdSpec::Number(x),
+                None => ThresholdSpec::Text(s.clone()),
+            })),
             Value::Bool(_) => Err(Error::config(
                 key,
                 format!("{key} must be specified as a float or a string threshold specification, not a boolean."),
@@ -38,7 +41,21 @@ pub(crate) fn num_json(x: f64) -> Value {
 
 fn want_f64(key: &str, v: &Value) -> Result<f64> {
     v.as_f64()
+        .or_else(|| v.as_str().and_then(crate::lenient_json::non_finite))
         .ok_or_else(|| Error::config(key, format!("must be a number, got {v}")))
+}
+
+/// verl keeps these keys under `algorithm.rollout_correction`; accept that nesting (and a bare
+/// `rollout_correction` object) as well as the flat object.
+fn unnest(v: &Value) -> &Value {
+    let inner = v
+        .get("algorithm")
+        .and_then(|a| a.get("rollout_correction"))
+        .or_else(|| v.get("rollout_correction"));
+    match inner {
+        Some(x) if x.is_object() => x,
+        _ => v,
+    }
 }
 
 impl CorrectionConfig {
@@ -201,18 +218,33 @@ impl CorrectionConfig {
         Ok(c)
     }
 
-    /// Parses JSON text.
+    /// Parses JSON text (Python's bare `NaN` / `Infinity` / `-Infinity` accepted).
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let v: Value = serde_json::from_str(text)
+        let v: Value = crate::lenient_json::parse(text)
             .map_err(|e| Error::config("config", format!("not valid JSON: {e}")))?;
-        Self::from_json_value(&v)
+        Self::from_json_value(unnest(&v))
     }
 
-    /// Reads a JSON config file.
+    /// Parses YAML text (the same keys; verl's `algorithm: rollout_correction:` nesting too).
+    pub fn from_yaml_str(text: &str) -> Result<Self> {
+        let v: Value = serde_yaml_ng::from_str(text)
+            .map_err(|e| Error::config("config", format!("not valid YAML: {e}")))?;
+        Self::from_json_value(unnest(&v))
+    }
+
+    /// Reads a config file: YAML for `.yaml` / `.yml`, JSON otherwise.
     pub fn from_file(path: &std::path::Path) -> Result<Self> {
         let p = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| Error::file(&p, e.to_string()))?;
-        Self::from_json_str(&text)
+        let yaml = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
+        if yaml {
+            Self::from_yaml_str(&text)
+        } else {
+            Self::from_json_str(&text)
+        }
     }
 
     /// The config as JSON (same keys as accepted).
@@ -323,5 +355,29 @@ mod tests {
         .unwrap();
         assert_eq!(c.top_k_support(), TopkSupport::ReplaceKth);
         assert!(c.resolve().unwrap().dppo.is_some());
+    }
+
+    #[test]
+    fn yaml_python_json_and_verl_nesting() {
+        let flat = CorrectionConfig::from_json_str(
+            r#"{"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01, "token_veto": 1e-4}"#,
+        )
+        .unwrap();
+        let yaml = "algorithm:\n  rollout_correction:\n    rollout_rs: seq_mean_k3\n    \
+                    rollout_rs_threshold: 0.01\n    token_veto: 1.0e-4\n";
+        assert_eq!(CorrectionConfig::from_yaml_str(yaml).unwrap(), flat);
+        let nested = r#"{"algorithm": {"rollout_correction": {"rollout_rs": "seq_mean_k3",
+            "rollout_rs_threshold": 0.01, "token_veto": 1e-4}}}"#;
+        assert_eq!(CorrectionConfig::from_json_str(nested).unwrap(), flat);
+        let py = CorrectionConfig::from_json_str(
+            r#"{"rollout_is": "token", "rollout_is_threshold": Infinity}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            py.rollout_is_threshold,
+            Some(ThresholdSpec::Number(f64::INFINITY))
+        );
+        let e = CorrectionConfig::from_yaml_str("rollout_rs: [1").unwrap_err();
+        assert!(e.to_string().contains("YAML"), "{e}");
     }
 }

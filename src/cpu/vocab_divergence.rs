@@ -79,6 +79,16 @@ pub(crate) fn check_inputs(
                 ),
             ));
         }
+        if let Some(r) = crate::batch::impossible_sample(rollout, ids, mask) {
+            return Err(Error::input(
+                "responses",
+                format!(
+                    "token id {} at slot {r} has rollout logit -inf: zero probability under \
+                     the policy that sampled it",
+                    ids[r]
+                ),
+            ));
+        }
     }
     Ok(())
 }

@@ -1,0 +1,350 @@
+//! Reading batches from safetensors (memory-mapped) or JSON files, and writing per-token /
+//! per-sequence outputs and metrics.
+//!
+//! Tensor names are trmask's (`rollout_log_prob`, `old_log_prob`, `log_prob`,
+//! `response_mask`, `cu_seqlens`, `advantages`, `responses`, `rollout_logits`, `old_logits`,
+//! `rollout_topk_ids`, `rollout_topk_log_prob`) or a framework's ([`names::ALIASES`]: verl,
+//! TRL, prime-rl, SkyRL, slime). Other tensors are ignored.
+//!
+//! Layout rules — never guessed: with `cu_seqlens` the batch is packed (`[N]` tensors, `[N, V]`
+//! logits); with `response_mask` it is padded (`[B, T]`). With neither, reading fails naming
+//! both unless [`ReadOptions::all_valid`] says every slot is valid (a `[B, T]` batch without
+//! padding, or a `[N]` input holding one sequence). JSON may carry Python's bare `NaN` /
+//! `Infinity` / `-Infinity` and `null` at padding positions; `null` at a valid position is an
+//! error naming the tensor and the position.
+
+pub mod names;
+mod raw;
+mod write;
+
+pub use names::Renames;
+pub use write::{
+    append_metrics_line, metrics_json, seq_output, token_output, write_metrics, write_outputs,
+    Output,
+};
+
+use crate::batch::Batch;
+use crate::error::{Error, Result};
+use crate::logits::Logits;
+use raw::{Dense, LogitsSource, Raw, LOGITS_NAMES};
+use std::path::Path;
+
+/// How to read a batch.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReadOptions {
+    /// Every slot is valid: a `[B, T]` batch without `response_mask` has no padding, and a
+    /// `[N]` batch without `cu_seqlens` is one sequence.
+    pub all_valid: bool,
+}
+
+/// A batch as read, with where its tensors came from.
+pub struct Input {
+    pub batch: Batch,
+    /// Framework keys renamed to trmask names.
+    pub renames: Renames,
+    /// `(trmask name, name in the file, dtype)` of every tensor read.
+    pub sources: Vec<(String, String, String)>,
+    /// The file's `step` (safetensors metadata key `step`, or a top-level JSON number).
+    pub step: Option<f64>,
+}
+
+/// Reads a batch from `path` (`.json`, anything else is read as safetensors) with the default
+/// options (the layout must be given).
+pub fn read_batch(path: &Path) -> Result<Batch> {
+    Ok(read_input(path, &ReadOptions::default())?.batch)
+}
+
+/// Reads a batch and where its tensors came from.
+pub fn read_input(path: &Path, opts: &ReadOptions) -> Result<Input> {
+    let p = path.display().to_string();
+    let is_json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let raw = if is_json {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::file(&p, e.to_string()))?;
+        raw::read_json(&text).map_err(|e| relabel(e, &p))?
+    } else {
+        raw::read_safetensors(path)?
+    };
+    build(raw, opts)
+}
+
+/// Reads a batch from JSON text (see the module docs for the accepted names).
+pub fn batch_from_json(text: &str) -> Result<Batch> {
+    Ok(input_from_json(text, &ReadOptions::default())?.batch)
+}
+
+/// Reads a batch from JSON text with options.
+pub fn input_from_json(text: &str, opts: &ReadOptions) -> Result<Input> {
+    build(raw::read_json(text)?, opts)
+}
+
+fn relabel(e: Error, path: &str) -> Error {
+    match e {
+        Error::File { problem, .. } => Error::file(path, problem),
+        other => other,
+    }
+}
+
+fn to_ids(name: &str, d: &[f64]) -> Result<Vec<i64>> {
+    d.iter()
+        .map(|&x| {
+            if x.fract() == 0.0 && x.abs() < 9.0e15 {
+                Ok(x as i64)
+            } else {
+                Err(Error::input(name, format!("value {x} is not an integer")))
+            }
+        })
+        .collect()
+}
+
+fn no_nulls(name: &str, d: &Dense) -> Result<()> {
+    match d.nulls.first() {
+        Some(i) => Err(Error::input(
+            name,
+            format!("null at flat index {i} (only token tensors may hold null, at padding)"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The missing-tensor error, naming the file's keys that may be it.
+fn missing(raw: &Raw, target: &str, what: &str) -> Error {
+    let hints = names::near_misses(target, &raw.keys);
+    let mut msg = format!("is missing: {what}");
+    if !hints.is_empty() {
+        msg.push_str("; ");
+        msg.push_str(&hints.join("; "));
+    }
+    Error::input(target, msg)
+}
+
+const TOKEN_NAMES: [&str; 6] = [
+    "rollout_log_prob",
+    "old_log_prob",
+    "log_prob",
+    "responses",
+    "advantages",
+    "response_mask",
+];
+
+fn layout(raw: &mut Raw, opts: &ReadOptions) -> Result<Batch> {
+    let token_shape = TOKEN_NAMES
+        .iter()
+        .filter(|n| **n != "advantages")
+        .find_map(|n| raw.dense.get(*n).map(|d| (n.to_string(), d.shape.clone())));
+    if let Some(cu) = raw.dense.remove("cu_seqlens") {
+        no_nulls("cu_seqlens", &cu)?;
+        if cu.shape.len() != 1 {
+            return Err(Error::input(
+                "cu_seqlens",
+                format!("must be 1-D, got shape {:?}", cu.shape),
+            ));
+        }
+        if raw.dense.contains_key("response_mask") {
+            return Err(Error::input(
+                "response_mask",
+                "cannot be combined with cu_seqlens (packed layout has no padding)",
+            ));
+        }
+        return Batch::packed(&to_ids("cu_seqlens", &cu.data)?);
+    }
+    let shape = match (&token_shape, raw.logits.iter().next()) {
+        (Some((_, s)), _) => s.clone(),
+        (None, Some((_, (s, _)))) if s.len() >= 2 => s[..s.len() - 1].to_vec(),
+        _ => {
+            return Err(missing(
+                raw,
+                "rollout_log_prob",
+                "no per-token tensor found (need log-probs or logits)",
+            ))
+        }
+    };
+    let mask = raw.dense.remove("response_mask");
+    if mask.is_none() && !opts.all_valid {
+        return Err(Error::input(
+            "response_mask",
+            format!(
+                "and cu_seqlens are both missing: the layout of the {shape:?} batch must be \
+                 given (response_mask for a padded batch, cu_seqlens for a packed one), or pass \
+                 --all-valid if every slot is a valid token{}",
+                names::near_misses("response_mask", &raw.keys)
+                    .first()
+                    .map(|h| format!("; {h}"))
+                    .unwrap_or_default()
+            ),
+        ));
+    }
+    match shape.as_slice() {
+        [b, t] => {
+            let mask = match mask {
+                Some(m) if m.shape != shape => {
+                    return Err(Error::input(
+                        "response_mask",
+                        format!("shape {:?} differs from the token shape {shape:?}", m.shape),
+                    ))
+                }
+                Some(m) => {
+                    no_nulls("response_mask", &m)?;
+                    m.data
+                }
+                None => vec![1.0; b * t],
+            };
+            Batch::padded(*b, *t, &mask)
+        }
+        [n] if mask.is_none() => Batch::packed(&[0, *n as i64]),
+        [_] => Err(Error::input(
+            "response_mask",
+            "a 1-D batch is packed: give cu_seqlens instead of response_mask",
+        )),
+        other => Err(Error::input(
+            token_shape.map(|t| t.0).unwrap_or_default(),
+            format!("shape {other:?} is neither [B, T] nor [N]"),
+        )),
+    }
+}
+
+fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
+    let mut batch = layout(&mut raw, opts)?;
+    let tshape = batch.token_shape();
+    // TRL's advantages are per sequence, [B]: one value for every token of the row.
+    if let (Some(adv), [b, t]) = (raw.dense.get_mut("advantages"), tshape.as_slice()) {
+        if adv.shape == [*b] {
+            adv.data = adv
+                .data
+                .iter()
+                .flat_map(|&x| std::iter::repeat_n(x, *t))
+                .collect();
+            adv.nulls = adv.nulls.iter().flat_map(|&i| i * t..(i + 1) * t).collect();
+            adv.shape = tshape.clone();
+        }
+    }
+    let check = |name: &str, shape: &[usize], extra: usize| -> Result<()> {
+        let ok = shape.len() == tshape.len() + extra && shape[..tshape.len()] == tshape[..];
+        if ok {
+            Ok(())
+        } else {
+            let want = if extra == 0 {
+                format!("{tshape:?}")
+            } else {
+                format!("{tshape:?} + [..]")
+            };
+            Err(Error::input(
+                name,
+                format!("shape {shape:?} does not match the batch layout {want}"),
+            ))
+        }
+    };
+    // JSON nulls may only stand at padding.
+    let mask = batch.mask().to_vec();
+    for (name, d) in &raw.dense {
+        let per_slot = d.data.len() / mask.len().max(1);
+        if let Some(&i) = d
+            .nulls
+            .iter()
+            .find(|&&i| mask.get(i / per_slot.max(1)).copied().unwrap_or(true))
+        {
+            return Err(Error::input(
+                name,
+                format!(
+                    "null at valid position {} (null is accepted only where response_mask is 0)",
+                    batch.position(i / per_slot.max(1))
+                ),
+            ));
+        }
+    }
+    for name in ["rollout_log_prob", "old_log_prob", "log_prob", "advantages"] {
+        if let Some(d) = raw.dense.remove(name) {
+            check(name, &d.shape, 0)?;
+            batch = batch.with_log_probs(name, d.data)?;
+        }
+    }
+    if let Some(d) = raw.dense.remove("uid") {
+        if d.shape.len() != 1 {
+            let msg = format!("must be 1-D ([B] or [S]), got shape {:?}", d.shape);
+            return Err(Error::input("uid", msg));
+        }
+        if !d.nulls.is_empty() {
+            return Err(Error::input("uid", "null group id"));
+        }
+        batch = batch.with_uid(to_ids("uid", &d.data)?)?;
+    }
+    if let Some(mut d) = raw.dense.remove("responses") {
+        check("responses", &d.shape, 0)?;
+        for &i in &d.nulls {
+            d.data[i] = 0.0; // padding (checked above)
+        }
+        batch = batch.with_responses(to_ids("responses", &d.data)?)?;
+    }
+    for name in LOGITS_NAMES {
+        if let Some((shape, src)) = raw.logits.remove(name) {
+            check(name, &shape, 1)?;
+            let vocab = *shape.last().unwrap();
+            let rows = batch.slots();
+            let logits = match src {
+                LogitsSource::Mapped {
+                    map,
+                    offset,
+                    len,
+                    dtype,
+                } => Logits::mapped(map, offset, len, dtype, rows, vocab),
+                LogitsSource::Values(v) => Logits::from_f32(&v, rows, vocab),
+            }
+            .map_err(|e| match e {
+                Error::InvalidInput { problem, .. } => Error::input(name, problem),
+                other => other,
+            })?;
+            batch = batch.with_logits(name, logits)?;
+        }
+    }
+    match (
+        raw.dense.remove("rollout_topk_ids"),
+        raw.dense.remove("rollout_topk_log_prob"),
+    ) {
+        (Some(mut ids), Some(lp)) => {
+            check("rollout_topk_ids", &ids.shape, 1)?;
+            check("rollout_topk_log_prob", &lp.shape, 1)?;
+            for &i in &ids.nulls {
+                ids.data[i] = 0.0;
+            }
+            let k = *ids.shape.last().unwrap();
+            batch = batch.with_topk(to_ids("rollout_topk_ids", &ids.data)?, lp.data, k)?;
+        }
+        (Some(_), None) => {
+            return Err(missing(
+                &raw,
+                "rollout_topk_log_prob",
+                "it is required with rollout_topk_ids",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(missing(
+                &raw,
+                "rollout_topk_ids",
+                "it is required with rollout_topk_log_prob",
+            ))
+        }
+        (None, None) => {}
+    }
+    if batch.rollout_log_prob.is_none() && batch.rollout_logits.is_none() {
+        return Err(missing(
+            &raw,
+            "rollout_log_prob",
+            "the rollout policy's log-probs (or rollout_logits) are needed",
+        ));
+    }
+    if batch.old_log_prob.is_none() && batch.log_prob.is_none() && batch.old_logits.is_none() {
+        return Err(missing(
+            &raw,
+            "old_log_prob",
+            "the training policy's log-probs (old_log_prob, log_prob or old_logits) are needed",
+        ));
+    }
+    batch.validate()?;
+    Ok(Input {
+        batch,
+        renames: raw.renames,
+        sources: raw.sources,
+        step: raw.step,
+    })
+}

@@ -1,0 +1,15 @@
+//! What `trmask analyze` prints and `trmask report` renders: a one-screen summary, the
+//! `warning:` lines, and a self-contained HTML report. Everything here reads an
+//! [`Analysis`] and the batch it came from; nothing computes a statistic of its own beyond
+//! orderings and bucketed means.
+
+mod html;
+mod subject;
+mod summary;
+mod svg;
+mod warnings;
+
+pub use html::render_html;
+pub use subject::Subject;
+pub use summary::summary;
+pub use warnings::{warnings, WarningInputs};

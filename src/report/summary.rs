@@ -1,0 +1,169 @@
+//! The default output of `trmask analyze`: one screen (at most 40 lines) saying what was
+//! configured, what was read, how large the mismatch is, what was rejected, which sequences
+//! are worst, and what the bound certificate says.
+
+use super::subject::{config_words, num, output, ranking, worst_order, worst_position, Subject};
+
+/// How many of the worst sequences the summary lists.
+pub const WORST: usize = 5;
+
+/// The one-line reading of the unified bound B* (R ∈ [0, 1], so B* ≥ 1 says nothing).
+pub fn bound_reading(b: f64) -> &'static str {
+    if !b.is_finite() || b >= 1.0 {
+        "vacuous: no guarantee at this horizon and divergence"
+    } else if b >= 0.1 {
+        "loose: the surrogate's error may be a sizeable part of the reward range"
+    } else {
+        "tight: the surrogate objective tracks the true one within this fraction of the reward range"
+    }
+}
+
+/// The summary text (no trailing newline); `written` lists the files written.
+pub fn summary(s: &Subject, written: &[String]) -> String {
+    let a = s.analysis;
+    let c = &a.corrections;
+    let b = s.batch;
+    let mut out = Vec::new();
+    out.push(format!(
+        "trmask analyze {}  (engine: {})",
+        s.input, s.engine
+    ));
+    out.extend(config_words(s.config, s.preset));
+    let valid = b.mask().iter().filter(|&&m| m).count();
+    let shape = b.token_shape();
+    let names: Vec<String> = s
+        .sources
+        .iter()
+        .map(|(n, src, dt)| {
+            if n == src {
+                format!("{n} ({dt})")
+            } else {
+                format!("{n} <- {src} ({dt})")
+            }
+        })
+        .collect();
+    out.push(format!(
+        "input: {} {:?}, {} sequences, {} valid tokens of {} slots",
+        if matches!(b.layout(), crate::batch::Layout::Padded { .. }) {
+            "padded"
+        } else {
+            "packed"
+        },
+        shape,
+        b.num_seqs(),
+        valid,
+        b.slots()
+    ));
+    out.push(format!("  tensors: {}", names.join(", ")));
+    let m = |k: &str| a.metrics.get(k).copied();
+    let mut mis = Vec::new();
+    if let Some(x) = m("trmask/k3_mean") {
+        mis.push(format!("k3 mean {}", num(x)));
+    }
+    if let Some(lr) = output(a, "log_ratio") {
+        let mask = b.mask();
+        let best = (0..lr.len())
+            .filter(|&i| mask[i])
+            .max_by(|&x, &y| lr[x].abs().total_cmp(&lr[y].abs()));
+        if let Some(i) = best {
+            mis.push(format!(
+                "max |log rho| {} at {}",
+                num(lr[i].abs()),
+                b.position(i)
+            ));
+        }
+    }
+    for (k, label) in [
+        ("trmask/kl_mean", "exact KL mean"),
+        ("trmask/tv_mean", "TV mean"),
+    ] {
+        if let Some(x) = m(k) {
+            mis.push(format!("{label} {}", num(x)));
+        }
+    }
+    if let Some(x) = m("trmask/topk_kl_mean") {
+        mis.push(format!("top-K KL mean {}", num(x)));
+    }
+    out.push(format!("mismatch: {}", mis.join(", ")));
+    let n = c.seq_accept.len();
+    let acc = c.seq_accept.iter().filter(|&&x| x).count();
+    let kept = (0..c.mask.len())
+        .filter(|&i| b.mask()[i] && c.mask[i] > 0.0)
+        .count();
+    let mean_len = |want: bool| {
+        let l: Vec<f64> = (0..n)
+            .filter(|&i| c.seq_accept[i] == want)
+            .map(|i| c.seq_len[i] as f64)
+            .collect();
+        (!l.is_empty()).then(|| l.iter().sum::<f64>() / l.len() as f64)
+    };
+    let mut line = format!(
+        "accepted: {acc} of {n} sequences, {kept} of {valid} tokens; rejected {} sequences, {} tokens",
+        n - acc,
+        valid - kept
+    );
+    if let (Some(r), Some(k)) = (mean_len(false), mean_len(true)) {
+        line.push_str(&format!(
+            " (mean length rejected {} vs accepted {})",
+            num((r * 10.0).round() / 10.0),
+            num((k * 10.0).round() / 10.0)
+        ));
+    }
+    out.push(line);
+    if let Some(r) = ranking(s) {
+        let order = worst_order(s, &r);
+        if !order.is_empty() {
+            let thr = match r.bounds {
+                Some((Some(lo), hi)) => format!(" (keep if {} <= stat <= {})", num(lo), num(hi)),
+                Some((None, hi)) => format!(" (threshold {})", num(hi)),
+                None => String::new(),
+            };
+            out.push(format!("worst sequences by {}{thr}:", r.name));
+            out.push(format!(
+                "  {:>6} {:>7} {:>12}  {:<8} {}",
+                "seq", "length", "statistic", "decision", "worst token (|log rho|)"
+            ));
+            for &i in order.iter().take(WORST) {
+                let pos = worst_position(s, i)
+                    .map(|(t, slot)| {
+                        let lr = output(a, "log_ratio").map(|v| v[slot].abs()).unwrap_or(0.0);
+                        format!("t={t} ({})", num(lr))
+                    })
+                    .unwrap_or_default();
+                out.push(format!(
+                    "  {:>6} {:>7} {:>12}  {:<8} {}",
+                    i,
+                    c.seq_len[i],
+                    num(r.values[i]),
+                    if c.seq_accept[i] { "accept" } else { "reject" },
+                    pos
+                ));
+            }
+        }
+    }
+    if let Some(cert) = &a.certificate {
+        let pick = match (&cert.accepted, &cert.all) {
+            (Some(x), _) => Some(("accepted sequences", x)),
+            (None, Some(x)) => Some(("all sequences", x)),
+            _ => None,
+        };
+        if let Some((set, bounds)) = pick {
+            out.push(format!(
+                "bound certificate: B* = {} over {set} ({}, T = {}{}) - {}",
+                num(bounds.unified),
+                bounds.argmin,
+                bounds.inputs.horizon,
+                if cert.exact {
+                    ""
+                } else {
+                    ", delta from k3 samples"
+                },
+                bound_reading(bounds.unified)
+            ));
+        }
+    }
+    if !written.is_empty() {
+        out.push(format!("written: {}", written.join(", ")));
+    }
+    out.join("\n")
+}

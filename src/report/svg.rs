@@ -1,0 +1,289 @@
+//! Minimal inline-SVG charts for the HTML report: axes with ticks, lines, points, bars,
+//! a horizontal or vertical threshold line, and a colour strip. No scripts, no network.
+
+use std::fmt::Write as _;
+
+pub const W: f64 = 560.0;
+pub const H: f64 = 260.0;
+const L: f64 = 64.0; // left margin
+const R: f64 = 16.0;
+const T: f64 = 16.0;
+const B: f64 = 40.0;
+
+/// Escapes text for HTML / SVG.
+pub fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// An axis: data range, optionally log10.
+#[derive(Clone, Copy)]
+pub struct Axis {
+    pub lo: f64,
+    pub hi: f64,
+    pub log: bool,
+    /// No tick labels (bar positions of categories; the legend names them).
+    pub categorical: bool,
+}
+
+impl Axis {
+    /// An axis covering `values` (finite ones; positive ones for a log axis).
+    pub fn fit(values: impl Iterator<Item = f64>, log: bool) -> Axis {
+        let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+        for v in values.filter(|v| v.is_finite() && (!log || *v > 0.0)) {
+            lo = lo.min(v);
+            hi = hi.max(v);
+        }
+        if !lo.is_finite() {
+            (lo, hi) = if log { (1e-6, 1.0) } else { (0.0, 1.0) };
+        }
+        if log {
+            lo = 10f64.powf(lo.log10().floor());
+            hi = 10f64.powf(hi.log10().ceil().max(lo.log10() + 1.0));
+        } else {
+            if hi == lo {
+                hi = lo + 1.0;
+            }
+            lo = lo.min(0.0);
+        }
+        Axis {
+            lo,
+            hi,
+            log,
+            categorical: false,
+        }
+    }
+    fn t(&self, v: f64) -> f64 {
+        let (a, b, v) = if self.log {
+            (self.lo.log10(), self.hi.log10(), v.max(self.lo).log10())
+        } else {
+            (self.lo, self.hi, v)
+        };
+        ((v - a) / (b - a)).clamp(0.0, 1.0)
+    }
+    fn ticks(&self) -> Vec<f64> {
+        if self.categorical {
+            Vec::new()
+        } else if self.log {
+            let (a, b) = (self.lo.log10() as i32, self.hi.log10() as i32);
+            let step = ((b - a) / 6).max(1);
+            (a..=b)
+                .step_by(step as usize)
+                .map(|e| 10f64.powi(e))
+                .collect()
+        } else {
+            let raw = (self.hi - self.lo) / 5.0;
+            let mag = 10f64.powf(raw.log10().floor());
+            let step = [1.0, 2.0, 5.0, 10.0]
+                .iter()
+                .map(|m| m * mag)
+                .find(|s| *s >= raw)
+                .unwrap_or(raw);
+            let first = (self.lo / step).ceil() as i64;
+            let last = (self.hi / step).floor() as i64;
+            (first..=last).map(|k| k as f64 * step).collect()
+        }
+    }
+}
+
+fn label(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else if v.abs() >= 1e4 || v.abs() < 1e-2 {
+        format!("{v:.0e}")
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// A chart frame: owns the SVG text and maps data to pixels.
+pub struct Frame {
+    pub x: Axis,
+    pub y: Axis,
+    svg: String,
+}
+
+impl Frame {
+    pub fn new(x: Axis, y: Axis, xlabel: &str, ylabel: &str) -> Frame {
+        let mut svg = format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
+             viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"11\">\
+             <rect x=\"{L}\" y=\"{T}\" width=\"{}\" height=\"{}\" fill=\"#fafafa\" stroke=\"#999\"/>",
+            W - L - R,
+            H - T - B
+        );
+        let f = Frame {
+            x,
+            y,
+            svg: String::new(),
+        };
+        for v in x.ticks() {
+            let px = f.px(v);
+            let _ = write!(
+                svg,
+                "<line x1=\"{px:.1}\" y1=\"{}\" x2=\"{px:.1}\" y2=\"{}\" stroke=\"#ddd\"/>\
+                 <text x=\"{px:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                T,
+                H - B,
+                H - B + 14.0,
+                label(v)
+            );
+        }
+        for v in y.ticks() {
+            let py = f.py(v);
+            let _ = write!(
+                svg,
+                "<line x1=\"{L}\" y1=\"{py:.1}\" x2=\"{}\" y2=\"{py:.1}\" stroke=\"#ddd\"/>\
+                 <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                W - R,
+                L - 4.0,
+                py + 4.0,
+                label(v)
+            );
+        }
+        let _ = write!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\
+             <text x=\"12\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 12 {})\">{}</text>",
+            (L + W - R) / 2.0,
+            H - 6.0,
+            esc(xlabel),
+            (T + H - B) / 2.0,
+            (T + H - B) / 2.0,
+            esc(ylabel)
+        );
+        Frame { x, y, svg }
+    }
+    pub fn px(&self, v: f64) -> f64 {
+        L + self.x.t(v) * (W - L - R)
+    }
+    pub fn py(&self, v: f64) -> f64 {
+        H - B - self.y.t(v) * (H - T - B)
+    }
+    /// A polyline through the finite points.
+    pub fn line(&mut self, pts: &[(f64, f64)], color: &str, dash: bool) {
+        let d: Vec<String> = pts
+            .iter()
+            .filter(|p| p.0.is_finite() && p.1.is_finite())
+            .map(|&(x, y)| format!("{:.1},{:.1}", self.px(x), self.py(y)))
+            .collect();
+        let _ = write!(
+            self.svg,
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.6\"{} points=\"{}\"/>",
+            if dash {
+                " stroke-dasharray=\"4 3\""
+            } else {
+                ""
+            },
+            d.join(" ")
+        );
+    }
+    pub fn point(&mut self, x: f64, y: f64, color: &str) {
+        if x.is_finite() && y.is_finite() {
+            let _ = write!(
+                self.svg,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\" fill-opacity=\"0.7\"/>",
+                self.px(x),
+                self.py(y)
+            );
+        }
+    }
+    /// A bar from y = axis bottom to `y` over `[x0, x1]`.
+    pub fn bar(&mut self, x0: f64, x1: f64, y: f64, color: &str) {
+        let (a, b) = (self.px(x0), self.px(x1));
+        let top = self.py(y);
+        let base = self.py(self.y.lo);
+        let _ = write!(
+            self.svg,
+            "<rect x=\"{:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{color}\"/>",
+            a + 0.5,
+            (b - a - 1.0).max(0.5),
+            (base - top).max(0.0)
+        );
+    }
+    pub fn hline(&mut self, y: f64, text: &str) {
+        let py = self.py(y);
+        let _ = write!(
+            self.svg,
+            "<line x1=\"{L}\" y1=\"{py:.1}\" x2=\"{}\" y2=\"{py:.1}\" stroke=\"#c00\" \
+             stroke-dasharray=\"6 3\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" \
+             fill=\"#c00\">{}</text>",
+            W - R,
+            W - R - 4.0,
+            py - 4.0,
+            esc(text)
+        );
+    }
+    pub fn vline(&mut self, x: f64, text: &str) {
+        let px = self.px(x);
+        let right = px > L + 0.6 * (W - L - R);
+        let _ = write!(
+            self.svg,
+            "<line x1=\"{px:.1}\" y1=\"{T}\" x2=\"{px:.1}\" y2=\"{}\" stroke=\"#c00\" \
+             stroke-dasharray=\"6 3\"/><text x=\"{:.1}\" y=\"{}\" fill=\"#c00\" \
+             text-anchor=\"{}\">{}</text>",
+            H - B,
+            if right { px - 4.0 } else { px + 4.0 },
+            T + 12.0,
+            if right { "end" } else { "start" },
+            esc(text)
+        );
+    }
+    /// A legend entry at row `i` of the top-left corner.
+    pub fn legend(&mut self, i: usize, color: &str, text: &str) {
+        let y = T + 14.0 + 14.0 * i as f64;
+        let _ = write!(
+            self.svg,
+            "<rect x=\"{}\" y=\"{:.1}\" width=\"{:.0}\" height=\"14\" fill=\"#fff\" \
+             fill-opacity=\"0.85\"/>",
+            L + 4.0,
+            y - 11.0,
+            14.0 + 6.5 * text.chars().count() as f64
+        );
+        let _ = write!(
+            self.svg,
+            "<rect x=\"{}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/>\
+             <text x=\"{}\" y=\"{:.1}\">{}</text>",
+            L + 8.0,
+            y - 9.0,
+            L + 22.0,
+            y,
+            esc(text)
+        );
+    }
+    pub fn finish(mut self) -> String {
+        self.svg.push_str("</svg>");
+        self.svg
+    }
+}
+
+/// A one-row colour strip: one cell per value, darker red for larger `value / max`.
+pub fn strip(values: &[f64], max: f64, width: f64) -> String {
+    let n = values.len().max(1);
+    let w = width / n as f64;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"18\" \
+         viewBox=\"0 0 {width} 18\"><rect width=\"{width}\" height=\"18\" fill=\"#fff\" stroke=\"#ccc\"/>"
+    );
+    for (i, &v) in values.iter().enumerate() {
+        let a = if max > 0.0 {
+            (v / max).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        if a > 0.01 {
+            let _ = write!(
+                s,
+                "<rect x=\"{:.2}\" y=\"1\" width=\"{:.2}\" height=\"16\" fill=\"#b00\" \
+                 fill-opacity=\"{a:.2}\"/>",
+                i as f64 * w,
+                w.max(0.5)
+            );
+        }
+    }
+    s.push_str("</svg>");
+    s
+}

@@ -1,0 +1,150 @@
+//! `warning:` lines: things that make the numbers mean less than they seem, without changing
+//! any result or the exit code. Each needs enough valid tokens to be more than noise.
+
+use super::subject::{num, output};
+use crate::analysis::Analysis;
+use crate::batch::Batch;
+use crate::config::{Agg, CorrectionConfig, Stat};
+
+/// Fewer valid tokens than this and the data-driven warnings stay silent.
+pub const MIN_TOKENS: usize = 32;
+
+/// What the warnings look at.
+pub struct WarningInputs<'a> {
+    pub batch: &'a Batch,
+    pub analysis: &'a Analysis,
+    pub config: &'a CorrectionConfig,
+    /// `--temperature` was given on the command line.
+    pub temperature_flag: bool,
+}
+
+/// Unit in the last place of `x` in a float format with `mantissa` explicit bits.
+fn ulp(x: f64, mantissa: i32) -> f64 {
+    if x == 0.0 {
+        0.0
+    } else {
+        (2f64).powi(x.abs().log2().floor() as i32 - mantissa)
+    }
+}
+
+/// The narrowest of bf16 / f16 that holds every value exactly: (name, mantissa bits).
+fn quantised(values: &[f64], mask: &[bool]) -> Option<(&'static str, i32)> {
+    let valid = || (0..values.len()).filter(|&i| mask[i]).map(|i| values[i]);
+    if valid().all(|x| half::bf16::from_f64(x).to_f64() == x) {
+        Some(("bf16", 7))
+    } else if valid().all(|x| half::f16::from_f64(x).to_f64() == x) {
+        Some(("f16", 10))
+    } else {
+        None
+    }
+}
+
+/// Every warning for one analysed batch, each a full line starting with `warning:`.
+pub fn warnings(w: &WarningInputs) -> Vec<String> {
+    let mut out = Vec::new();
+    let b = w.batch;
+    let mask = b.mask();
+    let valid = mask.iter().filter(|&&m| m).count();
+    if w.temperature_flag && b.rollout_logits.is_none() && b.old_logits.is_none() {
+        out.push(
+            "warning: --temperature has no effect: the input has no logits, and log-probs are \
+             used as given (they must already be at the sampling temperature)"
+                .into(),
+        );
+    }
+    if valid < MIN_TOKENS {
+        return out;
+    }
+    let tensors = [
+        ("rollout_log_prob", &b.rollout_log_prob),
+        ("old_log_prob", &b.old_log_prob),
+        ("log_prob", &b.log_prob),
+    ];
+    for (name, t) in tensors {
+        let Some(v) = t else { continue };
+        let pos: Vec<usize> = (0..v.len()).filter(|&i| mask[i] && v[i] > 0.0).collect();
+        if let Some(&top) = pos.iter().max_by(|&&x, &&y| v[x].total_cmp(&v[y])) {
+            out.push(format!(
+                "warning: {name} has {} positive values at valid positions (largest {} at {}): \
+                 log-probabilities are <= 0; are these logits, probabilities or scores?",
+                pos.len(),
+                num(v[top]),
+                b.position(top)
+            ));
+        }
+    }
+    // quantisation noise floor of k3: each rounded log-prob carries an error of variance
+    // ulp²/12, so lr has variance (ulp_r² + ulp_o²)/12 and E[k3] ≈ E[lr²]/2 ≥ that / 2.
+    let roll = b.rollout_log_prob.as_ref();
+    let train = crate::passes::training_log_prob(b);
+    let mut floor = None;
+    if let (Some(r), Some(t)) = (roll, train) {
+        let qr = quantised(r, mask);
+        let qt = quantised(t, mask);
+        if let (Some((nr, mr)), Some((nt, mt))) = (qr, qt) {
+            let f = (0..r.len())
+                .filter(|&i| mask[i])
+                .map(|i| (ulp(r[i], mr).powi(2) + ulp(t[i], mt).powi(2)) / 24.0)
+                .sum::<f64>()
+                / valid as f64;
+            let k3 = w
+                .analysis
+                .metrics
+                .get("trmask/k3_mean")
+                .copied()
+                .unwrap_or(0.0);
+            let fmt = if nr == nt {
+                nr.to_string()
+            } else {
+                format!("{nr}/{nt}")
+            };
+            out.push(format!(
+                "warning: the log-probs are exactly {fmt}-representable: rounding noise \
+                 (~2^-{} relative) puts a floor of about {} under k3; measured k3 mean is {} \
+                 ({}x the floor), so mismatch below the floor is not resolved",
+                mr.min(mt) + 1,
+                num(f),
+                num(k3),
+                num((k3 / f * 10.0).round() / 10.0)
+            ));
+            floor = Some(f);
+        }
+    }
+    if let Some(lr) = output(w.analysis, "log_ratio") {
+        let vals: Vec<f64> = (0..lr.len()).filter(|&i| mask[i]).map(|i| lr[i]).collect();
+        let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+        let var = vals.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / vals.len() as f64;
+        let sd = var.sqrt();
+        if mean.abs() > 1e-3 && mean.abs() > 3.0 * sd {
+            out.push(format!(
+                "warning: log_ratio has mean {} but spread only {}: a constant offset, not \
+                 token-level mismatch (different temperatures? log-probs of different tokens? \
+                 a missing normalisation?)",
+                num(mean),
+                num(sd)
+            ));
+        }
+    }
+    if let (Some(f), Ok(r)) = (floor, w.config.resolve()) {
+        for c in &r.criteria {
+            let per_token = matches!(c.agg, Agg::Token | Agg::SeqMean | Agg::SeqMax);
+            let scale = match c.stat {
+                Stat::K2 | Stat::K3 | Stat::Kl => Some(f),
+                Stat::Abs | Stat::Ser => Some((2.0 * f).sqrt()),
+                _ => None,
+            };
+            if let (true, Some(s)) = (per_token, scale) {
+                if c.upper < s {
+                    out.push(format!(
+                        "warning: {} threshold {} is below the quantisation noise floor {} of \
+                         the log-probs: it rejects rounding noise",
+                        c.name,
+                        num(c.upper),
+                        num(s)
+                    ));
+                }
+            }
+        }
+    }
+    out
+}

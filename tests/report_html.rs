@@ -1,0 +1,166 @@
+//! `trmask report`: one self-contained HTML page, rendered in headless Chromium (not blank,
+//! no console errors, no network). Without Chromium the rendering check is skipped with a
+//! message, except under CI (`CI` set), where it fails.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|c| {
+            let out = Command::new("which").arg(c).output().ok()?;
+            out.status
+                .success()
+                .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+        })
+}
+
+/// A [16, 256] batch whose last quarter of every other sequence drifts.
+fn drifting_batch() -> serde_json::Value {
+    let mut r = common::Rng::new(3);
+    let (b, t) = (16, 256);
+    let (mut roll, mut old, mut mask) = (vec![], vec![], vec![]);
+    for s in 0..b {
+        let len = 64 + r.below(t - 64);
+        let (mut a, mut o, mut m) = (vec![], vec![], vec![]);
+        for p in 0..t {
+            let x = r.range(-5.0, -0.01);
+            let drift = if s % 2 == 0 {
+                4.0 * (p as f64 / t as f64).powi(3)
+            } else {
+                0.0
+            };
+            a.push(x);
+            o.push(x + (0.02 + drift) * r.range(-1.0, 1.0));
+            m.push((p < len) as u8);
+        }
+        roll.push(a);
+        old.push(o);
+        mask.push(m);
+    }
+    serde_json::json!({"rollout_log_prob": roll, "old_log_prob": old, "response_mask": mask})
+}
+
+fn render(input: &Path, tag: &str, preset: &str) -> PathBuf {
+    let html = common::scratch("report", &format!("{tag}.html"));
+    let (code, out, err) = common::run_trmask(&[
+        "report",
+        input.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--preset",
+        preset,
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("wrote"), "{out}");
+    let text = std::fs::read_to_string(&html).unwrap();
+    // self-contained: inline SVG, no script, nothing fetched
+    assert!(text.matches("<svg").count() >= 4, "charts missing");
+    assert!(!text.contains("<script"), "no scripts");
+    for bad in ["src=\"http", "href=\"http", "url(http", "<link", "<img"] {
+        assert!(!text.contains(bad), "external resource {bad}");
+    }
+    for section in [
+        "Divergence by token position",
+        "Sequence length vs sequence statistic",
+        "Criteria: statistic vs threshold",
+        "Rejections by criterion",
+        "Worst sequences",
+        "Bound certificate",
+        "B*",
+    ] {
+        assert!(text.contains(section), "{section} missing");
+    }
+    html
+}
+
+fn check_in_browser(html: &Path, tag: &str) {
+    let Some(chrome) = chromium() else {
+        if std::env::var_os("CI").is_some() {
+            panic!("chromium is required under CI (apt-get install -y chromium)");
+        }
+        eprintln!("skipping the headless-browser check: no chromium on PATH");
+        return;
+    };
+    let png = common::scratch("report", &format!("{tag}.png"));
+    let _ = std::fs::remove_file(&png);
+    let url = format!("file://{}", html.display());
+    let profile = common::scratch("report", &format!("profile-{tag}"));
+    let out = Command::new(&chrome)
+        .args([
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--hide-scrollbars",
+            "--enable-logging=stderr",
+            "--v=0",
+            &format!("--user-data-dir={}", profile.display()),
+            &format!("--screenshot={}", png.display()),
+            "--window-size=1280,2000",
+            &url,
+        ])
+        .output()
+        .expect("run chromium");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "chromium failed: {log}");
+    for line in log.lines() {
+        assert!(
+            !(line.contains("CONSOLE") || line.contains("Uncaught") || line.contains("net::ERR")),
+            "browser console: {line}"
+        );
+    }
+    // a blank 1280x2000 page compresses to a few kB; charts and tables do not
+    let size = std::fs::metadata(&png).expect("screenshot written").len();
+    assert!(
+        size > 40_000,
+        "screenshot of {tag} looks blank ({size} bytes)"
+    );
+    let dom = Command::new(&chrome)
+        .args([
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            &format!("--user-data-dir={}", profile.display()),
+            "--dump-dom",
+            &url,
+        ])
+        .output()
+        .expect("run chromium");
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    assert!(
+        dom.contains("<polyline") && dom.contains("<circle"),
+        "charts not in the DOM"
+    );
+    if let Some(dir) = std::env::var_os("TRMASK_SCREENS") {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(&png, Path::new(&dir).join(format!("{tag}.png"))).unwrap();
+    }
+}
+
+#[test]
+fn sample_report_renders() {
+    let html = render(
+        Path::new("data/sample/real-small.safetensors"),
+        "sample",
+        "decoupled_k3_rs",
+    );
+    check_in_browser(&html, "sample");
+}
+
+#[test]
+fn drifting_batch_report_renders() {
+    let p = common::scratch("report", "drift.json");
+    std::fs::write(&p, drifting_batch().to_string()).unwrap();
+    let html = render(&p, "drift", "trm_max");
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        text.contains("class=\"bad\">reject"),
+        "the drifting tails are rejected"
+    );
+    check_in_browser(&html, "drift");
+}
