@@ -157,8 +157,9 @@ pub fn apply<T>(tensors: &mut BTreeMap<String, T>, known: &[&str]) -> Result<Ren
             return Err(Error::input(
                 *target,
                 format!(
-                    "is ambiguous: {} all hold it; keep one (rename or drop the others)",
-                    list.join(" and ")
+                    "is ambiguous: {} {} hold it; keep one (rename or drop the others)",
+                    list.join(" and "),
+                    if list.len() == 2 { "both" } else { "all" }
                 ),
             ));
         }
