@@ -537,7 +537,7 @@ fn bad_topk_inputs_exit_2_naming_the_row() {
     assert_bad(
         analyze_json(
             "nok.json",
-            r#"{"rollout_log_prob": [[-1, -2]], "old_log_prob": [[-1, -2]]}"#,
+            r#"{"rollout_log_prob": [[-1, -2]], "old_log_prob": [[-1, -2]], "response_mask": [[1, 1]]}"#,
             Some(r#"{"rollout_rs": "seq_max_topk_kl", "rollout_rs_threshold": 0.1}"#),
         ),
         &["topk_kl", "rollout_topk_ids"],

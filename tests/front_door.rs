@@ -429,3 +429,41 @@ fn many_steps_append_one_json_line_each() {
     }
     assert_ne!(lines[0]["trmask/k3_mean"], lines[2]["trmask/k3_mean"]);
 }
+
+#[test]
+fn ddot_output_is_the_one_the_mask_used() {
+    let batch = trmask::io::read_batch(std::path::Path::new(
+        "data/sample/real-small-topk.safetensors",
+    ))
+    .unwrap();
+    let engine = trmask::cpu::CpuEngine::new();
+    let get = |a: &trmask::analysis::Analysis, n: &str| {
+        a.outputs
+            .iter()
+            .find(|o| o.name == n)
+            .unwrap_or_else(|| panic!("no output {n}"))
+            .data
+            .clone()
+    };
+    let mut seen = Vec::new();
+    for (direction, want) in [
+        ("predictive_uniform", "ddot_uniform"),
+        ("predictive_aggregated", "ddot_aggregated"),
+        ("ratio", "ddot_aggregated"),
+    ] {
+        let cfg = trmask::CorrectionConfig::from_json_str(&format!(
+            r#"{{"dppo": {{"delta": 0.05, "direction": "{direction}"}}}}"#
+        ))
+        .unwrap();
+        let a = trmask::analysis::analyze(&engine, &batch, &cfg).unwrap();
+        let (agg, uni) = (get(&a, "ddot_aggregated"), get(&a, "ddot_uniform"));
+        assert_ne!(agg, uni, "the sample distinguishes the two");
+        assert_eq!(get(&a, "ddot"), get(&a, want), "{direction}");
+        assert_eq!(
+            a.metrics["trmask/ddot_mean"],
+            a.metrics[&format!("trmask/{want}_mean")]
+        );
+        seen.push(get(&a, "ddot"));
+    }
+    assert_ne!(seen[0], seen[1]);
+}

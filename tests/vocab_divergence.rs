@@ -413,7 +413,8 @@ fn gpu_infinite_divergences_and_errors_match_cpu() {
     let v = 9;
     let ninf = f32::NEG_INFINITY;
     // row 0: q = 0 where p > 0 (KL = ∞); row 1: p = 0 where q > 0 (KL_rev = ∞); row 2: sampled
-    // token at p = 0 (logp = −∞); row 3: disjoint supports (both KLs ∞, TV = 1)
+    // token at p = 0 is an error on both engines (zero probability under the policy that
+    // sampled it), so it samples id 1; row 3: disjoint supports (both KLs ∞, TV = 1)
     let a: Vec<f32> = [
         [0.5, 1.0, 2.0, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
         [0.5, ninf, 2.0, -1.0, 0.0, 0.3, 0.2, 0.1, 3.0],
@@ -430,15 +431,23 @@ fn gpu_infinite_divergences_and_errors_match_cpu() {
     .concat();
     let la = encode(&a, DType::F32, 4, v);
     let lb = encode(&b, DType::BF16, 4, v);
-    let ids = [1i64, 2, 0, 0];
     let m = [true; 4];
+    let impossible = [1i64, 2, 0, 0];
+    let e_cpu = CpuEngine::new()
+        .vocab_divergence(&la, &lb, Some(&impossible), &m, 1.0)
+        .unwrap_err();
+    let e_gpu = gpu
+        .vocab_divergence(&la, &lb, Some(&impossible), &m, 1.0)
+        .unwrap_err();
+    assert_eq!(e_gpu, e_cpu);
+    assert!(e_cpu.to_string().contains("`responses`") && e_cpu.to_string().contains("slot 2"));
+    let ids = [1i64, 2, 1, 0];
     let cpu = CpuEngine::new()
         .vocab_divergence(&la, &lb, Some(&ids), &m, 1.0)
         .unwrap();
     let got = gpu.vocab_divergence(&la, &lb, Some(&ids), &m, 1.0).unwrap();
     assert_eq!(got.kl[0], f64::INFINITY);
     assert_eq!(got.kl_rev[1], f64::INFINITY);
-    assert_eq!(got.rollout_logp[2], f64::NEG_INFINITY);
     assert_eq!(
         (got.kl[3], got.kl_rev[3], got.tv[3]),
         (f64::INFINITY, f64::INFINITY, 1.0)

@@ -110,7 +110,7 @@ fn no_nulls(name: &str, d: &Dense) -> Result<()> {
 
 /// The missing-tensor error, naming the file's keys that may be it.
 fn missing(raw: &Raw, target: &str, what: &str) -> Error {
-    let hints = names::near_misses(target, &raw.keys);
+    let hints = names::near_misses(target, &raw.keys, &raw::known());
     let mut msg = format!("is missing: {what}");
     if !hints.is_empty() {
         msg.push_str("; ");
@@ -168,7 +168,7 @@ fn layout(raw: &mut Raw, opts: &ReadOptions) -> Result<Batch> {
                 "and cu_seqlens are both missing: the layout of the {shape:?} batch must be \
                  given (response_mask for a padded batch, cu_seqlens for a packed one), or pass \
                  --all-valid if every slot is a valid token{}",
-                names::near_misses("response_mask", &raw.keys)
+                names::near_misses("response_mask", &raw.keys, &raw::known())
                     .first()
                     .map(|h| format!("; {h}"))
                     .unwrap_or_default()
@@ -326,11 +326,14 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
         }
         (None, None) => {}
     }
-    if batch.rollout_log_prob.is_none() && batch.rollout_logits.is_none() {
+    if batch.rollout_log_prob.is_none()
+        && batch.rollout_logits.is_none()
+        && batch.rollout_topk_log_prob.is_none()
+    {
         return Err(missing(
             &raw,
             "rollout_log_prob",
-            "the rollout policy's log-probs (or rollout_logits) are needed",
+            "the rollout policy's log-probs (or rollout_logits, or its top-K) are needed",
         ));
     }
     if batch.old_log_prob.is_none() && batch.log_prob.is_none() && batch.old_logits.is_none() {

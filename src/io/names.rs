@@ -157,8 +157,9 @@ pub fn apply<T>(tensors: &mut BTreeMap<String, T>, known: &[&str]) -> Result<Ren
             return Err(Error::input(
                 *target,
                 format!(
-                    "is ambiguous: {} all hold it; keep one (rename or drop the others)",
-                    list.join(" and ")
+                    "is ambiguous: {} {} hold it; keep one (rename or drop the others)",
+                    list.join(" and "),
+                    if list.len() == 2 { "both" } else { "all" }
                 ),
             ));
         }
@@ -176,8 +177,9 @@ pub fn apply<T>(tensors: &mut BTreeMap<String, T>, known: &[&str]) -> Result<Ren
     Ok(Renames { applied: moves })
 }
 
-/// Keys of the input that may be what a missing `target` is, each with a word on why.
-pub fn near_misses(target: &str, present: &[String]) -> Vec<String> {
+/// Keys of the input that may be what a missing `target` is, each with a word on why
+/// (`known`: trmask's own names, never suggested).
+pub fn near_misses(target: &str, present: &[String], known: &[&str]) -> Vec<String> {
     let squash = |s: &str| s.to_ascii_lowercase().replace(['_', '-', '.', '/'], "");
     let words: &[&str] = match target {
         "rollout_log_prob" => &["rollout", "sampl", "infer", "behav", "logp", "logprob"],
@@ -193,7 +195,7 @@ pub fn near_misses(target: &str, present: &[String]) -> Vec<String> {
             continue;
         }
         let n = squash(name);
-        if ALIASES.iter().any(|a| a.source == name.as_str()) {
+        if known.contains(&name.as_str()) || ALIASES.iter().any(|a| a.source == name.as_str()) {
             continue;
         }
         if words.iter().any(|w| n.contains(w)) || n == squash(target) {
@@ -246,7 +248,15 @@ mod tests {
             e.contains("`old_log_prob`") && e.contains("`old_log_probs`"),
             "{e}"
         );
-        let hints = near_misses("rollout_log_prob", &["old_logprobs".into(), "foo".into()]);
+        let hints = near_misses(
+            "rollout_log_prob",
+            &[
+                "old_logprobs".into(),
+                "foo".into(),
+                "rollout_topk_log_prob".into(),
+            ],
+            &["rollout_topk_log_prob"],
+        );
         assert_eq!(hints.len(), 1);
         assert!(hints[0].contains("AReaL"));
     }

@@ -58,7 +58,7 @@ pub(super) const DENSE_NAMES: [&str; 10] = [
 ];
 pub(super) const LOGITS_NAMES: [&str; 2] = ["rollout_logits", "old_logits"];
 
-fn known() -> Vec<&'static str> {
+pub(super) fn known() -> Vec<&'static str> {
     DENSE_NAMES.iter().chain(&LOGITS_NAMES).copied().collect()
 }
 
