@@ -63,27 +63,6 @@ impl Values<'_> {
     }
 }
 
-impl<'a> From<&'a [f64]> for Values<'a> {
-    fn from(v: &'a [f64]) -> Self {
-        Values::F64(v)
-    }
-}
-impl<'a> From<&'a [f32]> for Values<'a> {
-    fn from(v: &'a [f32]) -> Self {
-        Values::F32(v)
-    }
-}
-impl<'a> From<&'a [bf16]> for Values<'a> {
-    fn from(v: &'a [bf16]) -> Self {
-        Values::BF16(v)
-    }
-}
-impl<'a> From<&'a [f16]> for Values<'a> {
-    fn from(v: &'a [f16]) -> Self {
-        Values::F16(v)
-    }
-}
-
 /// A borrowed response mask: `bool`, or 0/1 numbers (anything else is an error).
 #[derive(Clone, Copy, Debug)]
 pub enum MaskValues<'a> {
@@ -123,31 +102,19 @@ impl MaskValues<'_> {
     }
 }
 
-impl<'a> From<&'a [bool]> for MaskValues<'a> {
-    fn from(v: &'a [bool]) -> Self {
-        MaskValues::Bool(v)
-    }
+/// `From<&[T]>` for a borrowed-values enum, one variant per element type.
+macro_rules! from_slices {
+    ($enum:ident: $($t:ty => $variant:ident),+) => {
+        $(impl<'a> From<&'a [$t]> for $enum<'a> {
+            fn from(v: &'a [$t]) -> Self {
+                $enum::$variant(v)
+            }
+        })+
+    };
 }
-impl<'a> From<&'a [u8]> for MaskValues<'a> {
-    fn from(v: &'a [u8]) -> Self {
-        MaskValues::U8(v)
-    }
-}
-impl<'a> From<&'a [i64]> for MaskValues<'a> {
-    fn from(v: &'a [i64]) -> Self {
-        MaskValues::I64(v)
-    }
-}
-impl<'a> From<&'a [f32]> for MaskValues<'a> {
-    fn from(v: &'a [f32]) -> Self {
-        MaskValues::F32(v)
-    }
-}
-impl<'a> From<&'a [f64]> for MaskValues<'a> {
-    fn from(v: &'a [f64]) -> Self {
-        MaskValues::F64(v)
-    }
-}
+
+from_slices!(Values: f64 => F64, f32 => F32, bf16 => BF16, f16 => F16);
+from_slices!(MaskValues: bool => Bool, u8 => U8, i64 => I64, f32 => F32, f64 => F64);
 
 #[derive(Clone, Debug)]
 enum StepLayout<'a> {

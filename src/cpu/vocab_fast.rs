@@ -237,19 +237,7 @@ fn row_fast_impl<const FMA: bool>(sc: &mut Scratch, y: Option<usize>) -> Option<
         wq: sum(7),
         ..FastSums::default()
     };
-    let dir = |m: f64, rest: f64, out: f64, h: f64, c1: f64| {
-        let s = 1.0 + rest;
-        let ln_s = rest.ln_1p();
-        Dir {
-            m,
-            s,
-            ln_s,
-            out: out / s,
-            entropy: (ln_s - h / s).max(0.0),
-            c1,
-            c2: 0.0,
-        }
-    };
+    let dir = |m: f64, rest: f64, out: f64, h: f64, c1: f64| Dir::new(m, rest, out, h, c1, 0.0);
     let dp = dir(ma, t.ra, t.oa, t.ha, c1p);
     let dq = dir(mb, t.rb, t.ob, t.hb, c1q);
     if dp.out > 0.5 || dq.out > 0.5 {

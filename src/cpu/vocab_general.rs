@@ -103,6 +103,24 @@ pub(super) struct Sums {
     pub(super) ee: f64,
 }
 
+impl Dir {
+    /// From the row's maximum `m`, `rest = Σ_{i≠mode} e^{x_i − m}`, the unnormalised own mass
+    /// where the other side is −∞, `h = Σ e^{x_i − m}(m − x_i)`, and the shift's two parts.
+    pub(super) fn new(m: f64, rest: f64, out: f64, h: f64, c1: f64, c2: f64) -> Dir {
+        let s = 1.0 + rest;
+        let ln_s = rest.ln_1p();
+        Dir {
+            m,
+            s,
+            ln_s,
+            out: out / s,
+            entropy: (ln_s - h / s).max(0.0),
+            c1,
+            c2,
+        }
+    }
+}
+
 impl Sums {
     #[inline]
     fn push(&mut self, u: f64, wx: f64, wy: f64) {
@@ -233,17 +251,14 @@ pub(super) fn row_general(
         }
     }
     let dir = |m: f64, rest: f64, out: f64, h: f64, su: f64, s_in: f64, c1: f64| {
-        let s = 1.0 + rest;
-        let ln_s = rest.ln_1p();
-        Dir {
+        Dir::new(
             m,
-            s,
-            ln_s,
-            out: out / s,
-            entropy: (ln_s - h / s).max(0.0),
+            rest,
+            out,
+            h,
             c1,
-            c2: if s_in > 0.0 { su / s_in } else { 0.0 },
-        }
+            if s_in > 0.0 { su / s_in } else { 0.0 },
+        )
     };
     let dp = dir(ma, ra, oa, ha, sua, ina, c1p);
     let dq = dir(mb, rb, ob, hb, sub, inb, c1q);
