@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 
-pub(crate) use crate::logits::impossible_sample;
+use crate::logits::impossible_sample;
 use crate::logits::Logits;
 
 /// How sequences are laid out.

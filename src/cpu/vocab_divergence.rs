@@ -79,7 +79,7 @@ pub(crate) fn check_inputs(
                 ),
             ));
         }
-        if let Some(r) = crate::batch::impossible_sample(rollout, ids, mask) {
+        if let Some(r) = crate::logits::impossible_sample(rollout, ids, mask) {
             return Err(Error::input(
                 "responses",
                 format!(
