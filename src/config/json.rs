@@ -132,9 +132,7 @@ impl CorrectionConfig {
                 }
                 "temperature" => {
                     let t = want_f64(key, val)?;
-                    if !(t > 0.0 && t.is_finite()) {
-                        return Err(Error::config(key, format!("must be > 0, got {t}")));
-                    }
+                    super::types::check_temperature(key, t)?;
                     c.temperature = t;
                 }
                 "ln_trm" => {

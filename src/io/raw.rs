@@ -42,6 +42,8 @@ pub(super) struct Raw {
     pub renames: Renames,
     /// The file's `step` (safetensors metadata or a top-level JSON number).
     pub step: Option<f64>,
+    /// Size of the input in bytes: the bound on every count the file declares.
+    pub bytes: u64,
 }
 
 pub(super) const DENSE_NAMES: [&str; 10] = [
@@ -73,10 +75,14 @@ fn map_names(keys: &[String]) -> Result<(BTreeMap<String, String>, Renames)> {
 
 pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
     let p = path.display().to_string();
-    let file = std::fs::File::open(path).map_err(|e| Error::file(&p, e.to_string()))?;
-    // SAFETY: the map is read-only; a file truncated underneath us is the caller's problem,
-    // as with every memory-mapped reader (safetensors' own loaders do the same).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::file(&p, e.to_string()))?;
+    let (file, bytes) = super::files::open_input(path)?;
+    if bytes == 0 {
+        return Err(Error::file(&p, "is empty, not a safetensors file"));
+    }
+    // SAFETY: the map is read-only. A file truncated underneath us raises SIGBUS on access:
+    // the CLI turns that signal into a clean exit before any output exists (SECURITY.md), and
+    // library users who read files that another process rewrites should copy them first.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(&p, &e))?;
     let map = Arc::new(map);
     let st = safetensors::SafeTensors::deserialize(&map)
         .map_err(|e| Error::file(&p, format!("not a valid safetensors file: {e}")))?;
@@ -96,6 +102,7 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
         keys,
         renames,
         step,
+        bytes,
         ..Raw::default()
     };
     let base = map.as_ptr() as usize;
@@ -247,6 +254,7 @@ pub(super) fn read_json(text: &str) -> Result<Raw> {
         keys,
         renames,
         step,
+        bytes: text.len() as u64,
         ..Raw::default()
     };
     for (name, source) in &mapping {
