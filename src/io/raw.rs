@@ -105,6 +105,13 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
         bytes,
         ..Raw::default()
     };
+    let mut shapes = BTreeMap::new();
+    for (name, source) in &mapping {
+        if let Ok(view) = st.tensor(source) {
+            shapes.insert(name.as_str(), view.shape().to_vec());
+        }
+    }
+    shapes_fit(&shapes)?;
     let base = map.as_ptr() as usize;
     for (name, source) in &mapping {
         let view = st
@@ -146,14 +153,67 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
     Ok(raw)
 }
 
+/// Checks the shapes of a file's tensors against each other before any of them is widened to
+/// f64 (8 bytes per element, up to 8× the file): a tensor that cannot belong to the batch is
+/// refused from its header alone. The full layout rules run later, on the widened tensors.
+fn shapes_fit(shapes: &BTreeMap<&str, Vec<usize>>) -> Result<()> {
+    let token = [
+        "rollout_log_prob",
+        "old_log_prob",
+        "log_prob",
+        "responses",
+        "response_mask",
+    ]
+    .iter()
+    .find_map(|n| shapes.get(n).map(|s| (*n, s.clone())))
+    .or_else(|| {
+        LOGITS_NAMES.iter().find_map(|n| {
+            let s = shapes.get(n)?;
+            (s.len() >= 2).then(|| (*n, s[..s.len() - 1].to_vec()))
+        })
+    });
+    let Some((source, token)) = token else {
+        return Ok(());
+    };
+    let slots: usize = token.iter().product();
+    for (name, shape) in shapes {
+        let fits = match *name {
+            "rollout_log_prob" | "old_log_prob" | "log_prob" | "responses" | "response_mask" => {
+                *shape == token
+            }
+            "advantages" => *shape == token || shape.first() == token.first() && shape.len() == 1,
+            "rollout_topk_ids" | "rollout_topk_log_prob" | "rollout_logits" | "old_logits" => {
+                shape.len() == token.len() + 1 && shape[..token.len()] == token[..]
+            }
+            // One offset or group id per sequence: never more than one per slot, plus one.
+            "cu_seqlens" | "uid" => {
+                shape.len() == 1 && shape[0] <= slots.max(token.first().copied().unwrap_or(0)) + 1
+            }
+            _ => true,
+        };
+        if !fits {
+            return Err(Error::input(
+                *name,
+                format!("shape {shape:?} does not fit the batch of {source} {token:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn widen(name: &str, dtype: safetensors::Dtype, b: &[u8]) -> Result<Vec<f64>> {
     use safetensors::Dtype as D;
+    // One f64 per element, reserved fallibly: a tensor too large to widen is an error
+    // (exit code 1), never an abort.
+    let mut out: Vec<f64> = Vec::new();
+    let n = (b.len() * 8) / dtype.bitsize().max(1);
+    out.try_reserve_exact(n)
+        .map_err(|_| Error::OutOfMemory(format!("{n} values of {name} widened to f64")))?;
     macro_rules! conv {
-        ($n:expr, $f:expr) => {
-            b.chunks_exact($n)
-                .map(|c| $f(c.try_into().unwrap()))
-                .collect()
-        };
+        ($n:expr, $f:expr) => {{
+            out.extend(b.chunks_exact($n).map(|c| $f(c.try_into().unwrap())));
+            out
+        }};
     }
     Ok(match dtype {
         D::F64 => conv!(8, |c: [u8; 8]| f64::from_le_bytes(c)),
@@ -163,8 +223,14 @@ fn widen(name: &str, dtype: safetensors::Dtype, b: &[u8]) -> Result<Vec<f64>> {
         D::I64 => conv!(8, |c: [u8; 8]| i64::from_le_bytes(c) as f64),
         D::I32 => conv!(4, |c: [u8; 4]| i32::from_le_bytes(c) as f64),
         D::I16 => conv!(2, |c: [u8; 2]| i16::from_le_bytes(c) as f64),
-        D::I8 => b.iter().map(|&x| x as i8 as f64).collect(),
-        D::U8 | D::BOOL => b.iter().map(|&x| x as f64).collect(),
+        D::I8 => {
+            out.extend(b.iter().map(|&x| x as i8 as f64));
+            out
+        }
+        D::U8 | D::BOOL => {
+            out.extend(b.iter().map(|&x| x as f64));
+            out
+        }
         D::U16 => conv!(2, |c: [u8; 2]| u16::from_le_bytes(c) as f64),
         D::U32 => conv!(4, |c: [u8; 4]| u32::from_le_bytes(c) as f64),
         D::U64 => conv!(8, |c: [u8; 8]| u64::from_le_bytes(c) as f64),
