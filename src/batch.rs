@@ -379,7 +379,10 @@ impl Batch {
     /// Human-readable position of a slot (`[b, t]` or `[n]`).
     pub fn position(&self, slot: usize) -> String {
         match &self.layout {
-            Layout::Padded { seq_len, .. } => format!("[{}, {}]", slot / seq_len, slot % seq_len),
+            Layout::Padded { seq_len, .. } => {
+                let t = (*seq_len).max(1); // a [B, 0] batch has no slot to name
+                format!("[{}, {}]", slot / t, slot % t)
+            }
             Layout::Packed { .. } => format!("[{slot}]"),
         }
     }

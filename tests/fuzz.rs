@@ -314,3 +314,15 @@ proptest! {
         prop_assert_eq!(a.as_ref().map_err(kind), b.as_ref().map_err(kind), "{}: {:?} vs {:?}", text, a, b);
     }
 }
+
+/// Found by the long run (TRMASK_FUZZ_CASES=5000): a `[1, 0]` batch with a null in a `[1, 1]`
+/// tensor divided by the row length 0 while naming the position.
+#[test]
+fn regression_null_in_a_batch_of_empty_rows() {
+    let text = r#"{"old_log_probs": [[]], "responses": [[null]]}"#;
+    let opts = trmask::io::ReadOptions { all_valid: true };
+    let e = trmask::io::input_from_json(text, &opts)
+        .err()
+        .expect("an error");
+    assert!(e.to_string().contains("responses"), "{e}");
+}

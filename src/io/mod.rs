@@ -14,6 +14,7 @@
 //! error naming the tensor and the position.
 
 mod files;
+mod json_stream;
 pub mod names;
 mod raw;
 mod write;
@@ -294,7 +295,9 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
         if let Some(&i) = d
             .nulls
             .iter()
-            .find(|&&i| mask.get(i / per_slot.max(1)).copied().unwrap_or(true))
+            // A null past the mask belongs to a tensor of the wrong shape: the shape check
+            // below names that.
+            .find(|&&i| mask.get(i / per_slot.max(1)).copied().unwrap_or(false))
         {
             return Err(Error::input(
                 name,

@@ -4,7 +4,6 @@
 
 use super::names::{self, Renames};
 use crate::error::{Error, Result};
-use crate::lenient_json;
 use crate::logits::DType;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -243,79 +242,9 @@ fn widen(name: &str, dtype: safetensors::Dtype, b: &[u8]) -> Result<Vec<f64>> {
     })
 }
 
-fn json_number(name: &str, v: &serde_json::Value) -> Result<f64> {
-    match v {
-        serde_json::Value::Number(n) => n
-            .as_f64()
-            .ok_or_else(|| Error::input(name, "number out of range")),
-        serde_json::Value::String(s) => lenient_json::non_finite(s).ok_or_else(|| {
-            Error::input(
-                name,
-                format!("string {s:?} is not a number (only \"NaN\", \"Infinity\", \"-Infinity\")"),
-            )
-        }),
-        serde_json::Value::Bool(b) => Ok(*b as u8 as f64),
-        other => Err(Error::input(
-            name,
-            format!("expected a number, found {other}"),
-        )),
-    }
-}
-
-fn flatten(
-    name: &str,
-    v: &serde_json::Value,
-    depth: usize,
-    shape: &mut Vec<usize>,
-    out: &mut Dense,
-) -> Result<()> {
-    match v {
-        serde_json::Value::Array(items) => {
-            if shape.len() == depth {
-                shape.push(items.len());
-            } else if shape.len() < depth || shape[depth] != items.len() {
-                return Err(Error::input(
-                    name,
-                    format!(
-                        "is ragged: an array at depth {depth} has {} items, expected {:?}",
-                        items.len(),
-                        shape.get(depth)
-                    ),
-                ));
-            }
-            for it in items {
-                flatten(name, it, depth + 1, shape, out)?;
-            }
-            Ok(())
-        }
-        scalar => {
-            if shape.len() != depth {
-                return Err(Error::input(name, format!("is ragged: a number at depth {depth} where arrays of shape {shape:?} were expected")));
-            }
-            if scalar.is_null() {
-                out.nulls.push(out.data.len());
-                out.data.push(f64::NAN);
-            } else {
-                out.data.push(json_number(name, scalar)?);
-            }
-            Ok(())
-        }
-    }
-}
-
 pub(super) fn read_json(text: &str) -> Result<Raw> {
-    let v = lenient_json::parse(text)
-        .map_err(|e| Error::file("<json>", format!("not valid JSON: {e}")))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| Error::file("<json>", "the top level must be an object of tensors"))?;
-    let keys: Vec<String> = obj
-        .iter()
-        .filter(|(_, v)| v.is_array())
-        .map(|(k, _)| k.clone())
-        .collect();
+    let (keys, step) = super::json_stream::scan(text)?;
     let (mapping, renames) = map_names(&keys)?;
-    let step = obj.get("step").and_then(|s| s.as_f64());
     let mut raw = Raw {
         keys,
         renames,
@@ -323,16 +252,14 @@ pub(super) fn read_json(text: &str) -> Result<Raw> {
         bytes: text.len() as u64,
         ..Raw::default()
     };
-    for (name, source) in &mapping {
-        let value = &obj[source.as_str()];
-        let mut shape = Vec::new();
-        let mut d = Dense {
-            shape: Vec::new(),
-            data: Vec::new(),
-            nulls: Vec::new(),
-        };
-        flatten(name, value, 0, &mut shape, &mut d)?;
-        d.shape = shape;
+    let wanted: BTreeMap<String, String> = mapping
+        .iter()
+        .map(|(name, source)| (source.clone(), name.clone()))
+        .collect();
+    let mut tensors = super::json_stream::flatten(text, &wanted)?;
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, d) in tensors {
+        let source = mapping[&name].clone();
         raw.sources
             .push((name.clone(), source.clone(), "json".to_string()));
         if LOGITS_NAMES.contains(&name.as_str()) {
