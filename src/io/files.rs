@@ -62,7 +62,8 @@ fn identity(path: &Path) -> Option<(Identity, bool)> {
 /// output: `inputs` and `outputs` are `(flag or role, path)`; `-` (stdout) is skipped, and so
 /// are paths that name the same device file (`/dev/null` twice is fine).
 pub fn check_distinct(inputs: &[(&str, &Path)], outputs: &[(&str, &Path)]) -> Result<()> {
-    let ids = |list: &[(&str, &Path)]| -> Vec<(String, PathBuf, Option<(Identity, bool)>)> {
+    type Named = (String, PathBuf, Option<(Identity, bool)>);
+    let ids = |list: &[(&str, &Path)]| -> Vec<Named> {
         list.iter()
             .filter(|(_, p)| p.as_os_str() != "-")
             .map(|(f, p)| (f.to_string(), p.to_path_buf(), identity(p)))

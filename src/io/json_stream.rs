@@ -3,13 +3,21 @@
 //! tensors straight into f64 buffers. Memory is the text plus 8 bytes per number read, however
 //! the file is shaped (a tree of `serde_json::Value`s costs 15–30× the text).
 
-use super::raw::Dense;
 use crate::error::{Error, Result};
 use crate::lenient_json;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
+
+/// A tensor read from a file: shape plus values widened to f64 (ids are exact up to 2^53).
+#[derive(Clone, Debug)]
+pub(super) struct Dense {
+    pub shape: Vec<usize>,
+    pub data: Vec<f64>,
+    /// Flat indices that held JSON `null` (their value is NaN).
+    pub nulls: Vec<usize>,
+}
 
 /// The top-level keys holding arrays (sorted) and the numeric `step`, if any.
 pub(super) fn scan(text: &str) -> Result<(Vec<String>, Option<f64>)> {

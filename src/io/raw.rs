@@ -9,14 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-/// A tensor read from a file: shape plus values widened to f64 (ids are exact up to 2^53).
-#[derive(Clone, Debug)]
-pub(super) struct Dense {
-    pub shape: Vec<usize>,
-    pub data: Vec<f64>,
-    /// Flat indices that held JSON `null` (their value is NaN).
-    pub nulls: Vec<usize>,
-}
+pub(super) use super::json_stream::Dense;
 
 /// Where logits live.
 pub(super) enum LogitsSource {
