@@ -101,6 +101,8 @@ def test_exact_kl_criterion_from_logits():
     kl = trmask.vocab_divergence(rl, ol, backend="cpu")["kl"]
     np.testing.assert_allclose(det["criteria"]["seq_max_kl"], kl.max(axis=1), rtol=1e-12)
     assert det["seq_accept"].tolist() == (kl.max(axis=1) <= 0.05).tolist()
+    assert m.shape == (b, t) and m.dtype == np.bool_
+    assert m.tolist() == np.repeat(det["seq_accept"][:, None], t, axis=1).tolist()
 
 
 def test_errors_are_value_errors_with_the_cli_message():
