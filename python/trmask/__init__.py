@@ -83,8 +83,8 @@ def preset_names() -> List[str]:
 
 def backend_name(backend: str = "auto") -> str:
     """The engine ``backend`` (``"auto"``, ``"gpu"``, ``"cpu"``) runs on, e.g.
-    ``"cpu (2 threads)"``; opening a GPU the first time takes a moment. Raises ``ValueError``
-    for ``"gpu"`` without an adapter."""
+    ``"cpu (2 threads, f64)"``; opening a GPU the first time takes a moment. Raises
+    ``RuntimeError`` for ``"gpu"`` without an adapter, ``ValueError`` for an unknown name."""
     return _native.engine_name(backend)[0]
 
 
