@@ -55,6 +55,7 @@ pub mod bounds;
 mod certificate;
 pub mod correction;
 mod metrics;
+pub mod partial;
 // Layer 5: what the CLI and bindings call.
 pub mod analysis;
 pub mod backend;
