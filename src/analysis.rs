@@ -169,7 +169,12 @@ pub fn analyze_shard(
     ));
     let corr_keys = corr_partial.clone();
     partial.extend(corr_partial);
-    certificate_partial(&table, batch.segments(), &corrections.seq_accept, &mut partial);
+    certificate_partial(
+        &table,
+        batch.segments(),
+        &corrections.seq_accept,
+        &mut partial,
+    );
     // the whole batch's statistics: every rank's partial merged (as is with one process)
     let merged = exchange(ex, partial)?;
     correction::check_valid_tokens(&merged)?;

@@ -3,9 +3,9 @@
 use crate::batch::Batch;
 use crate::config::DppoConfig;
 use crate::error::{Error, Result};
+use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use crate::passes::topk_missing_input;
 use crate::stats::{DppoDirection, StatTable, TopkStats};
-use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use std::collections::BTreeMap;
 
 /// ANDs the DPPO / PDM keep mask into `keep` and adds its `trmask/*` metrics.
@@ -102,7 +102,8 @@ pub(crate) fn dppo_partial(
     let (mut valid, mut dropped) = (0usize, 0usize);
     let (mut pos, mut pos_dropped, mut neg, mut neg_dropped) = (0usize, 0usize, 0usize, 0usize);
     let (mut over, mut disagree) = (0usize, 0usize);
-    let (mut kl_sum, mut kl_max, mut less01, mut less05) = (Sum::default(), f64::NEG_INFINITY, 0usize, 0usize);
+    let (mut kl_sum, mut kl_max, mut less01, mut less05) =
+        (Sum::default(), f64::NEG_INFINITY, 0usize, 0usize);
     let (mut tail_sum, mut tail_max) = (Sum::default(), f64::NEG_INFINITY);
     for t in (0..n).filter(|&t| mask[t]) {
         valid += 1;

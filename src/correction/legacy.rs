@@ -13,9 +13,9 @@
 use crate::config::{IsLevel, IsSpec, LegacySpec};
 use crate::error::Result;
 use crate::metrics::ctx::{vmax, vmin, Ctx};
-use crate::partial::{exchange, Acc, Empty, Exchange, Partial};
 use crate::metrics::trmask::trmask_metrics;
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
+use crate::partial::{exchange, Acc, Empty, Exchange, Partial};
 use crate::stats::{Corrections, CriterionResult, StatTable, SAFETY_BOUND};
 
 /// verl's legacy IS-style metrics of weights `w` (per slot, valid slots only read).
@@ -169,7 +169,10 @@ pub(crate) fn compute(
             .collect();
         let rej = ctx.tok(|i| (!tok_keep[i]) as u8 as f64);
         let s_rej = ctx.reduce(&rej)?;
-        m.put("rollout_corr/rollout_rs_masked_fraction", ctx.mmean_all(&s_rej));
+        m.put(
+            "rollout_corr/rollout_rs_masked_fraction",
+            ctx.mmean_all(&s_rej),
+        );
         let seq_reject: Vec<bool> = (0..b).map(|i| s_rej.sum[i] > 0.0).collect();
         let frac = match &seq_stat {
             // row-level weight (an empty row has weight exp(0) = 1 and is kept)

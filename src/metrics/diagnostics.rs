@@ -122,7 +122,10 @@ pub(crate) fn length_metrics(
     let x: Vec<f64> = nonempty.iter().map(|&i| len[i] as f64).collect();
     for c in criteria {
         let y: Vec<f64> = nonempty.iter().map(|&i| c.seq_stat[i]).collect();
-        m.put(format!("trmask/len_corr/{}", c.name), Acc::co_moments(&x, &y));
+        m.put(
+            format!("trmask/len_corr/{}", c.name),
+            Acc::co_moments(&x, &y),
+        );
     }
 }
 

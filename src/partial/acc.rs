@@ -294,13 +294,25 @@ impl Acc {
             (Acc::Max { v, .. }, Acc::Max { v: w, .. }) => *v = v.max(*w),
             (Acc::Min { v, .. }, Acc::Min { v: w, .. }) => *v = v.min(*w),
             (Acc::VerlStd { s1, s2, n }, Acc::VerlStd { s1: a, s2: b, n: m })
-            | (Acc::VerlEss { s1, s2, n, .. }, Acc::VerlEss { s1: a, s2: b, n: m, .. })
+            | (
+                Acc::VerlEss { s1, s2, n, .. },
+                Acc::VerlEss {
+                    s1: a, s2: b, n: m, ..
+                },
+            )
             | (Acc::Ess { s1, s2, n }, Acc::Ess { s1: a, s2: b, n: m }) => {
                 s1.merge(*a);
                 s2.merge(*b);
                 *n += m;
             }
-            (Acc::Moments { n, mean, m2 }, Acc::Moments { n: nb, mean: mb, m2: qb }) => {
+            (
+                Acc::Moments { n, mean, m2 },
+                Acc::Moments {
+                    n: nb,
+                    mean: mb,
+                    m2: qb,
+                },
+            ) => {
                 if *nb > 0 {
                     if *n == 0 {
                         (*n, *mean, *m2) = (*nb, *mb, *qb);
@@ -383,7 +395,11 @@ impl Acc {
                 empty,
             } => {
                 let v = sum.value() / *n as f64 + offset;
-                if let Some(v) = if *n == 0 { empty_val(*empty, v) } else { Some(v) } {
+                if let Some(v) = if *n == 0 {
+                    empty_val(*empty, v)
+                } else {
+                    Some(v)
+                } {
                     put(key, v);
                 }
             }
@@ -393,17 +409,22 @@ impl Acc {
                     FracMode::F32 => (*k as f32 / *n as f32) as f64,
                     FracMode::Complement => 1.0 - *k as f64 / *n as f64,
                 };
-                if let Some(v) = if *n == 0 { empty_val(*empty, v) } else { Some(v) } {
+                if let Some(v) = if *n == 0 {
+                    empty_val(*empty, v)
+                } else {
+                    Some(v)
+                } {
                     put(key, v);
                 }
             }
             Acc::Max { v, empty } | Acc::Min { v, empty } => {
                 // nothing seen: the fold's start (−∞ for a maximum, +∞ for a minimum)
-                let none = *v == if matches!(self, Acc::Max { .. }) {
-                    f64::NEG_INFINITY
-                } else {
-                    f64::INFINITY
-                };
+                let none = *v
+                    == if matches!(self, Acc::Max { .. }) {
+                        f64::NEG_INFINITY
+                    } else {
+                        f64::INFINITY
+                    };
                 let v = match empty {
                     Empty::Absent => v.is_finite().then_some(*v),
                     e if none => empty_val(*e, *v),
@@ -506,10 +527,7 @@ impl Acc {
                         frac(&|_, a| a < 2),
                     );
                     let acc: u64 = g.values().map(|g| g.1).sum();
-                    put(
-                        &format!("{key}group_accepted_size_mean"),
-                        acc as f64 / ng,
-                    );
+                    put(&format!("{key}group_accepted_size_mean"), acc as f64 / ng);
                 }
             }
             Acc::Const(v) => put(key, *v),

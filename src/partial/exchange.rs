@@ -42,7 +42,11 @@ pub fn exchange(ex: &mut dyn Exchange, local: Partial) -> Result<Partial> {
     if all.len() != ex.size() {
         return Err(Error::input(
             "partial",
-            format!("the exchange returned {} buffers for {} ranks", all.len(), ex.size()),
+            format!(
+                "the exchange returned {} buffers for {} ranks",
+                all.len(),
+                ex.size()
+            ),
         ));
     }
     let mut merged = Partial::new();

@@ -84,7 +84,9 @@ impl<'a> R<'a> {
     fn len(&mut self, width: usize) -> Result<usize> {
         let n = self.u64()?;
         if n > (self.b.len() / width) as u64 {
-            return Err(bad(format!("claims {n} elements, more than its bytes hold")));
+            return Err(bad(format!(
+                "claims {n} elements, more than its bytes hold"
+            )));
         }
         Ok(n as usize)
     }
@@ -172,7 +174,11 @@ fn encode(w: &mut W, a: &Acc) {
             w.empty(*empty);
         }
         Acc::VerlStd { s1, s2, n } | Acc::Ess { s1, s2, n } => {
-            w.u8(if matches!(a, Acc::VerlStd { .. }) { 5 } else { 9 });
+            w.u8(if matches!(a, Acc::VerlStd { .. }) {
+                5
+            } else {
+                9
+            });
             w.sum(*s1);
             w.sum(*s2);
             w.u64(*n);
