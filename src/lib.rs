@@ -60,6 +60,8 @@ pub mod partial;
 pub mod analysis;
 pub mod backend;
 mod corrector;
+#[cfg(feature = "mpi")]
+pub mod distributed;
 pub mod io;
 // Layer 6: what the CLI prints and renders.
 pub mod report;

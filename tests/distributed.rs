@@ -186,39 +186,7 @@ fn run_ranks(whole: &Whole, cuts: &[usize], config: &CorrectionConfig) -> Vec<(A
     })
 }
 
-/// Metrics that are counts, extrema, fractions of counts, gathered quantiles or computed from
-/// those only: merged must equal whole exactly.
-fn exact_metric(name: &str) -> bool {
-    let ends = [
-        "_max",
-        "_min",
-        "_max_deviation",
-        "fraction",
-        "fraction_high",
-        "fraction_low",
-        "_p50",
-        "_p90",
-        "_less_01",
-        "_less_05",
-    ];
-    let has = [
-        "trmask/reject_rate",
-        "trmask/bound_",
-        "trmask/group_",
-        "trmask/num_groups",
-        "seq_len_",
-        "_frac_above_",
-    ];
-    ends.iter().any(|k| name.ends_with(k)) || has.iter().any(|k| name.contains(k))
-}
-
-fn same(a: f64, b: f64) -> bool {
-    a == b || (a.is_nan() && b.is_nan())
-}
-
-fn close(a: f64, b: f64) -> bool {
-    same(a, b) || (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
-}
+use common::{close12 as close, exact_metric, same};
 
 fn check(whole: &Whole, cuts: &[usize], config: &CorrectionConfig, what: &str) {
     let full = analyze(&CpuEngine::new(), &whole.shard(0, whole.seqs()), config).unwrap();

@@ -9,10 +9,10 @@ use crate::config::{Agg, Criterion, IsLevel, Resolved, Stat};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::metrics::ctx::{mean, std_unbiased, vmax, vmin, Ctx};
-use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial, SingleProcess};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
 use crate::metrics::trmask::trmask_metrics;
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
+use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial, SingleProcess};
 use crate::plan::{CorrectionsRaw, MaskAgg, MaskCriterion, MaskIs, MaskPlan, MaskSource};
 use crate::stats::{Corrections, CriterionResult, SegmentStats, StatTable, SAFETY_BOUND};
 
@@ -101,7 +101,10 @@ pub(crate) fn compute_partial(
         let s = ctx.reduce(&rej)?;
         metrics.put("rollout_corr/rollout_rs_masked_fraction", ctx.mmean_all(&s));
         let k = (0..b).filter(|&i| s.sum[i] > 0.0).count();
-        metrics.put("rollout_corr/rollout_rs_seq_masked_fraction", f32_frac(k, b));
+        metrics.put(
+            "rollout_corr/rollout_rs_seq_masked_fraction",
+            f32_frac(k, b),
+        );
     }
 
     // ---- token veto (trmask; legacy verl semantics: any ρ_t < τ rejects the sequence) ----
