@@ -45,6 +45,9 @@ impl Exchange for Rank<'_> {
     }
 }
 
+/// Per sequence: rollout logits, trainer logits, sampled tokens.
+type SeqLogits = (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<Vec<i64>>);
+
 /// A whole batch as plain arrays, so any run of sequences can be cut out as a shard.
 struct Whole {
     t: usize,
@@ -56,7 +59,7 @@ struct Whole {
     old: Vec<Vec<f64>>,
     uid: Vec<i64>,
     vocab: usize,
-    logits: Option<(Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<Vec<i64>>)>,
+    logits: Option<SeqLogits>,
 }
 
 impl Whole {

@@ -1,7 +1,7 @@
 //! The transport seam: an [`Exchange`] all-gathers byte buffers across the ranks of a
 //! data-parallel job (MPI, `torch.distributed`, anything else); [`exchange`] merges them.
 
-use super::acc::Partial;
+use super::set::Partial;
 use crate::error::{Error, Result};
 
 /// Carries partials between ranks. Every rank calls [`all_gather`](Self::all_gather) the same

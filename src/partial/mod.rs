@@ -11,7 +11,9 @@
 
 mod acc;
 mod exchange;
+mod set;
 mod wire;
 
-pub use acc::{Acc, CertAcc, Empty, FracMode, Partial, Sum};
+pub use acc::{Acc, CertAcc, Empty, FracMode, Sum};
 pub use exchange::{exchange, Exchange, SingleProcess};
+pub use set::Partial;

@@ -6,7 +6,8 @@
 //! length then their elements). Decoding checks every length against the bytes left, so a bad
 //! buffer is an error naming `partial`, never an allocation sized by an untrusted number.
 
-use super::acc::{Acc, CertAcc, Empty, FracMode, Partial, Sum};
+use super::acc::{Acc, CertAcc, Empty, FracMode, Sum};
+use super::set::Partial;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 
