@@ -437,3 +437,74 @@ fn partial_bytes_round_trip_and_reject_garbage() {
     );
     assert!(close(a, w) && close(b, w), "{a} {b} {w}");
 }
+
+#[test]
+fn corrector_correct_shard_equals_correct() {
+    use trmask::{Corrector, Step};
+    let mut rng = Rng::new(seed(99));
+    let (b, t) = (9, 7);
+    let mask: Vec<bool> = (0..b * t).map(|i| i % t < 1 + (i / t) % t).collect();
+    let roll: Vec<f32> = (0..b * t).map(|_| rng.range(-3.0, -0.1) as f32).collect();
+    let old: Vec<f32> = roll
+        .iter()
+        .map(|x| x + rng.range(-0.3, 0.3) as f32)
+        .collect();
+    let cfg = configs().remove(1).1;
+    let corrector = Corrector::new(CpuEngine::new(), &cfg).unwrap();
+    let whole = corrector
+        .correct(
+            &Step::padded(b, t)
+                .response_mask(&mask[..])
+                .rollout_log_prob(&roll[..])
+                .old_log_prob(&old[..]),
+        )
+        .unwrap();
+    let cuts = [0, 4, 9];
+    let hub = Hub {
+        slots: Mutex::new(vec![Vec::new(); 2]),
+        barrier: Barrier::new(2),
+    };
+    let shards: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                let (hub, corrector, mask, roll, old) = (&hub, &corrector, &mask, &roll, &old);
+                s.spawn(move || {
+                    let (a, z) = (cuts[rank] * t, cuts[rank + 1] * t);
+                    let step = Step::padded(cuts[rank + 1] - cuts[rank], t)
+                        .response_mask(&mask[a..z])
+                        .rollout_log_prob(&roll[a..z])
+                        .old_log_prob(&old[a..z]);
+                    let mut ex = Rank {
+                        hub,
+                        rank,
+                        size: 2,
+                        bytes_sent: 0,
+                    };
+                    corrector.correct_shard(&step, &mut ex).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, c) in shards.iter().enumerate() {
+        let (a, z) = (cuts[r] * t, cuts[r + 1] * t);
+        assert_eq!(c.mask, whole.mask[a..z], "rank {r} mask");
+        let (w, ww) = (c.weights.as_ref().unwrap(), whole.weights.as_ref().unwrap());
+        assert!(
+            w.iter().zip(&ww[a..z]).all(|(x, y)| close(*x, *y)),
+            "rank {r} weights"
+        );
+        assert_eq!(
+            c.metrics.len(),
+            whole.metrics.len(),
+            "rank {r} metric count"
+        );
+        for (k, &v) in &whole.metrics {
+            assert!(
+                close(c.metrics[k], v),
+                "rank {r} {k}: {} vs {v}",
+                c.metrics[k]
+            );
+        }
+    }
+}
