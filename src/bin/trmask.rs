@@ -10,7 +10,7 @@ mod os;
 /// quietly; any other failed write (`> /dev/full`) makes the exit code 1.
 macro_rules! say {
     ($($t:tt)*) => {{
-        os::say(format_args!($($t)*));
+        crate::os::say(format_args!($($t)*));
     }};
 }
 use std::process::ExitCode;
