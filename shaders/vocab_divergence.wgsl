@@ -38,6 +38,11 @@ const F_A_BAD: u32 = 16u;
 const F_B_BAD: u32 = 32u;
 const F_A_EMPTY: u32 = 64u;
 const F_B_EMPTY: u32 = 128u;
+const F_SECOND: u32 = 256u; // the one-pass result was not certified: the row was read again
+const F_THIRD: u32 = 512u; // ... and a third time (TV at the exact λ)
+
+// The first BLOCK_ITERS·WG entries of a row fix the one-pass centres and λ0.
+const BLOCK_ITERS: u32 = 8u;
 
 // The kernel's uniform; Rust twin `VocabDivergenceParams` in src/gpu/vocab_divergence.rs.
 struct VocabDivergenceParams {
@@ -225,6 +230,7 @@ struct Kl {
     kl: f32,
     lam: f32, // log E_x[e^{−u}]   (valid when ok)
     ok: bool,
+    err: f32, // bound on the rounding of `kl` from the centring (used by the one-pass test)
 }
 
 // Final KL of one direction. `dx`: own constants, `dy`: the other side's, `other_out`: the
@@ -243,7 +249,7 @@ fn finish_dir(st: Dir2, dx: Dir, dy: Dir, it: f32) -> Kl {
     var ext = 0.0; // Σ_ext p·e^{−u}
     if (st.ee > 0.0) {
         // Σ_ext p e^{−u} = ee · e^{K},  K = (m_y − y_c) + (x_c − m_x) ... in scaled units
-        let kk = ((dy.m - dx.yc) + (dx.mc - dx.m) + dx.c2) * it - dx.log_s;
+        let kk = ((dy.m - dx.m) + dx.c1 + dx.c2) * it - dx.log_s;
         let lk = kk + log(st.ee);
         if (lk < 60.0) {
             ext = exp(lk);
@@ -273,6 +279,12 @@ fn finish_dir(st: Dir2, dx: Dir, dy: Dir, it: f32) -> Kl {
     r.kl = kl;
     r.lam = lam;
     r.ok = ok;
+    // f32 sums of ~V/WG positive terms and the second-order cancellation between W and
+    // log1p(x) − x (both ≈ δ²/2 for a centre off by δ) or between U and λ when |x| > ½
+    r.err = 4.0e-6 * (abs(ww) + x * x + abs(ext) + pe + abs(ue));
+    if (big || abs(x) > 0.5) {
+        r.err = r.err + 1.0e-6 * (abs(uu) + abs(ue) + abs(lam));
+    }
     return r;
 }
 
@@ -291,6 +303,59 @@ fn neg_log_in(d: Dir) -> NegLogIn {
         return NegLogIn(d.log_s - log(d.s_in), true);
     }
     return NegLogIn(d.log_s - log(1.0e-30), false);
+}
+
+// ---- one-pass state: pass-2 sums at the block's fixed centres, weighted by the running max ----
+struct Spec {
+    // rollout-weighted (e^{(x − m_x)it}, m_x the running max of x)
+    pu: f32, pw: f32, pue: f32, ppe: f32, qee: f32,
+    dp: f32, pp: f32, dm: f32, pm: f32, // TV, |v| ≤ 1: Σ_{v>0} w·expm1(v), Σ_{v>0} w, same v ≤ 0
+    n0: f32, n1: f32, n2: f32, n3: f32, n4: f32, // mass with |v| ≤ 1e-5, 1e-4, 1e-3, 1e-2, 1e-1
+    hx: f32, lx: f32, // Σ w over v > 1 and v < −1
+    // trainer-weighted
+    qu: f32, qw: f32, que: f32, qpe: f32, pee: f32,
+    hy: f32, ly: f32,
+}
+
+fn spec_scale_a(s: ptr<function, Spec>, k: f32) {
+    (*s).pu *= k; (*s).pw *= k; (*s).pue *= k; (*s).ppe *= k; (*s).qee *= k;
+    (*s).dp *= k; (*s).pp *= k; (*s).dm *= k; (*s).pm *= k;
+    (*s).n0 *= k; (*s).n1 *= k; (*s).n2 *= k; (*s).n3 *= k; (*s).n4 *= k;
+    (*s).hx *= k; (*s).lx *= k;
+}
+
+fn spec_scale_b(s: ptr<function, Spec>, k: f32) {
+    (*s).qu *= k; (*s).qw *= k; (*s).que *= k; (*s).qpe *= k; (*s).pee *= k;
+    (*s).hy *= k; (*s).ly *= k;
+}
+
+// Pass-1 bookkeeping of one entry pair (flags, online log-partitions, entropy sums, centres);
+// true when both are finite (the common support).
+fn p1_elem(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, fl: ptr<function, u32>, x: f32,
+           y: f32, it: f32) -> bool {
+    let x_ok = !is_neg_inf(x);
+    let y_ok = !is_neg_inf(y);
+    let xb = is_bad(x);
+    let yb = is_bad(y);
+    if (xb) {
+        *fl |= F_A_BAD;
+    }
+    if (yb) {
+        *fl |= F_B_BAD;
+    }
+    if (x_ok && !y_ok) {
+        *fl |= F_KL_INF; // p > 0 where q = 0
+    }
+    if (y_ok && !x_ok) {
+        *fl |= F_KLR_INF;
+    }
+    if (x_ok && !xb) {
+        acc1_push(sp, x, y, y_ok && !yb, it);
+    }
+    if (y_ok && !yb) {
+        acc1_push(sq, y, x, x_ok && !xb, it);
+    }
+    return x_ok && y_ok && !xb && !yb;
 }
 
 @compute @workgroup_size(WG)
@@ -320,34 +385,122 @@ fn main(
     let abase = params.a_first + row * v;
     let bbase = params.b_first + row * v;
 
-    // ---- pass 1 ----
+    // ---- the block: centres and λ0 for the one pass (re-read from cache below) ----
+    var bp = acc1_empty();
+    var bq = acc1_empty();
+    var bfl = 0u;
+    let bend = min(v, BLOCK_ITERS * WG);
+    for (var i = t; i < bend; i += WG) {
+        p1_elem(&bp, &bq, &bfl, load_a(abase + i), load_b(bbase + i), it);
+    }
+    acc1_store(0u, t, bp);
+    acc1_store(7u, t, bq);
+    red_set(14u, t, 0.0);
+    red_merge_tree(t);
+    let gp0 = acc1_load(0u, 0u);
+    let gq0 = acc1_load(7u, 0u);
+    workgroupBarrier(); // every thread has read the block before red_sh is reused
+    let block_ok = gp0.s_in > 0.0 && gq0.s_in > 0.0;
+    var cp1 = 0.0;
+    var cp2 = 0.0;
+    var cq1 = 0.0;
+    var cq2 = 0.0;
+    var lam0 = 0.0;
+    if (block_ok) {
+        let b0p = make_dir(gp0);
+        let b0q = make_dir(gq0);
+        cp1 = b0p.c1;
+        cp2 = b0p.c2;
+        cq1 = b0q.c1;
+        cq2 = b0q.c2;
+        lam0 = ((b0q.m - b0p.yc) + (b0p.mc - b0p.m) + b0p.c2) * it + b0q.log_s - b0p.log_s;
+    }
+    let tv_fast = abs(lam0) < T_EXT;
+    let ek0 = exp(-min(abs(lam0), T_EXT) * sign(lam0));
+    let em0 = expm1_acc(-lam0);
+
+    // ---- the one pass: pass-1 state and the pass-2 sums at the block's centres ----
     var sp = acc1_empty();
     var sq = acc1_empty();
     var flags = 0u;
+    var s = Spec(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     for (var i = t; i < v; i += WG) {
         let x = load_a(abase + i);
         let y = load_b(bbase + i);
-        let x_ok = !is_neg_inf(x);
-        let y_ok = !is_neg_inf(y);
-        if (is_bad(x)) {
-            flags |= F_A_BAD;
+        let ma = sp.m;
+        let mb = sq.m;
+        if (!p1_elem(&sp, &sq, &flags, x, y, it)) {
+            continue;
         }
-        if (is_bad(y)) {
-            flags |= F_B_BAD;
+        if (sp.m != ma) {
+            spec_scale_a(&s, exp((ma - sp.m) * it));
         }
-        if (x_ok && !y_ok) {
-            flags |= F_KL_INF; // p > 0 where q = 0
+        if (sq.m != mb) {
+            spec_scale_b(&s, exp((mb - sq.m) * it));
         }
-        if (y_ok && !x_ok) {
-            flags |= F_KLR_INF;
+        let wx = exp((x - sp.m) * it);
+        let wy = exp((y - sq.m) * it);
+        let d = x - y;
+        let u = ((d - cp1) - cp2) * it;
+        let ur = ((-d - cq1) - cq2) * it;
+        var wu = 0.0;
+        if (u >= -T_EXT) {
+            wu = w_of(u);
+            s.pu += wx * u;
+            s.pw += wx * wu;
+        } else {
+            s.pue += wx * u;
+            s.ppe += wx;
+            s.pee += wy;
         }
-        if (x_ok && !is_bad(x)) {
-            acc1_push(&sp, x, y, y_ok && !is_bad(y), it);
+        if (ur >= -T_EXT) {
+            s.qu += wy * ur;
+            s.qw += wy * w_of(ur);
+        } else {
+            s.que += wy * ur;
+            s.qpe += wy;
+            s.qee += wx;
         }
-        if (y_ok && !is_bad(y)) {
-            acc1_push(&sq, y, x, x_ok && !is_bad(x), it);
+        let vv = -u - lam0; // log(q_i / p_i) at λ0
+        if (abs(vv) <= 1.0) {
+            var em = ek0 * (wu - u) + em0;
+            if (u < -T_EXT || !tv_fast) {
+                em = expm1_acc(vv);
+            }
+            if (vv > 0.0) {
+                s.dp += wx * em;
+                s.pp += wx;
+            } else {
+                s.dm += wx * em;
+                s.pm += wx;
+            }
+            let av = abs(vv);
+            if (av <= 1.0e-1) {
+                s.n4 += wx;
+                if (av <= 1.0e-2) {
+                    s.n3 += wx;
+                    if (av <= 1.0e-3) {
+                        s.n2 += wx;
+                        if (av <= 1.0e-4) {
+                            s.n1 += wx;
+                            if (av <= 1.0e-5) {
+                                s.n0 += wx;
+                            }
+                        }
+                    }
+                }
+            }
+        } else if (vv > 0.0) {
+            s.hx += wx;
+            s.hy += wy;
+        } else {
+            s.lx += wx;
+            s.ly += wy;
         }
     }
+    let m_a = sp.m;
+    let m_b = sq.m;
     acc1_store(0u, t, sp);
     acc1_store(7u, t, sq);
     red_set(14u, t, f32(flags));
@@ -376,138 +529,238 @@ fn main(
     }
     let dp = make_dir(gp);
     let dq = make_dir(gq);
-    // λ0 = lse_b − lse_a + c (scaled), c = c1 + c2 of p's direction
-    let lam0 = ((dq.m - dp.yc) + (dp.mc - dp.m) + dp.c2) * it + dq.log_s - dp.log_s;
+    // every thread's sums to the row's maxima, then two rounds of plain sums
+    let ka = exp((m_a - dp.m) * it);
+    let kb = exp((m_b - dq.m) * it);
+    spec_scale_a(&s, ka);
+    spec_scale_b(&s, kb);
+    red_set(0u, t, s.pu);
+    red_set(1u, t, s.pw);
+    red_set(2u, t, s.pue);
+    red_set(3u, t, s.ppe);
+    red_set(4u, t, s.pee);
+    red_set(5u, t, s.qu);
+    red_set(6u, t, s.qw);
+    red_set(7u, t, s.que);
+    red_set(8u, t, s.qpe);
+    red_set(9u, t, s.qee);
+    red_set(10u, t, s.dp);
+    red_set(11u, t, s.pp);
+    red_set(12u, t, s.dm);
+    red_set(13u, t, s.pm);
+    red_set(14u, t, s.hx);
+    red_sum_slots(t, 15u);
+    var r = s;
+    r.pu = red_get(0u, 0u);
+    r.pw = red_get(1u, 0u);
+    r.pue = red_get(2u, 0u);
+    r.ppe = red_get(3u, 0u);
+    r.pee = red_get(4u, 0u);
+    r.qu = red_get(5u, 0u);
+    r.qw = red_get(6u, 0u);
+    r.que = red_get(7u, 0u);
+    r.qpe = red_get(8u, 0u);
+    r.qee = red_get(9u, 0u);
+    r.dp = red_get(10u, 0u);
+    r.pp = red_get(11u, 0u);
+    r.dm = red_get(12u, 0u);
+    r.pm = red_get(13u, 0u);
+    r.hx = red_get(14u, 0u);
+    workgroupBarrier();
+    red_set(0u, t, s.lx);
+    red_set(1u, t, s.hy);
+    red_set(2u, t, s.ly);
+    red_set(3u, t, s.n0);
+    red_set(4u, t, s.n1);
+    red_set(5u, t, s.n2);
+    red_set(6u, t, s.n3);
+    red_set(7u, t, s.n4);
+    red_sum_slots(t, 8u);
+    r.lx = red_get(0u, 0u);
+    r.hy = red_get(1u, 0u);
+    r.ly = red_get(2u, 0u);
+    r.n0 = red_get(3u, 0u);
+    r.n1 = red_get(4u, 0u);
+    r.n2 = red_get(5u, 0u);
+    r.n3 = red_get(6u, 0u);
+    r.n4 = red_get(7u, 0u);
 
-    // ---- pass 2 ----
-    let tv_fast = abs(lam0) < T_EXT; // e^{−λ0} and e^{−u} near the kink both stay finite
-    let ek0 = exp(-min(abs(lam0), T_EXT) * sign(lam0));
-    let em0 = expm1_acc(-lam0);
-    var fp = Dir2(0.0, 0.0, 0.0, 0.0, 0.0);
-    var fq = Dir2(0.0, 0.0, 0.0, 0.0, 0.0);
-    var tv0 = 0.0;
-    var g = 0.0;
-    var near = 0.0; // p-mass with |v| <= TAU_KINK (whose |·| may flip sign between λ0 and λ)
-    for (var i = t; i < v; i += WG) {
-        let x = load_a(abase + i);
-        let y = load_b(bbase + i);
-        if (is_neg_inf(x) || is_neg_inf(y)) {
-            continue;
-        }
-        let wx = exp((x - dp.m) * it);
-        let wy = exp((y - dq.m) * it);
-        let d = x - y;
-        let u = ((d - dp.c1) - dp.c2) * it;
-        let ur = ((-d - dq.c1) - dq.c2) * it;
-        // w(u) once, shared by KL(p‖q) and TV: expm1(−u) = w(u) − u
-        var wu = 0.0;
-        if (u >= -T_EXT) {
-            wu = w_of(u);
-            fp.u = fp.u + wx * u;
-            fp.w = fp.w + wx * wu;
-        } else {
-            fp.ue = fp.ue + wx * u;
-            fp.pe = fp.pe + wx;
-            fp.ee = fp.ee + wy;
-        }
-        dir2_push(&fq, ur, wy, wx);
-        let p_i = wx * dp.inv_s;
-        let vv = -u - lam0; // log(q_i / p_i) at λ0
-        if (abs(vv) <= 1.0) {
-            // expm1(−u − λ0) = e^{−λ0}·expm1(−u) + expm1(−λ0): no series per element; the
-            // rounding is ~eps·|u|·p_i per element, negligible beside TV's tolerance
-            var em = ek0 * (wu - u) + em0;
-            if (u < -T_EXT || !tv_fast) {
-                em = expm1_acc(vv);
-            }
-            tv0 += p_i * abs(em);
-            g += sign(vv) * (p_i + p_i * em);
-            if (abs(vv) <= TAU_KINK) {
-                near += p_i;
-            }
-        } else {
-            let q_i = wy * dq.inv_s;
-            tv0 += abs(p_i - q_i);
-            g += sign(q_i - p_i) * q_i;
-        }
-    }
-    red_sh[0u * MAX_WG + t] = fp.u;
-    red_sh[1u * MAX_WG + t] = fp.w;
-    red_sh[2u * MAX_WG + t] = fp.pe;
-    red_sh[3u * MAX_WG + t] = fp.ee;
-    red_sh[4u * MAX_WG + t] = fp.ue;
-    red_sh[5u * MAX_WG + t] = fq.u;
-    red_sh[6u * MAX_WG + t] = fq.w;
-    red_sh[7u * MAX_WG + t] = fq.pe;
-    red_sh[8u * MAX_WG + t] = fq.ee;
-    red_sh[9u * MAX_WG + t] = fq.ue;
-    red_sh[10u * MAX_WG + t] = tv0;
-    red_sh[11u * MAX_WG + t] = g;
-    red_sh[12u * MAX_WG + t] = near;
-    red_sum_slots(t, 13u);
-    // every thread reads the reduced sums (the barrier ending the loop orders the reads)
-    let rp = finish_dir(
-        Dir2(red_sh[0u], red_sh[MAX_WG], red_sh[4u * MAX_WG], red_sh[2u * MAX_WG], red_sh[3u * MAX_WG]), dp, dq, it);
-    let rq = finish_dir(
-        Dir2(red_sh[5u * MAX_WG], red_sh[6u * MAX_WG], red_sh[9u * MAX_WG], red_sh[7u * MAX_WG], red_sh[8u * MAX_WG]),
-        dq, dp, it);
-    var tv = red_sh[10u * MAX_WG];
-    let gg = red_sh[11u * MAX_WG];
-    let near_mass = red_sh[12u * MAX_WG];
+    // ---- the one-pass result and its certificate ----
+    var dps = dp;
+    dps.c1 = cp1;
+    dps.c2 = cp2;
+    var dqs = dq;
+    dqs.c1 = cq1;
+    dqs.c2 = cq2;
+    var rp = finish_dir(Dir2(r.pu, r.pw, r.pue, r.ppe, r.pee), dps, dqs, it);
+    var rq = finish_dir(Dir2(r.qu, r.qw, r.que, r.qpe, r.qee), dqs, dps, it);
     var nq = neg_log_in(dq);
     var np = neg_log_in(dp);
-    var lam = lam0;
-    if (rp.ok) {
-        lam = rp.lam + nq.v;
+    // TV at the exact λ: every element whose sign of log(q/p) is the same at λ0 and λ is
+    // exact in e^{−Δ}·Σw·expm1(v) + expm1(−Δ)·Σw; those in between (p-mass within |Δ| of the
+    // kink) cost at most 2·mass·|expm1(|Δ|)|.
+    let dl = (rp.lam + nq.v) - lam0;
+    let e = exp(-dl);
+    let emd = expm1_acc(-dl);
+    var tv = ((e * r.dp + emd * r.pp) - (e * r.dm + emd * r.pm)) * dp.inv_s
+        + (r.hy * dq.inv_s - r.hx * dp.inv_s) + (r.lx * dp.inv_s - r.ly * dq.inv_s);
+    let adl = abs(dl);
+    var near = 1.0e30;
+    if (adl <= 1.0e-5) {
+        near = r.n0;
+    } else if (adl <= 1.0e-4) {
+        near = r.n1;
+    } else if (adl <= 1.0e-3) {
+        near = r.n2;
+    } else if (adl <= 1.0e-2) {
+        near = r.n3;
+    } else if (adl <= 1.0e-1) {
+        near = r.n4;
     }
-    // TV(λ) ≈ TV(λ0) − (λ − λ0)·Σ sign(q−p)·q, exact but for elements whose log-ratio lies
-    // within |λ − λ0| of 0 (error ≤ 2|λ − λ0|·their mass). When that bound is not negligible
-    // (near-identical or near-one-hot rows), pass 3 recomputes TV with the exact λ; it also
-    // recomputes the common-support masses when they underflowed in pass 1.
-    let dl = lam - lam0;
-    tv = tv - dl * gg;
     if (t == 0u) {
-        let bound = 2.0 * abs(dl) * near_mass;
-        let again = (rp.ok && (abs(dl) > TAU_KINK || bound > 1.0e-4 * abs(tv) + 1.0e-10))
-            || !nq.ok || !np.ok;
-        wg_active = select(0u, 1u, again);
+        let tv_bound = near * dp.inv_s * abs(expm1_acc(adl)); // on ½Σ|p−q|
+        let tv_out = clamp(0.5 * (tv + dp.out_frac + dq.out_frac), 0.0, 1.0);
+        let kl_p = rp.kl + nq.v;
+        let kl_q = rq.kl + np.v;
+        let ok_p = (flags & F_KL_INF) != 0u
+            || rp.err <= 0.05 * (2.0e-3 * max(kl_p, 0.0) + 1.0e-7);
+        let ok_q = (flags & F_KLR_INF) != 0u
+            || rq.err <= 0.05 * (2.0e-3 * max(kl_q, 0.0) + 1.0e-7);
+        let ok_tv = adl <= 1.0e-1 && tv_bound <= 0.05 * (2.0e-3 * tv_out + 1.0e-7)
+            && abs(tv) < 4.0;
+        let ok = block_ok && rp.ok && rq.ok && nq.ok && np.ok && ok_p && ok_q && ok_tv;
+        wg_active = select(1u, 0u, ok);
     }
-    let again = workgroupUniformLoad(&wg_active);
-    if (again != 0u) {
-        // ---- pass 3 (only rows that need it) ----
-        var acc = 0.0;
-        var cq = 0.0; // Σ_common e^{(y − mc_q)it}
-        var cp = 0.0; // Σ_common e^{(x − mc_p)it}
+    let second = workgroupUniformLoad(&wg_active);
+    if (second != 0u) {
+        flags |= F_SECOND;
+        // ---- pass 2 (rows the one pass did not certify): the row's own centres ----
+        let lam0f = ((dq.m - dp.yc) + (dp.mc - dp.m) + dp.c2) * it + dq.log_s - dp.log_s;
+        let tv_fast2 = abs(lam0f) < T_EXT;
+        let ek0f = exp(-min(abs(lam0f), T_EXT) * sign(lam0f));
+        let em0f = expm1_acc(-lam0f);
+        var fp = Dir2(0.0, 0.0, 0.0, 0.0, 0.0);
+        var fq = Dir2(0.0, 0.0, 0.0, 0.0, 0.0);
+        var tv0 = 0.0;
+        var g = 0.0;
+        var nm = 0.0; // p-mass with |v| <= TAU_KINK (whose |·| may flip sign between λ0 and λ)
         for (var i = t; i < v; i += WG) {
             let x = load_a(abase + i);
             let y = load_b(bbase + i);
             if (is_neg_inf(x) || is_neg_inf(y)) {
                 continue;
             }
-            let p_i = exp((x - dp.m) * it) * dp.inv_s;
-            let vv = -((((x - y) - dp.c1) - dp.c2) * it) - lam;
-            if (abs(vv) <= 1.0) {
-                acc += p_i * abs(expm1_acc(vv));
+            let wx = exp((x - dp.m) * it);
+            let wy = exp((y - dq.m) * it);
+            let d = x - y;
+            let u = ((d - dp.c1) - dp.c2) * it;
+            let ur = ((-d - dq.c1) - dq.c2) * it;
+            var wu = 0.0;
+            if (u >= -T_EXT) {
+                wu = w_of(u);
+                fp.u = fp.u + wx * u;
+                fp.w = fp.w + wx * wu;
             } else {
-                acc += abs(p_i - exp((y - dq.m) * it) * dq.inv_s);
+                fp.ue = fp.ue + wx * u;
+                fp.pe = fp.pe + wx;
+                fp.ee = fp.ee + wy;
             }
+            dir2_push(&fq, ur, wy, wx);
+            let p_i = wx * dp.inv_s;
+            let vv = -u - lam0f;
+            if (abs(vv) <= 1.0) {
+                var em = ek0f * (wu - u) + em0f;
+                if (u < -T_EXT || !tv_fast2) {
+                    em = expm1_acc(vv);
+                }
+                tv0 += p_i * abs(em);
+                g += sign(vv) * (p_i + p_i * em);
+                if (abs(vv) <= TAU_KINK) {
+                    nm += p_i;
+                }
+            } else {
+                let q_i = wy * dq.inv_s;
+                tv0 += abs(p_i - q_i);
+            }
+        }
+        red_sh[0u * MAX_WG + t] = fp.u;
+        red_sh[1u * MAX_WG + t] = fp.w;
+        red_sh[2u * MAX_WG + t] = fp.pe;
+        red_sh[3u * MAX_WG + t] = fp.ee;
+        red_sh[4u * MAX_WG + t] = fp.ue;
+        red_sh[5u * MAX_WG + t] = fq.u;
+        red_sh[6u * MAX_WG + t] = fq.w;
+        red_sh[7u * MAX_WG + t] = fq.pe;
+        red_sh[8u * MAX_WG + t] = fq.ee;
+        red_sh[9u * MAX_WG + t] = fq.ue;
+        red_sh[10u * MAX_WG + t] = tv0;
+        red_sh[11u * MAX_WG + t] = g;
+        red_sh[12u * MAX_WG + t] = nm;
+        red_sum_slots(t, 13u);
+        rp = finish_dir(
+            Dir2(red_sh[0u], red_sh[MAX_WG], red_sh[4u * MAX_WG], red_sh[2u * MAX_WG], red_sh[3u * MAX_WG]),
+            dp, dq, it);
+        rq = finish_dir(
+            Dir2(red_sh[5u * MAX_WG], red_sh[6u * MAX_WG], red_sh[9u * MAX_WG], red_sh[7u * MAX_WG],
+                 red_sh[8u * MAX_WG]),
+            dq, dp, it);
+        tv = red_sh[10u * MAX_WG];
+        let gg = red_sh[11u * MAX_WG];
+        let near_mass = red_sh[12u * MAX_WG];
+        var lam = lam0f;
+        if (rp.ok) {
+            lam = rp.lam + nq.v;
+        }
+        // TV(λ) ≈ TV(λ0) − (λ − λ0)·Σ_{|v|≤1} sign(v)·q: exact but for elements whose
+        // log-ratio lies within |λ − λ0| of 0 (error ≤ 2|λ − λ0|·their mass); the |v| > 1
+        // terms are exact already. Pass 3 otherwise, and for underflowed common masses.
+        let dl2 = lam - lam0f;
+        tv = tv - dl2 * gg;
+        workgroupBarrier();
+        if (t == 0u) {
+            let bound = 2.0 * abs(dl2) * near_mass;
+            let again = (rp.ok && (abs(dl2) > TAU_KINK || bound > 1.0e-4 * abs(tv) + 1.0e-10))
+                || !nq.ok || !np.ok;
+            wg_active = select(0u, 1u, again);
+        }
+        let again = workgroupUniformLoad(&wg_active);
+        if (again != 0u) {
+            flags |= F_THIRD;
+            // ---- pass 3 (only rows that need it) ----
+            var acc = 0.0;
+            var cq = 0.0; // Σ_common e^{(y − mc_q)it}
+            var cp = 0.0; // Σ_common e^{(x − mc_p)it}
+            for (var i = t; i < v; i += WG) {
+                let x = load_a(abase + i);
+                let y = load_b(bbase + i);
+                if (is_neg_inf(x) || is_neg_inf(y)) {
+                    continue;
+                }
+                let p_i = exp((x - dp.m) * it) * dp.inv_s;
+                let vv = -((((x - y) - dp.c1) - dp.c2) * it) - lam;
+                if (abs(vv) <= 1.0) {
+                    acc += p_i * abs(expm1_acc(vv));
+                } else {
+                    acc += abs(p_i - exp((y - dq.m) * it) * dq.inv_s);
+                }
+                if (!nq.ok) {
+                    cq += exp((y - dq.mc) * it);
+                }
+                if (!np.ok) {
+                    cp += exp((x - dp.mc) * it);
+                }
+            }
+            red_sh[t] = acc;
+            red_sh[MAX_WG + t] = cq;
+            red_sh[2u * MAX_WG + t] = cp;
+            red_sum_slots(t, 3u);
+            tv = red_sh[0];
             if (!nq.ok) {
-                cq += exp((y - dq.mc) * it);
+                nq.v = dq.log_s - ((dq.mc - dq.m) * it + log(red_sh[MAX_WG]));
             }
             if (!np.ok) {
-                cp += exp((x - dp.mc) * it);
+                np.v = dp.log_s - ((dp.mc - dp.m) * it + log(red_sh[2u * MAX_WG]));
             }
-        }
-        red_sh[t] = acc;
-        red_sh[MAX_WG + t] = cq;
-        red_sh[2u * MAX_WG + t] = cp;
-        red_sum_slots(t, 3u);
-        tv = red_sh[0];
-        if (!nq.ok) {
-            nq.v = dq.log_s - ((dq.mc - dq.m) * it + log(red_sh[MAX_WG]));
-        }
-        if (!np.ok) {
-            np.v = dp.log_s - ((dp.mc - dp.m) * it + log(red_sh[2u * MAX_WG]));
         }
     }
     if (t != 0u) {

@@ -43,6 +43,8 @@ mod token_stats;
 mod topk_divergence;
 mod vocab_divergence;
 
+pub use vocab_divergence::{vocab_pass_counts, VocabPassCounts};
+
 pub use capabilities::Capabilities;
 #[doc(hidden)]
 pub use context::Submission;

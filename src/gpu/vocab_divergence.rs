@@ -21,6 +21,7 @@ use crate::cpu::{check_vocab_inputs, first_bad_logit};
 use crate::error::{Error, Result};
 use crate::logits::{DType, Logits};
 use crate::stats::VocabStats;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `row_info` value of an invalid (masked) slot.
 pub const ROW_MASKED: u32 = u32::MAX;
@@ -58,6 +59,67 @@ const F_A_BAD: u32 = 16;
 const F_B_BAD: u32 = 32;
 const F_A_EMPTY: u32 = 64;
 const F_B_EMPTY: u32 = 128;
+const F_SECOND: u32 = 256;
+const F_THIRD: u32 = 512;
+
+static ROWS: AtomicU64 = AtomicU64::new(0);
+static ROWS_SECOND: AtomicU64 = AtomicU64::new(0);
+static ROWS_THIRD: AtomicU64 = AtomicU64::new(0);
+
+/// How often the vocabulary kernel had to read a row again, summed over this process's calls
+/// (valid rows only): the one pass certifies KL, reverse KL, entropies, log-probs and TV for
+/// most rows; the others are read a second (and rarely a third) time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VocabPassCounts {
+    /// Valid rows processed.
+    pub rows: u64,
+    /// Rows read a second time (the one-pass result was not certified).
+    pub second: u64,
+    /// Rows read a third time (TV at the exact normaliser ratio, or underflowed masses).
+    pub third: u64,
+}
+
+impl VocabPassCounts {
+    /// Average reads of each logit, counting the row's first block (re-read from cache) as
+    /// a read: `1 + block/V + (second + third)/rows`.
+    pub fn reads_per_logit(&self, vocab: usize) -> f64 {
+        if self.rows == 0 {
+            return 0.0;
+        }
+        let block = (BLOCK_ENTRIES.min(vocab) as f64) / vocab.max(1) as f64;
+        1.0 + block + (self.second + self.third) as f64 / self.rows as f64
+    }
+}
+
+/// Entries of a row's first block (`BLOCK_ITERS · WG` in the shader at the default
+/// workgroup size 256), which fix the one pass's centres.
+pub const BLOCK_ENTRIES: usize = 8 * 256;
+
+/// The counts so far (see [`VocabPassCounts`]).
+pub fn vocab_pass_counts() -> VocabPassCounts {
+    VocabPassCounts {
+        rows: ROWS.load(Ordering::Relaxed),
+        second: ROWS_SECOND.load(Ordering::Relaxed),
+        third: ROWS_THIRD.load(Ordering::Relaxed),
+    }
+}
+
+fn count_passes(raw: &[f32], mask: &[bool]) {
+    let (mut n, mut second, mut third) = (0, 0, 0);
+    for (o, _) in raw
+        .chunks_exact(RESULTS_PER_ROW)
+        .zip(mask)
+        .filter(|(_, &m)| m)
+    {
+        let f = o[7] as u32;
+        n += 1;
+        second += u64::from(f & F_SECOND != 0);
+        third += u64::from(f & F_THIRD != 0);
+    }
+    ROWS.fetch_add(n, Ordering::Relaxed);
+    ROWS_SECOND.fetch_add(second, Ordering::Relaxed);
+    ROWS_THIRD.fetch_add(third, Ordering::Relaxed);
+}
 
 fn ceil4(x: u64) -> u64 {
     x.div_ceil(4) * 4
@@ -340,6 +402,7 @@ pub fn vocab_divergence(
         responses.is_some(),
         (1.0 / temperature) as f32,
     )?;
+    count_passes(&raw, mask);
     let host =
         (rollout.on_device().is_none() && train.on_device().is_none()).then_some((rollout, train));
     finish_vocab_stats(&raw, mask.len(), host)
