@@ -14,7 +14,7 @@
 use rayon::prelude::*;
 use std::time::Instant;
 use trmask::backend::{open_engine, Backend};
-use trmask::gpu::{Context, GpuEngine};
+use trmask::gpu::{vocab_pass_counts, Context, GpuEngine, VocabPassCounts};
 use trmask::{wgpu, Batch, CorrectionConfig, DType, Engine, Logits};
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -119,6 +119,14 @@ fn copy_bandwidth(ctx: &Context, size: u64, reps: usize) -> f64 {
     2.0 * size as f64 * reps as f64 / median(times)
 }
 
+fn delta(a: VocabPassCounts, b: VocabPassCounts) -> VocabPassCounts {
+    VocabPassCounts {
+        rows: b.rows - a.rows,
+        second: b.second - a.second,
+        third: b.third - a.third,
+    }
+}
+
 fn gbs(bytes: f64, secs: f64) -> String {
     format!("{:.2} GB/s", bytes / secs / 1e9)
 }
@@ -202,6 +210,9 @@ fn main() -> anyhow::Result<()> {
         dev_stats = Some(s);
     }
     let dev_stats = dev_stats.expect("ran");
+    let before = vocab_pass_counts();
+    gpu.vocab_divergence(&la, &lb, Some(&responses), &mask, 1.0)?;
+    let random_reads = delta(before, vocab_pass_counts()).reads_per_logit(vocab);
     // accuracy on the first rows against the f64 reference (same rounded inputs)
     let check = rows.min(if quick { 64 } else { 128 });
     let ha = Logits::from_bytes(a[..check * vocab * 2].to_vec(), DType::BF16, check, vocab)?;
@@ -224,6 +235,31 @@ fn main() -> anyhow::Result<()> {
         "\nGPU vs f64 CPU on the first {check} rows: worst |gpu − ref| / (2e-3·|ref| + 1e-7) = {worst:.3} ({})",
         if worst <= 1.0 { "within SPEC §9" } else { "OUTSIDE SPEC §9" }
     );
+    println!(
+        "\nreads per logit (one pass + block re-read + re-read rows): {random_reads:.3} on this random pair"
+    );
+    for path in [
+        "data/sample/real-small.safetensors",
+        "data/causal-sample/logits.safetensors",
+    ] {
+        let Ok(batch) = trmask::io::read_batch(std::path::Path::new(path)) else {
+            continue;
+        };
+        let (Some(ra), Some(rb)) = (&batch.rollout_logits, &batch.old_logits) else {
+            continue;
+        };
+        let before = vocab_pass_counts();
+        gpu.vocab_divergence(ra, rb, batch.responses.as_deref(), batch.mask(), 1.0)?;
+        let c = delta(before, vocab_pass_counts());
+        println!(
+            "reads per logit on {path} ({} rows, V = {}): {:.3} ({} rows read twice, {} three times)",
+            c.rows,
+            ra.vocab(),
+            c.reads_per_logit(ra.vocab()),
+            c.second,
+            c.third
+        );
+    }
     println!(
         "\n| {rows} × {vocab} BF16 pair ({:.2} GB) | time / call | logits read | of copy bandwidth |",
         bytes / 1e9

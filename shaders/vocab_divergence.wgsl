@@ -7,6 +7,22 @@
 // Per row, with x = rollout logits, y = trainer logits, it = 1/temperature,
 // a = x·it, b = y·it, p = softmax(a), q = softmax(b), d = a − b:
 //
+// The block (the row's first BLOCK_ITERS·WG entries, re-read below from cache): pass-1 state
+// over it gives fixed centres c_p, c_q (the block's argmax difference plus the block's p-mean
+// of d − c1) and λ0, the block's estimate of lse_b − lse_a + c_p.
+// The one pass (every entry read once): the pass-1 state below (online max, Σe^{a−m}, entropy
+// sums, argmax-relative p-mean of d) AND the pass-2 sums at the block's fixed centres, weighted
+// by each thread's running max and rescaled when it moves (all sums are linear in the
+// weights). TV is kept as Σ_{v>0} w·expm1(v), Σ_{v>0} w (same for v ≤ 0, |v| ≤ 1) plus exact
+// |v| > 1 sums, v = log(q/p) at λ0, so that TV at the exact λ = λ0 + Δ is
+// e^{−Δ}Σw·expm1(v) + expm1(−Δ)Σw for every element not within |Δ| of the kink; the p-mass
+// in nine windows |v| ≤ 1e-5 … 1e-1 bounds the rest.
+// Certificate (thread 0, per row): the block had common support, every KL's rounding bound
+// from the centring (`Kl.err`: W and log1p(x) − x both ≈ δ²/2 for a centre off by δ) is
+// ≤ ¼ of SPEC's 2e-3·|KL| + 1e-7, and the TV kink bound (window mass · |expm1(|Δ|)|, |Δ| ≤
+// 0.1) is ≤ ½ of SPEC's TV tolerance. Certified rows are done after one read.
+// Otherwise (flag F_SECOND, counted on the host) the row is read again with the row's own
+// centres — the two-pass scheme below, unchanged:
 // Pass 1 (online, merged by a fixed tree; no exp can overflow): per direction the log-partition
 //   (max m, Σe^{a−m} over the common support and outside q's support), Σe^{a−m}(a−m) for the
 //   entropy, the row's argmax (a*, b*) over the common support and the p-mean of
@@ -20,7 +36,7 @@
 //   accumulated in the same pass together with its derivative in λ, and corrected to first
 //   order to the exact λ = log(1 + x) − log1p(−Q_out) found by pass 2.
 // Pass 3 (only rows where the first-order correction is not provably negligible, i.e. much
-//   p-mass sits within |λ − λ0| of TV's kink): TV again with the exact λ.
+//   p-mass sits within |λ − λ0| of TV's kink; flag F_THIRD): TV again with the exact λ.
 // Raw logit differences are formed before scaling by `it`, so temperature costs no accuracy.
 
 // Slots per thread of the workgroup trees (pass 1: two 7-float states and the flags): 15 × 256

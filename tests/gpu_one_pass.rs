@@ -20,8 +20,12 @@ fn check(engine: &dyn Engine, a: &[f32], b: &[f32], rows: usize, vocab: usize) {
     );
     let ids: Vec<i64> = (0..rows).map(|r| ((r * 977) % vocab) as i64).collect();
     let mask = vec![true; rows];
-    let g = engine.vocab_divergence(&la, &lb, Some(&ids), &mask, 1.0).unwrap();
-    let c = CpuEngine::new().vocab_divergence(&la, &lb, Some(&ids), &mask, 1.0).unwrap();
+    let g = engine
+        .vocab_divergence(&la, &lb, Some(&ids), &mask, 1.0)
+        .unwrap();
+    let c = CpuEngine::new()
+        .vocab_divergence(&la, &lb, Some(&ids), &mask, 1.0)
+        .unwrap();
     for r in 0..rows {
         for (what, x, y) in [
             ("kl", g.kl[r], c.kl[r]),
@@ -39,7 +43,10 @@ fn check(engine: &dyn Engine, a: &[f32], b: &[f32], rows: usize, vocab: usize) {
             (g.rollout_logp[r], c.rollout_logp[r]),
             (g.train_logp[r], c.train_logp[r]),
         ] {
-            assert!((x - y).abs() <= 2e-3 * y.abs() + 1e-5, "row {r} logp {x} vs {y}");
+            assert!(
+                (x - y).abs() <= 2e-3 * y.abs() + 1e-5,
+                "row {r} logp {x} vs {y}"
+            );
         }
     }
 }
