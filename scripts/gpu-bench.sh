@@ -8,6 +8,8 @@
 #   DIR/gpu-bench.sh run                 # there (or here, on lavapipe): everything, tables
 #                                        # under ${OUT:-bench-out}/
 #   QUICK=1 scripts/gpu-bench.sh run     # small shapes (a local dry run on software Vulkan)
+#   scripts/gpu-bench.sh whole           # only the whole-process comparison and peak RSS
+#                                        # (PYTHON=... a python3 with torch)
 #
 # `run` uses the packed binaries next to the script when they exist, else target/release.
 # It writes: machine.txt (nvidia-smi, adapters), check.txt (GPU vs f64 CPU on the real sample),
@@ -53,6 +55,7 @@ quick="${QUICK:-}"
 tmp="$(mktemp -d)"
 t0=$(date +%s)
 
+if [ "$mode" = run ]; then
 {
   echo "== machine"; date -u; uname -a; nproc; free -g | head -2
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.memory,clocks.max.sm --format=csv
@@ -99,6 +102,9 @@ if "$py" -c "import torch" 2>/dev/null; then
 else
   echo "no torch for $py" | tee -a "$out/torch.md"
 fi
+fi # run only
+
+# ---- whole (also `gpu-bench.sh whole`): whole-process comparison and peak RSS ----
 
 echo "== whole process: trmask analyze vs PyTorch CPU on the same file" | tee "$out/whole.md"
 if [ -n "$quick" ]; then rows=128; else rows=1024; fi
