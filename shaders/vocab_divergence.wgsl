@@ -16,7 +16,7 @@
 // weights). TV is kept as Σ_{v>0} w·expm1(v), Σ_{v>0} w (same for v ≤ 0, |v| ≤ 1) plus exact
 // |v| > 1 sums, v = log(q/p) at λ0, so that TV at the exact λ = λ0 + Δ is
 // e^{−Δ}Σw·expm1(v) + expm1(−Δ)Σw for every element not within |Δ| of the kink; the p-mass
-// in nine windows |v| ≤ 1e-5 … 1e-1 bounds the rest.
+// in nine one-sided windows 0 < ±v ≤ 1e-5 … 1e-1 bounds the rest.
 // Certificate (thread 0, per row): the block had common support, every KL's rounding bound
 // from the centring (`Kl.err`: W and log1p(x) − x both ≈ δ²/2 for a centre off by δ) is
 // ≤ ¼ of SPEC's 2e-3·|KL| + 1e-7, and the TV kink bound (window mass · |expm1(|Δ|)|, |Δ| ≤
@@ -297,7 +297,7 @@ fn finish_dir(st: Dir2, dx: Dir, dy: Dir, it: f32) -> Kl {
     r.ok = ok;
     // f32 sums of ~V/WG positive terms and the second-order cancellation between W and
     // log1p(x) − x (both ≈ δ²/2 for a centre off by δ) or between U and λ when |x| > ½
-    r.err = 4.0e-6 * (abs(ww) + x * x + abs(ext) + pe + abs(ue));
+    r.err = 1.0e-6 * (abs(ww) + x * x + abs(ext) + pe + abs(ue));
     if (big || abs(x) > 0.5) {
         r.err = r.err + 1.0e-6 * (abs(uu) + abs(ue) + abs(lam));
     }
@@ -326,7 +326,7 @@ struct Spec {
     // rollout-weighted (e^{(x − m_x)it}, m_x the running max of x)
     pu: f32, pw: f32, pue: f32, ppe: f32, qee: f32,
     dp: f32, pp: f32, dm: f32, pm: f32, // TV, |v| ≤ 1: Σ_{v>0} w·expm1(v), Σ_{v>0} w, same v ≤ 0
-    n: array<f32, 9>, // mass with |v| ≤ NEAR[k]
+    n: array<f32, 18>, // mass with 0 < v ≤ τ_k (k < 9) and −τ_k ≤ v ≤ 0 (9 + k), τ = 1e-5 … 1e-1
     hx: f32, lx: f32, // Σ w over v > 1 and v < −1
     // trainer-weighted
     qu: f32, qw: f32, que: f32, qpe: f32, pee: f32,
@@ -336,7 +336,7 @@ struct Spec {
 fn spec_scale_a(s: ptr<function, Spec>, k: f32) {
     (*s).pu *= k; (*s).pw *= k; (*s).pue *= k; (*s).ppe *= k; (*s).qee *= k;
     (*s).dp *= k; (*s).pp *= k; (*s).dm *= k; (*s).pm *= k;
-    for (var j = 0u; j < 9u; j++) {
+    for (var j = 0u; j < 18u; j++) {
         (*s).n[j] *= k;
     }
     (*s).hx *= k; (*s).lx *= k;
@@ -441,7 +441,7 @@ fn main(
     var sp = acc1_empty();
     var sq = acc1_empty();
     var flags = 0u;
-    var s = Spec(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, array<f32, 9>(), 0.0, 0.0, 0.0,
+    var s = Spec(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, array<f32, 18>(), 0.0, 0.0, 0.0,
                  0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     for (var i = t; i < v; i += WG) {
         let x = load_a(abase + i);
@@ -494,15 +494,16 @@ fn main(
                 s.pm += wx;
             }
             let av = abs(vv);
-            s.n[0] += select(0.0, wx, av <= 1.0e-5);
-            s.n[1] += select(0.0, wx, av <= 3.0e-5);
-            s.n[2] += select(0.0, wx, av <= 1.0e-4);
-            s.n[3] += select(0.0, wx, av <= 3.0e-4);
-            s.n[4] += select(0.0, wx, av <= 1.0e-3);
-            s.n[5] += select(0.0, wx, av <= 3.0e-3);
-            s.n[6] += select(0.0, wx, av <= 1.0e-2);
-            s.n[7] += select(0.0, wx, av <= 3.0e-2);
-            s.n[8] += select(0.0, wx, av <= 1.0e-1);
+            let side = select(9u, 0u, vv > 0.0);
+            s.n[side + 0u] += select(0.0, wx, av <= 1.0e-5);
+            s.n[side + 1u] += select(0.0, wx, av <= 3.0e-5);
+            s.n[side + 2u] += select(0.0, wx, av <= 1.0e-4);
+            s.n[side + 3u] += select(0.0, wx, av <= 3.0e-4);
+            s.n[side + 4u] += select(0.0, wx, av <= 1.0e-3);
+            s.n[side + 5u] += select(0.0, wx, av <= 3.0e-3);
+            s.n[side + 6u] += select(0.0, wx, av <= 1.0e-2);
+            s.n[side + 7u] += select(0.0, wx, av <= 3.0e-2);
+            s.n[side + 8u] += select(0.0, wx, av <= 1.0e-1);
         } else if (vv > 0.0) {
             s.hx += wx;
             s.hy += wy;
@@ -592,6 +593,14 @@ fn main(
     for (var j = 0u; j < 9u; j++) {
         r.n[j] = red_get(3u + j, 0u);
     }
+    workgroupBarrier();
+    for (var j = 0u; j < 9u; j++) {
+        red_set(j, t, s.n[9u + j]);
+    }
+    red_sum_slots(t, 9u);
+    for (var j = 0u; j < 9u; j++) {
+        r.n[9u + j] = red_get(j, 0u);
+    }
 
     // ---- the one-pass result and its certificate ----
     var dps = dp;
@@ -613,34 +622,36 @@ fn main(
     var tv = ((e * r.dp + emd * r.pp) - (e * r.dm + emd * r.pm)) * dp.inv_s
         + (r.hy * dq.inv_s - r.hx * dp.inv_s) + (r.lx * dp.inv_s - r.ly * dq.inv_s);
     let adl = abs(dl);
-    // the smallest window holding |Δ|
+    // the smallest window holding |Δ|, on Δ's side of the kink (the entries whose sign of
+    // log(q/p) differs at λ0 and λ lie between 0 and Δ)
+    let side = select(9u, 0u, dl > 0.0);
     var near = 1.0e30;
     if (adl <= 1.0e-1) {
-        near = r.n[8];
+        near = r.n[side + 8u];
     }
     if (adl <= 3.0e-2) {
-        near = r.n[7];
+        near = r.n[side + 7u];
     }
     if (adl <= 1.0e-2) {
-        near = r.n[6];
+        near = r.n[side + 6u];
     }
     if (adl <= 3.0e-3) {
-        near = r.n[5];
+        near = r.n[side + 5u];
     }
     if (adl <= 1.0e-3) {
-        near = r.n[4];
+        near = r.n[side + 4u];
     }
     if (adl <= 3.0e-4) {
-        near = r.n[3];
+        near = r.n[side + 3u];
     }
     if (adl <= 1.0e-4) {
-        near = r.n[2];
+        near = r.n[side + 2u];
     }
     if (adl <= 3.0e-5) {
-        near = r.n[1];
+        near = r.n[side + 1u];
     }
     if (adl <= 1.0e-5) {
-        near = r.n[0];
+        near = r.n[side];
     }
     if (t == 0u) {
         let tv_bound = near * dp.inv_s * abs(expm1_acc(adl)); // on ½Σ|p−q|
