@@ -494,16 +494,27 @@ fn main(
                 s.pm += wx;
             }
             let av = abs(vv);
-            let side = select(9u, 0u, vv > 0.0);
-            s.n[side + 0u] += select(0.0, wx, av <= 1.0e-5);
-            s.n[side + 1u] += select(0.0, wx, av <= 3.0e-5);
-            s.n[side + 2u] += select(0.0, wx, av <= 1.0e-4);
-            s.n[side + 3u] += select(0.0, wx, av <= 3.0e-4);
-            s.n[side + 4u] += select(0.0, wx, av <= 1.0e-3);
-            s.n[side + 5u] += select(0.0, wx, av <= 3.0e-3);
-            s.n[side + 6u] += select(0.0, wx, av <= 1.0e-2);
-            s.n[side + 7u] += select(0.0, wx, av <= 3.0e-2);
-            s.n[side + 8u] += select(0.0, wx, av <= 1.0e-1);
+            // constant indices only (registers, not local memory, on GPUs)
+            let wpos = select(0.0, wx, vv > 0.0);
+            let wneg = wx - wpos;
+            s.n[0u] += select(0.0, wpos, av <= 1.0e-5);
+            s.n[9u] += select(0.0, wneg, av <= 1.0e-5);
+            s.n[1u] += select(0.0, wpos, av <= 3.0e-5);
+            s.n[10u] += select(0.0, wneg, av <= 3.0e-5);
+            s.n[2u] += select(0.0, wpos, av <= 1.0e-4);
+            s.n[11u] += select(0.0, wneg, av <= 1.0e-4);
+            s.n[3u] += select(0.0, wpos, av <= 3.0e-4);
+            s.n[12u] += select(0.0, wneg, av <= 3.0e-4);
+            s.n[4u] += select(0.0, wpos, av <= 1.0e-3);
+            s.n[13u] += select(0.0, wneg, av <= 1.0e-3);
+            s.n[5u] += select(0.0, wpos, av <= 3.0e-3);
+            s.n[14u] += select(0.0, wneg, av <= 3.0e-3);
+            s.n[6u] += select(0.0, wpos, av <= 1.0e-2);
+            s.n[15u] += select(0.0, wneg, av <= 1.0e-2);
+            s.n[7u] += select(0.0, wpos, av <= 3.0e-2);
+            s.n[16u] += select(0.0, wneg, av <= 3.0e-2);
+            s.n[8u] += select(0.0, wpos, av <= 1.0e-1);
+            s.n[17u] += select(0.0, wneg, av <= 1.0e-1);
         } else if (vv > 0.0) {
             s.hx += wx;
             s.hy += wy;
