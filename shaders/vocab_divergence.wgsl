@@ -98,7 +98,8 @@ fn acc1_empty() -> Acc1 {
     return Acc1(EMPTY_MAX, 0.0, 0.0, 0.0, EMPTY_MAX, 0.0, 0.0);
 }
 
-fn acc1_push(st: ptr<function, Acc1>, x: f32, y: f32, y_fin: bool, it: f32) {
+// Returns x's weight e^{(x − m)it} at the updated max.
+fn acc1_push(st: ptr<function, Acc1>, x: f32, y: f32, y_fin: bool, it: f32) -> f32 {
     if (x > (*st).m) {
         let k = exp(((*st).m - x) * it);
         let s = (*st).s_in + (*st).s_out;
@@ -124,6 +125,7 @@ fn acc1_push(st: ptr<function, Acc1>, x: f32, y: f32, y_fin: bool, it: f32) {
     } else {
         (*st).s_out = (*st).s_out + e;
     }
+    return e;
 }
 
 fn acc1_merge(p: Acc1, q: Acc1, it: f32) -> Acc1 {
@@ -348,9 +350,9 @@ fn spec_scale_b(s: ptr<function, Spec>, k: f32) {
 }
 
 // Pass-1 bookkeeping of one entry pair (flags, online log-partitions, entropy sums, centres);
-// true when both are finite (the common support).
+// true when both are finite (the common support), with their weights in `w` (x's, y's).
 fn p1_elem(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, fl: ptr<function, u32>, x: f32,
-           y: f32, it: f32) -> bool {
+           y: f32, it: f32, w: ptr<function, vec2<f32>>) -> bool {
     let x_ok = !is_neg_inf(x);
     let y_ok = !is_neg_inf(y);
     let xb = is_bad(x);
@@ -368,10 +370,10 @@ fn p1_elem(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, fl: ptr<function, u
         *fl |= F_KLR_INF;
     }
     if (x_ok && !xb) {
-        acc1_push(sp, x, y, y_ok && !yb, it);
+        (*w).x = acc1_push(sp, x, y, y_ok && !yb, it);
     }
     if (y_ok && !yb) {
-        acc1_push(sq, y, x, x_ok && !xb, it);
+        (*w).y = acc1_push(sq, y, x, x_ok && !xb, it);
     }
     return x_ok && y_ok && !xb && !yb;
 }
@@ -408,8 +410,9 @@ fn main(
     var bq = acc1_empty();
     var bfl = 0u;
     let bend = min(v, BLOCK_ITERS * WG);
+    var wb = vec2<f32>(0.0, 0.0);
     for (var i = t; i < bend; i += WG) {
-        p1_elem(&bp, &bq, &bfl, load_a(abase + i), load_b(bbase + i), it);
+        p1_elem(&bp, &bq, &bfl, load_a(abase + i), load_b(bbase + i), it, &wb);
     }
     acc1_store(0u, t, bp);
     acc1_store(7u, t, bq);
@@ -448,7 +451,8 @@ fn main(
         let y = load_b(bbase + i);
         let ma = sp.m;
         let mb = sq.m;
-        if (!p1_elem(&sp, &sq, &flags, x, y, it)) {
+        var w = vec2<f32>(0.0, 0.0);
+        if (!p1_elem(&sp, &sq, &flags, x, y, it, &w)) {
             continue;
         }
         if (sp.m != ma) {
@@ -457,8 +461,8 @@ fn main(
         if (sq.m != mb) {
             spec_scale_b(&s, exp((mb - sq.m) * it));
         }
-        let wx = exp((x - sp.m) * it);
-        let wy = exp((y - sq.m) * it);
+        let wx = w.x; // e^{(x − m_x)it} at the updated running max
+        let wy = w.y;
         let d = x - y;
         let u = ((d - cp1) - cp2) * it;
         let ur = ((-d - cq1) - cq2) * it;
