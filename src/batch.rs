@@ -168,9 +168,11 @@ impl Batch {
                 ));
             }
         }
-        let ranges = (0..batch)
-            .map(|b| (b * seq_len, (b + 1) * seq_len))
-            .collect();
+        let mut ranges = Vec::new();
+        ranges
+            .try_reserve_exact(batch)
+            .map_err(|_| Error::OutOfMemory(format!("the ranges of {batch} sequences")))?;
+        ranges.extend((0..batch).map(|b| (b * seq_len, (b + 1) * seq_len)));
         Ok(Self::with_layout(
             Layout::Padded { batch, seq_len },
             Segments { ranges, mask },
@@ -205,13 +207,14 @@ impl Batch {
             cu.push(c as usize);
         }
         let n = *cu.last().unwrap();
+        let mut mask = Vec::new();
+        mask.try_reserve_exact(n)
+            .map_err(|_| Error::OutOfMemory(format!("a mask of {n} slots (cu_seqlens)")))?;
+        mask.resize(n, true);
         let ranges = cu.windows(2).map(|w| (w[0], w[1])).collect();
         Ok(Self::with_layout(
             Layout::Packed { cu_seqlens: cu },
-            Segments {
-                ranges,
-                mask: vec![true; n],
-            },
+            Segments { ranges, mask },
         ))
     }
 
@@ -376,7 +379,10 @@ impl Batch {
     /// Human-readable position of a slot (`[b, t]` or `[n]`).
     pub fn position(&self, slot: usize) -> String {
         match &self.layout {
-            Layout::Padded { seq_len, .. } => format!("[{}, {}]", slot / seq_len, slot % seq_len),
+            Layout::Padded { seq_len, .. } => {
+                let t = (*seq_len).max(1); // a [B, 0] batch has no slot to name
+                format!("[{}, {}]", slot / t, slot % t)
+            }
             Layout::Packed { .. } => format!("[{slot}]"),
         }
     }
@@ -439,6 +445,22 @@ impl Batch {
                         "token id {} at valid position {} has rollout logit -inf: zero \
                          probability under the policy that sampled it (wrong ids, or a sampler \
                          mask that the dump does not reflect)",
+                        ids[i],
+                        self.position(i)
+                    ),
+                ));
+            }
+        }
+        // π_train(y) = 0 makes the sampled log-ratio −∞ (non-finite log-probs are errors, §2):
+        // one verdict on every engine instead of Infinity on one and NaN on another.
+        if let (Some(l), Some(ids)) = (&self.old_logits, &self.responses) {
+            if let Some(i) = impossible_sample(l, ids, mask) {
+                return Err(Error::input(
+                    "old_logits",
+                    format!(
+                        "the logit of token id {} at valid position {} is -inf: the training \
+                         policy gives the sampled token zero probability (its log-prob would be \
+                         -inf)",
                         ids[i],
                         self.position(i)
                     ),

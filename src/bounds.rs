@@ -4,8 +4,11 @@
 //! `T` is the horizon (response length), rewards lie in `[0, 1]`, `δ` bounds the per-token
 //! KL divergence `D_KL^tok`, `ε` the per-token total variation `D_TV^tok`, `D_KL^seq` and
 //! `D_TV^seq` the sequence-level divergences, and `D̄_t` the per-position TV profile.
-//! Every bound is an exact `f64` sum over `t = 1..=T` (compensated summation, `O(T)`),
-//! never a closed-form approximation.
+//! Every bound is a compensated `f64` sum over `t = 1..=T`, in `O(1)` memory: summed term by
+//! term up to [`EXACT_TERMS`] positions, and beyond that in closed form per piece of the
+//! piecewise weight (linear, square root, saturated at 1), with an Euler–Maclaurin tail for
+//! `Σ √k` that is exact to rounding. Horizons above [`MAX_HORIZON`] = 2^53 (where `f64`
+//! stops counting exactly) are rejected.
 //!
 //! Inputs that are not given are filled by the paper's relaxations, in this order:
 //!
@@ -35,6 +38,8 @@
 //! # Ok::<(), trmask::Error>(())
 //! ```
 
+use crate::bounds_sums::{constant_profile_sum, sum};
+pub use crate::bounds_sums::{EXACT_TERMS, MAX_HORIZON};
 use crate::error::{Error, Result};
 use serde::Serialize;
 
@@ -42,22 +47,6 @@ use serde::Serialize;
 /// (on a tie, the first one listed is reported as the argmin).
 pub const UNIFIED_CANDIDATES: [&str; 6] =
     ["pm_kl", "pm_tv", "mix_kl", "mix_tv", "coupling", "adaptive"];
-
-/// Compensated (Neumaier) summation of an iterator of `f64`.
-fn sum<I: IntoIterator<Item = f64>>(values: I) -> f64 {
-    let mut s = 0.0f64;
-    let mut c = 0.0f64;
-    for v in values {
-        let t = s + v;
-        if s.abs() >= v.abs() {
-            c += (s - t) + v;
-        } else {
-            c += (v - t) + s;
-        }
-        s = t;
-    }
-    s + c
-}
 
 /// `T(T−1)` as `f64` (exact for every horizon below 2^26; 0 for `T ≤ 1`).
 fn pairs(horizon: usize) -> f64 {
@@ -94,7 +83,11 @@ pub fn classical_tv(horizon: usize, eps: f64) -> f64 {
 
 /// `Σ_{t=1..T} min(1, √((t−1)δ/2))`, shared by the Pinsker-Marginal bounds.
 fn pm_sum(horizon: usize, delta: f64) -> f64 {
-    sum((0..horizon).map(|k| (k as f64 * delta / 2.0).sqrt().min(1.0)))
+    let t = horizon as u64;
+    if t <= EXACT_TERMS {
+        return sum((0..t).map(|k| (k as f64 * delta / 2.0).sqrt().min(1.0)));
+    }
+    constant_profile_sum(t, 1.0, None, Some(delta), lntrm_weight)
 }
 
 /// Pinsker-Marginal bound, KL form: `4·min(1, √(δ/2))·Σ_{t=1..T} min(1, √((t−1)δ/2))`.
@@ -145,7 +138,13 @@ pub fn mix_tv(horizon: usize, eps: f64, tv_seq: f64) -> f64 {
 /// assert!((b - 79.91).abs() < 1e-9 * 79.91);
 /// ```
 pub fn coupling(horizon: usize, eps: f64) -> f64 {
-    4.0 * eps.min(1.0) * sum((0..horizon).map(|k| (k as f64 * eps).min(1.0)))
+    let t = horizon as u64;
+    let s = if t <= EXACT_TERMS {
+        sum((0..t).map(|k| (k as f64 * eps).min(1.0)))
+    } else {
+        constant_profile_sum(t, 1.0, Some(eps), None, lntrm_weight)
+    };
+    4.0 * eps.min(1.0) * s
 }
 
 /// LN-TRM / adaptive weight of a token with `remaining = T − t` tokens after it (t 1-based):
@@ -355,7 +354,27 @@ pub struct ResolvedInputs {
     /// `D̄_t` for `t = 1..=T` (given, or `min(1, ε, √(δ/2))` everywhere). Not serialized:
     /// it is either the caller's own profile or constant.
     #[serde(skip)]
-    pub dbar: Vec<f64>,
+    pub dbar: Dbar,
+}
+
+/// The per-position TV profile `D̄_t` the adaptive bounds used.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dbar {
+    /// The same value at every position (the filled profile; never materialised, so a
+    /// horizon of 2^53 costs no memory).
+    Constant(f64),
+    /// The caller's profile, one value per position.
+    Profile(Vec<f64>),
+}
+
+impl Dbar {
+    /// The largest value of the profile (0 for an empty one).
+    pub fn max(&self) -> f64 {
+        match self {
+            Dbar::Constant(v) => *v,
+            Dbar::Profile(p) => p.iter().copied().fold(0.0, f64::max),
+        }
+    }
 }
 
 /// Every bound of SPEC §8 for one set of inputs. Serializes to JSON with the keys
@@ -398,6 +417,15 @@ pub struct Bounds {
 /// Fails (naming the flag) on invalid inputs, or when a classical bound overflows `f64`.
 pub fn compute(inputs: &BoundInputs) -> Result<Bounds> {
     inputs.validate()?;
+    if inputs.horizon as u64 > MAX_HORIZON {
+        return Err(Error::config(
+            "--horizon",
+            format!(
+                "{} is out of range (at most 2^53 = {MAX_HORIZON})",
+                inputs.horizon
+            ),
+        ));
+    }
     let t = inputs.horizon;
     let delta = inputs.delta;
     let mut filled = Vec::new();
@@ -416,10 +444,10 @@ pub fn compute(inputs: &BoundInputs) -> Result<Bounds> {
         (kl_seq / 2.0).sqrt()
     });
     let dbar = match &inputs.dbar {
-        Some(d) => d.clone(),
+        Some(d) => Dbar::Profile(d.clone()),
         None => {
             filled.push("dbar");
-            vec![eps.min(pinsker).min(1.0); t]
+            Dbar::Constant(eps.min(pinsker).min(1.0))
         }
     };
 
@@ -443,9 +471,13 @@ pub fn compute(inputs: &BoundInputs) -> Result<Bounds> {
     let mix_kl = mix_kl(t, delta, kl_seq);
     let mix_tv = mix_tv(t, eps, tv_seq);
     let coupling = coupling(t, eps);
-    let adaptive_kl = adaptive_kl(delta, &dbar);
-    let adaptive_tv = adaptive_tv(eps, &dbar);
-    let adaptive = adaptive(eps, delta, &dbar);
+    let profile = |e: Option<f64>, d: Option<f64>| match &dbar {
+        Dbar::Profile(p) => adaptive_sum(p, e, d),
+        Dbar::Constant(v) => 4.0 * constant_profile_sum(t as u64, *v, e, d, lntrm_weight),
+    };
+    let adaptive_kl = profile(None, Some(delta));
+    let adaptive_tv = profile(Some(eps), None);
+    let adaptive = profile(Some(eps), Some(delta));
 
     let candidates = [pm_kl, pm_tv, mix_kl, mix_tv, coupling, adaptive];
     let mut best = 0;
@@ -531,18 +563,19 @@ impl Bounds {
         for (name, v) in [("eps", i.eps), ("kl_seq", i.kl_seq), ("tv_seq", i.tv_seq)] {
             let _ = writeln!(out, "  {:<14}{:>16}{}", name, fmt_value(v), mark(name));
         }
-        if self.filled.contains(&"dbar") {
-            let v = i.dbar.first().copied().unwrap_or(0.0);
-            let _ = writeln!(out, "  {:<14}{:>16}  (filled)", "dbar", fmt_value(v));
-        } else {
-            let max = i.dbar.iter().copied().fold(0.0f64, f64::max);
-            let _ = writeln!(
-                out,
-                "  {:<14}{:>16}  (max of {} values)",
-                "dbar",
-                fmt_value(max),
-                i.dbar.len()
-            );
+        match &i.dbar {
+            Dbar::Constant(v) => {
+                let _ = writeln!(out, "  {:<14}{:>16}  (filled)", "dbar", fmt_value(*v));
+            }
+            Dbar::Profile(p) => {
+                let _ = writeln!(
+                    out,
+                    "  {:<14}{:>16}  (max of {} values)",
+                    "dbar",
+                    fmt_value(i.dbar.max()),
+                    p.len()
+                );
+            }
         }
         let _ = writeln!(out);
         let _ = writeln!(out, "  {:<14}{:>16}", "bound", "value");

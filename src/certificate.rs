@@ -200,7 +200,10 @@ mod tests {
         assert_eq!(all.inputs.delta, 0.04);
         assert_eq!(all.inputs.eps, 0.2);
         assert!((all.inputs.kl_seq - 0.04).abs() < 1e-15);
-        assert_eq!(all.inputs.dbar, vec![0.3, 0.2]);
+        assert_eq!(
+            all.inputs.dbar,
+            crate::bounds::Dbar::Profile(vec![0.3, 0.2])
+        );
         let acc = c.accepted.as_ref().unwrap();
         assert_eq!(acc.inputs.delta, 0.02);
         assert!((acc.inputs.kl_seq - 0.03).abs() < 1e-15);

@@ -15,6 +15,10 @@ pub enum Error {
     InvalidConfig { key: String, problem: String },
     /// A file could not be read or written, or is truncated / not in the expected format.
     File { path: String, problem: String },
+    /// Reading or writing a file failed for a reason of the machine, not of the input: disk
+    /// full, file-size limit, quota, I/O error, a file changed while being read (CLI exit code
+    /// 1). See [`Error::io`].
+    Io { path: String, problem: String },
     /// No GPU adapter could be found or opened.
     NoAdapter(String),
     /// The GPU reported an error (device lost, out of memory, validation).
@@ -51,6 +55,24 @@ impl Error {
             problem: problem.into(),
         }
     }
+    /// The error of a failed read or write of `path`: [`Error::Io`] when the machine is at
+    /// fault (disk full, file-size limit, quota exceeded, I/O error), else [`Error::File`]
+    /// (missing file, permission denied, not a directory, …).
+    pub fn io(path: impl Into<String>, e: &std::io::Error) -> Self {
+        use std::io::ErrorKind as K;
+        let machine = matches!(
+            e.kind(),
+            K::StorageFull | K::FileTooLarge | K::QuotaExceeded | K::OutOfMemory
+        ) || e.raw_os_error() == Some(5); // EIO
+        if machine {
+            Error::Io {
+                path: path.into(),
+                problem: e.to_string(),
+            }
+        } else {
+            Error::file(path, e.to_string())
+        }
+    }
     /// Shorthand for [`Error::Limit`].
     pub fn limit(what: impl Into<String>, limit: u64) -> Self {
         Error::Limit {
@@ -78,7 +100,9 @@ impl fmt::Display for Error {
                 write!(f, "invalid input `{tensor}`: {problem}")
             }
             Error::InvalidConfig { key, problem } => write!(f, "invalid config `{key}`: {problem}"),
-            Error::File { path, problem } => write!(f, "{path}: {problem}"),
+            Error::File { path, problem } | Error::Io { path, problem } => {
+                write!(f, "{path}: {problem}")
+            }
             Error::NoAdapter(m) => write!(f, "no GPU adapter: {m}"),
             Error::Gpu(m) => write!(f, "GPU error: {m}"),
             Error::ShaderCompile { kernel, message } => {

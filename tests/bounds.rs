@@ -2,7 +2,8 @@
 //! missing inputs, validation, and a brute-force cross-check of every sum.
 
 use trmask::bounds::{
-    self, compute, lntrm_score, lntrm_weights, ser_score, BoundInputs, Bounds, UNIFIED_CANDIDATES,
+    self, compute, lntrm_score, lntrm_weights, ser_score, BoundInputs, Bounds, Dbar,
+    UNIFIED_CANDIDATES,
 };
 use trmask::Error;
 
@@ -57,7 +58,7 @@ fn spec_unified_and_components() {
         "classical_tv",
     );
     assert_eq!(b.filled, vec!["dbar"]);
-    assert_eq!(b.inputs.dbar, vec![5e-3; 4096]);
+    assert_eq!(b.inputs.dbar, Dbar::Constant(5e-3));
 }
 
 #[test]
@@ -105,7 +106,7 @@ fn filled_lists() {
     assert_eq!(all.inputs.eps, 0.1);
     assert_rel(all.inputs.kl_seq, 0.2, 1e-15, "kl_seq fill");
     assert_rel(all.inputs.tv_seq, 0.1f64.sqrt(), 1e-15, "tv_seq fill");
-    assert_eq!(all.inputs.dbar, vec![0.1; 10]);
+    assert_eq!(all.inputs.dbar, Dbar::Constant(0.1));
 
     // tv_seq is filled from the given kl_seq; dbar from the given ε.
     let b = compute(&BoundInputs {
@@ -116,7 +117,7 @@ fn filled_lists() {
     .unwrap();
     assert_eq!(b.filled, vec!["tv_seq", "dbar"]);
     assert_eq!(b.inputs.tv_seq, 0.2);
-    assert_eq!(b.inputs.dbar, vec![0.05; 10]);
+    assert_eq!(b.inputs.dbar, Dbar::Constant(0.05));
 
     // dbar fill is capped at 1.
     let b = compute(&BoundInputs {
@@ -124,7 +125,7 @@ fn filled_lists() {
         ..BoundInputs::new(4, 8.0)
     })
     .unwrap();
-    assert_eq!(b.inputs.dbar, vec![1.0; 4]);
+    assert_eq!(b.inputs.dbar, Dbar::Constant(1.0));
 
     let none = compute(&BoundInputs {
         horizon: 3,
@@ -136,7 +137,7 @@ fn filled_lists() {
     })
     .unwrap();
     assert!(none.filled.is_empty());
-    assert_eq!(none.inputs.dbar, vec![0.1, 0.2, 0.0]);
+    assert_eq!(none.inputs.dbar, Dbar::Profile(vec![0.1, 0.2, 0.0]));
 }
 
 fn config_key(err: Error) -> String {

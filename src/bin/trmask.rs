@@ -3,11 +3,14 @@
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 
-/// `println!` that never panics: a closed stdout (`trmask analyze … | head`) ends output quietly.
+#[path = "cli/os.rs"]
+mod os;
+
+/// `println!` that never panics: a closed stdout (`trmask analyze … | head`) ends output
+/// quietly; any other failed write (`> /dev/full`) makes the exit code 1.
 macro_rules! say {
     ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+        os::say(format_args!($($t)*));
     }};
 }
 use std::process::ExitCode;
@@ -85,8 +88,8 @@ enum Command {
     },
     /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes .
     Bounds {
-        /// T, the response length (horizon).
-        #[arg(long)]
+        /// T, the response length (horizon), at most 2^53.
+        #[arg(long, value_parser = parse_horizon)]
         horizon: usize,
         /// δ, the per-token KL bound.
         #[arg(allow_negative_numbers = true, long)]
@@ -123,12 +126,7 @@ fn setup(c: &Common) -> Result<Ctx, trmask::Error> {
         (None, None) => trmask::CorrectionConfig::default(),
     };
     if let Some(t) = c.temperature {
-        if !(t > 0.0 && t.is_finite()) {
-            return Err(trmask::Error::config(
-                "temperature",
-                format!("must be > 0, got {t}"),
-            ));
-        }
+        trmask::config::check_temperature("--temperature", t)?;
         cfg.temperature = t;
     }
     let mut notes = Vec::new();
@@ -224,17 +222,29 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                     "take one input; with several inputs use --metrics-jsonl",
                 ));
             }
+            check_outputs(
+                &inputs,
+                common.config.as_deref(),
+                &[
+                    ("--output", output.as_deref()),
+                    ("--metrics", metrics.as_deref()),
+                    ("--metrics-jsonl", metrics_jsonl.as_deref()),
+                ],
+            )?;
             let ctx = setup(&common)?;
             let to_stderr = metrics.as_deref() == Some(Path::new("-"));
+            // Every output of the run is staged and made visible only once all are written.
+            let mut commit = trmask::io::Commit::new();
+            let mut texts = Vec::new();
             for (k, path) in inputs.iter().enumerate() {
                 let d = analyse_one(&ctx, path, &common)?;
                 let mut written = Vec::new();
                 if let Some(p) = &output {
-                    trmask::io::write_outputs(p, &d.analysis.outputs)?;
+                    commit.stage(p, trmask::io::outputs_bytes(p, &d.analysis.outputs)?)?;
                     written.push(p.display().to_string());
                 }
                 if let Some(p) = &metrics {
-                    trmask::io::write_metrics(p, &d.analysis.metrics)?;
+                    commit.stage(p, trmask::io::metrics_bytes(&d.analysis.metrics)?)?;
                     if !to_stderr {
                         written.push(p.display().to_string());
                     }
@@ -242,7 +252,10 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                 let name = path.display().to_string();
                 if let Some(p) = &metrics_jsonl {
                     let step = d.input.step.unwrap_or(k as f64);
-                    trmask::io::append_metrics_line(p, &name, step, &d.analysis.metrics)?;
+                    commit.append(
+                        p,
+                        trmask::io::metrics_line(&name, step, &d.analysis.metrics)?,
+                    );
                     written.push(format!("{} (line {})", p.display(), k + 1));
                 }
                 let mut text = trmask::report::summary(&subject(&ctx, &name, &d), &written);
@@ -254,6 +267,11 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                         text.push_str(&format!("\n{}", cert.summary()));
                     }
                 }
+                texts.push(text);
+            }
+            commit.finish()?;
+            // The summaries say "wrote …": printed once the files exist.
+            for (k, text) in texts.iter().enumerate() {
                 if to_stderr {
                     eprintln!("{text}");
                 } else {
@@ -270,13 +288,19 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             common,
             output,
         } => {
+            check_outputs(
+                std::slice::from_ref(&input),
+                common.config.as_deref(),
+                &[("--output", Some(output.as_path()))],
+            )?;
             let ctx = setup(&common)?;
             let d = analyse_one(&ctx, &input, &common)?;
             let name = input.display().to_string();
             let html = trmask::report::render_html(&subject(&ctx, &name, &d));
-            let p = output.display().to_string();
-            std::fs::write(&output, html).map_err(|e| trmask::Error::file(&p, e.to_string()))?;
-            say!("wrote {p}");
+            let mut commit = trmask::io::Commit::new();
+            commit.stage(&output, html.into_bytes())?;
+            commit.finish()?;
+            say!("wrote {}", output.display());
             Ok(())
         }
         Command::Bounds {
@@ -327,26 +351,44 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
     }
 }
 
-/// Vulkan loaders print two error lines per instance when `XDG_RUNTIME_DIR` is unset (headless
-/// boxes, CI); give them a private directory before any thread exists.
-fn ensure_runtime_dir() {
-    if std::env::var_os("XDG_RUNTIME_DIR").is_some() {
-        return;
+/// No output may overwrite an input, the config or another output (same device + inode, so
+/// `./x/../y`, symlinks and hard links count): exit code 2 before anything is written.
+fn check_outputs(
+    inputs: &[PathBuf],
+    config: Option<&Path>,
+    outputs: &[(&str, Option<&Path>)],
+) -> Result<(), trmask::Error> {
+    let mut ins: Vec<(&str, &Path)> = inputs.iter().map(|p| ("input", p.as_path())).collect();
+    if let Some(c) = config {
+        ins.push(("--config", c));
     }
-    let dir = std::env::temp_dir().join("trmask-xdg-runtime");
-    if std::fs::create_dir_all(&dir).is_ok() {
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
-        }
-        // SAFETY: single-threaded at this point (first statement of main).
-        std::env::set_var("XDG_RUNTIME_DIR", &dir);
+    let outs: Vec<(&str, &Path)> = outputs
+        .iter()
+        .filter_map(|(f, p)| p.map(|p| (*f, p)))
+        .collect();
+    trmask::io::check_distinct(&ins, &outs)
+}
+
+/// `--horizon`: an integer (also written `1e9`) in `[1, 2^53]`; larger is "out of range".
+fn parse_horizon(s: &str) -> Result<usize, String> {
+    let max = trmask::bounds::MAX_HORIZON;
+    let out_of_range = || format!("{s} is out of range (at most 2^53 = {max})");
+    if let Ok(v) = s.parse::<u128>() {
+        return if v > max as u128 {
+            Err(out_of_range())
+        } else {
+            Ok(v as usize)
+        };
+    }
+    match s.parse::<f64>() {
+        Ok(v) if v.fract() == 0.0 && v >= 0.0 && v <= max as f64 => Ok(v as usize),
+        Ok(v) if v.fract() == 0.0 && v > max as f64 => Err(out_of_range()),
+        _ => Err(format!("{s} is not a non-negative integer")),
     }
 }
 
 fn main() -> ExitCode {
-    ensure_runtime_dir();
+    os::install_signal_handlers();
     let presets = format!(
         "Presets (--preset): {}",
         trmask::CorrectionConfig::preset_names().join(", ")
@@ -355,7 +397,7 @@ fn main() -> ExitCode {
         .mut_subcommand("analyze", |c| c.after_help(presets.clone()))
         .mut_subcommand("report", |c| c.after_help(presets.clone()));
     let parsed = command
-        .try_get_matches()
+        .try_get_matches_from(os::glue_negative_numbers(std::env::args_os().collect()))
         .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
     let cli = match parsed {
         Ok(c) => c,
@@ -376,13 +418,26 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let gpu = match &cli.command {
+        Command::Analyze { common, .. } | Command::Report { common, .. } => {
+            !common.backend.eq_ignore_ascii_case("cpu")
+        }
+        Command::Devices => true,
+        Command::Bounds { .. } => false,
+    };
+    let _runtime = os::runtime_dir(gpu);
     std::panic::set_hook(Box::new(|info| eprintln!("trmask: internal error: {info}")));
-    match std::panic::catch_unwind(|| run(cli)) {
+    let code = match std::panic::catch_unwind(|| run(cli)) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {
             eprintln!("trmask: {e}");
             ExitCode::from(if e.is_user_error() { 2 } else { 1 })
         }
         Err(_) => ExitCode::from(1),
+    };
+    if let Some(e) = os::stdout_error() {
+        eprintln!("trmask: <stdout>: {e}");
+        return ExitCode::from(1);
     }
+    code
 }

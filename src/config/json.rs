@@ -132,9 +132,7 @@ impl CorrectionConfig {
                 }
                 "temperature" => {
                     let t = want_f64(key, val)?;
-                    if !(t > 0.0 && t.is_finite()) {
-                        return Err(Error::config(key, format!("must be > 0, got {t}")));
-                    }
+                    super::types::check_temperature(key, t)?;
                     c.temperature = t;
                 }
                 "ln_trm" => {
@@ -235,6 +233,26 @@ impl CorrectionConfig {
     /// Reads a config file: YAML for `.yaml` / `.yml`, JSON otherwise.
     pub fn from_file(path: &std::path::Path) -> Result<Self> {
         let p = path.display().to_string();
+        // A config is small: a regular file of at most 1 MiB (not a FIFO, device or directory).
+        const LIMIT: u64 = 1 << 20;
+        let m = std::fs::metadata(path).map_err(|e| Error::file(&p, e.to_string()))?;
+        if !m.is_file() {
+            let what = if m.is_dir() {
+                "a directory"
+            } else {
+                "not a regular file"
+            };
+            return Err(Error::file(
+                &p,
+                format!("is {what}; a config is a JSON or YAML file"),
+            ));
+        }
+        if m.len() > LIMIT {
+            return Err(Error::file(
+                &p,
+                format!("is larger than the {LIMIT}-byte limit for a config"),
+            ));
+        }
         let text = std::fs::read_to_string(path).map_err(|e| Error::file(&p, e.to_string()))?;
         let yaml = path
             .extension()

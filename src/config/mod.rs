@@ -35,7 +35,7 @@ mod types;
 
 pub use crate::stats::IsLevel;
 pub use dppo::DppoConfig;
-pub use types::{CorrectionConfig, LnTrm, ThresholdSpec};
+pub use types::{check_temperature, CorrectionConfig, LnTrm, ThresholdSpec, MIN_TEMPERATURE};
 
 // The resolved plan and the grammar are internal (documented in place, hidden from the API).
 #[doc(hidden)]

@@ -3,6 +3,24 @@
 use super::dppo::DppoConfig;
 use crate::stats::IsLevel;
 
+/// The smallest softmax temperature accepted (vLLM's sampling epsilon: below it sampling is
+/// greedy, not a softmax). Smaller temperatures overflow `logits / T` in f32 on the GPU, so
+/// both engines reject them.
+pub const MIN_TEMPERATURE: f64 = 1e-5;
+
+/// Checks a softmax temperature: finite and at least [`MIN_TEMPERATURE`]; the error names
+/// `key` and says "out of range" with the limit.
+pub fn check_temperature(key: &str, t: f64) -> crate::error::Result<()> {
+    if t.is_finite() && t >= MIN_TEMPERATURE {
+        Ok(())
+    } else {
+        Err(crate::error::Error::config(
+            key,
+            format!("{t} is out of range (a finite temperature >= {MIN_TEMPERATURE})"),
+        ))
+    }
+}
+
 /// A threshold as written in the config: a number or a string (`"2.0"`, `"0.5_5.0"`, `"0.5_2,2.5"`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum ThresholdSpec {

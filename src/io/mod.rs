@@ -13,14 +13,17 @@
 //! `Infinity` / `-Infinity` and `null` at padding positions; `null` at a valid position is an
 //! error naming the tensor and the position.
 
+mod files;
+mod json_stream;
 pub mod names;
 mod raw;
 mod write;
 
+pub use files::{check_distinct, open_input, read_text, Commit, JSON_LIMIT};
 pub use names::Renames;
 pub use write::{
-    append_metrics_line, metrics_json, seq_output, token_output, write_metrics, write_outputs,
-    Output,
+    append_metrics_line, metrics_bytes, metrics_json, metrics_line, outputs_bytes, seq_output,
+    token_output, write_metrics, write_outputs, Output,
 };
 
 use crate::batch::Batch;
@@ -61,7 +64,7 @@ pub fn read_input(path: &Path, opts: &ReadOptions) -> Result<Input> {
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("json"));
     let raw = if is_json {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::file(&p, e.to_string()))?;
+        let text = files::read_text(path, files::JSON_LIMIT)?;
         raw::read_json(&text).map_err(|e| relabel(e, &p))?
     } else {
         raw::read_safetensors(path)?
@@ -86,16 +89,26 @@ fn relabel(e: Error, path: &str) -> Error {
     }
 }
 
+/// The largest integer every f64 holds exactly: ids and offsets beyond it are out of range.
+const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
+
 fn to_ids(name: &str, d: &[f64]) -> Result<Vec<i64>> {
-    d.iter()
-        .map(|&x| {
-            if x.fract() == 0.0 && x.abs() < 9.0e15 {
-                Ok(x as i64)
-            } else {
-                Err(Error::input(name, format!("value {x} is not an integer")))
-            }
-        })
-        .collect()
+    let mut out = Vec::new();
+    out.try_reserve_exact(d.len())
+        .map_err(|_| Error::OutOfMemory(format!("{} ids of {name}", d.len())))?;
+    for &x in d {
+        if x.is_finite() && x.fract() == 0.0 && x.abs() <= MAX_EXACT {
+            out.push(x as i64);
+        } else if x.is_finite() && x.fract() == 0.0 {
+            return Err(Error::input(
+                name,
+                format!("value {x} is out of range (|value| at most 2^53 = 9007199254740992)"),
+            ));
+        } else {
+            return Err(Error::input(name, format!("value {x} is not an integer")));
+        }
+    }
+    Ok(out)
 }
 
 fn no_nulls(name: &str, d: &Dense) -> Result<()> {
@@ -133,6 +146,22 @@ fn layout(raw: &mut Raw, opts: &ReadOptions) -> Result<Batch> {
         .iter()
         .filter(|n| **n != "advantages")
         .find_map(|n| raw.dense.get(*n).map(|d| (n.to_string(), d.shape.clone())));
+    let (source, shape) = match (&token_shape, raw.logits.iter().next()) {
+        (Some((n, s)), _) => (n.clone(), s.clone()),
+        (None, Some((name, (s, _)))) if s.len() >= 2 => {
+            if s.last() == Some(&0) {
+                return Err(Error::input(name, "vocabulary size is 0"));
+            }
+            (name.clone(), s[..s.len() - 1].to_vec())
+        }
+        _ => {
+            return Err(missing(
+                raw,
+                "rollout_log_prob",
+                "no per-token tensor found (need log-probs or logits)",
+            ))
+        }
+    };
     if let Some(cu) = raw.dense.remove("cu_seqlens") {
         no_nulls("cu_seqlens", &cu)?;
         if cu.shape.len() != 1 {
@@ -147,19 +176,24 @@ fn layout(raw: &mut Raw, opts: &ReadOptions) -> Result<Batch> {
                 "cannot be combined with cu_seqlens (packed layout has no padding)",
             ));
         }
-        return Batch::packed(&to_ids("cu_seqlens", &cu.data)?);
-    }
-    let shape = match (&token_shape, raw.logits.iter().next()) {
-        (Some((_, s)), _) => s.clone(),
-        (None, Some((_, (s, _)))) if s.len() >= 2 => s[..s.len() - 1].to_vec(),
-        _ => {
-            return Err(missing(
-                raw,
-                "rollout_log_prob",
-                "no per-token tensor found (need log-probs or logits)",
-            ))
+        let cu = to_ids("cu_seqlens", &cu.data)?;
+        // Checked against the tensors that exist before anything is sized by it.
+        let [n] = shape.as_slice() else {
+            return Err(Error::input(
+                source,
+                format!("shape {shape:?} is not [N]: with cu_seqlens the batch is packed"),
+            ));
+        };
+        if let Some(&last) = cu.last() {
+            if last != *n as i64 {
+                return Err(Error::input(
+                    "cu_seqlens",
+                    format!("ends at {last}, but {source} holds {n} token slots"),
+                ));
+            }
         }
-    };
+        return Batch::packed(&cu);
+    }
     let mask = raw.dense.remove("response_mask");
     if mask.is_none() && !opts.all_valid {
         return Err(Error::input(
@@ -177,6 +211,19 @@ fn layout(raw: &mut Raw, opts: &ReadOptions) -> Result<Batch> {
     }
     match shape.as_slice() {
         [b, t] => {
+            let slots = b.checked_mul(*t).unwrap_or(usize::MAX);
+            // A [B, 0] tensor holds no bytes whatever B is: bound B by what the file holds.
+            if *b as u64 > (slots as u64).max(raw.bytes) {
+                return Err(Error::input(
+                    source,
+                    format!(
+                        "{b} sequences is out of range for a {}-byte input holding {slots} \
+                         token slots (at most {})",
+                        raw.bytes,
+                        (slots as u64).max(raw.bytes)
+                    ),
+                ));
+            }
             let mask = match mask {
                 Some(m) if m.shape != shape => {
                     return Err(Error::input(
@@ -188,7 +235,13 @@ fn layout(raw: &mut Raw, opts: &ReadOptions) -> Result<Batch> {
                     no_nulls("response_mask", &m)?;
                     m.data
                 }
-                None => vec![1.0; b * t],
+                None => {
+                    let mut m = Vec::new();
+                    m.try_reserve_exact(slots)
+                        .map_err(|_| Error::OutOfMemory(format!("a mask of {slots} slots")))?;
+                    m.resize(slots, 1.0);
+                    m
+                }
             };
             Batch::padded(*b, *t, &mask)
         }
@@ -242,7 +295,9 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
         if let Some(&i) = d
             .nulls
             .iter()
-            .find(|&&i| mask.get(i / per_slot.max(1)).copied().unwrap_or(true))
+            // A null past the mask belongs to a tensor of the wrong shape: the shape check
+            // below names that.
+            .find(|&&i| mask.get(i / per_slot.max(1)).copied().unwrap_or(false))
         {
             return Err(Error::input(
                 name,
@@ -271,8 +326,11 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
     }
     if let Some(mut d) = raw.dense.remove("responses") {
         check("responses", &d.shape, 0)?;
-        for &i in &d.nulls {
-            d.data[i] = 0.0; // padding (checked above)
+        // Ids are read only where the mask is 1: padding (null, NaN, 2^63 − 1, …) never matters.
+        for (x, &valid) in d.data.iter_mut().zip(&mask) {
+            if !valid {
+                *x = 0.0;
+            }
         }
         batch = batch.with_responses(to_ids("responses", &d.data)?)?;
     }
@@ -304,10 +362,12 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
         (Some(mut ids), Some(lp)) => {
             check("rollout_topk_ids", &ids.shape, 1)?;
             check("rollout_topk_log_prob", &lp.shape, 1)?;
-            for &i in &ids.nulls {
-                ids.data[i] = 0.0;
-            }
             let k = *ids.shape.last().unwrap();
+            for (i, x) in ids.data.iter_mut().enumerate() {
+                if !mask[i / k.max(1)] {
+                    *x = 0.0; // padding: never read
+                }
+            }
             batch = batch.with_topk(to_ids("rollout_topk_ids", &ids.data)?, lp.data, k)?;
         }
         (Some(_), None) => {

@@ -1,5 +1,6 @@
 //! Writing per-token / per-sequence outputs and metrics (JSON or safetensors).
 
+use super::files::Commit;
 use crate::batch::Batch;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -42,8 +43,16 @@ fn nest(shape: &[usize], data: &[f64]) -> serde_json::Value {
     }
 }
 
-/// Writes outputs as JSON (`.json`) or safetensors (F64 tensors, anything else).
+/// Writes outputs as JSON (`.json`) or safetensors (F64 tensors, anything else), through a
+/// temporary file renamed into place ([`Commit`]).
 pub fn write_outputs(path: &Path, outputs: &[Output]) -> Result<()> {
+    let mut c = Commit::new();
+    c.stage(path, outputs_bytes(path, outputs)?)?;
+    c.finish()
+}
+
+/// The bytes [`write_outputs`] writes to `path` (JSON for `.json`, else safetensors).
+pub fn outputs_bytes(path: &Path, outputs: &[Output]) -> Result<Vec<u8>> {
     let p = path.display().to_string();
     let is_json = path
         .extension()
@@ -78,20 +87,22 @@ pub fn write_outputs(path: &Path, outputs: &[Output]) -> Result<()> {
             .collect::<Result<_>>()?;
         safetensors::serialize(views, None).map_err(|e| Error::file(&p, e.to_string()))?
     };
-    std::fs::write(path, bytes).map_err(|e| Error::file(&p, e.to_string()))
+    Ok(bytes)
 }
 
 /// Writes a flat metrics object as JSON (non-finite values as strings); `-` is stdout.
 pub fn write_metrics(path: &Path, metrics: &BTreeMap<String, f64>) -> Result<()> {
-    let p = path.display().to_string();
-    let text = serde_json::to_string_pretty(&serde_json::Value::Object(metrics_json(metrics)))
-        .map_err(|e| Error::file(&p, e.to_string()))?;
-    if p == "-" {
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        return writeln!(out, "{text}").map_err(|e| Error::file("<stdout>", e.to_string()));
-    }
-    std::fs::write(path, text).map_err(|e| Error::file(&p, e.to_string()))
+    let mut c = Commit::new();
+    c.stage(path, metrics_bytes(metrics)?)?;
+    c.finish()
+}
+
+/// The bytes [`write_metrics`] writes: pretty JSON and a newline.
+pub fn metrics_bytes(metrics: &BTreeMap<String, f64>) -> Result<Vec<u8>> {
+    let mut text = serde_json::to_string_pretty(&serde_json::Value::Object(metrics_json(metrics)))
+        .map_err(|e| Error::file("<metrics>", e.to_string()))?;
+    text.push('\n');
+    Ok(text.into_bytes())
 }
 
 /// The per-token shape of outputs for a batch's layout.
@@ -137,18 +148,19 @@ pub fn append_metrics_line(
     step: f64,
     metrics: &BTreeMap<String, f64>,
 ) -> Result<()> {
-    use std::io::Write as _;
-    let p = path.display().to_string();
+    let mut c = Commit::new();
+    c.append(path, metrics_line(input, step, metrics)?);
+    c.finish()
+}
+
+/// One JSON line `{"input": …, "step": …, <every metric>}` and its newline.
+pub fn metrics_line(input: &str, step: f64, metrics: &BTreeMap<String, f64>) -> Result<Vec<u8>> {
     let mut obj = serde_json::Map::new();
     obj.insert("input".into(), input.into());
     obj.insert("step".into(), json_value(step));
     obj.extend(metrics_json(metrics));
-    let line = serde_json::to_string(&serde_json::Value::Object(obj))
-        .map_err(|e| Error::file(&p, e.to_string()))?;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| Error::file(&p, e.to_string()))?;
-    writeln!(f, "{line}").map_err(|e| Error::file(&p, e.to_string()))
+    let mut line = serde_json::to_string(&serde_json::Value::Object(obj))
+        .map_err(|e| Error::file("<metrics-jsonl>", e.to_string()))?;
+    line.push('\n');
+    Ok(line.into_bytes())
 }

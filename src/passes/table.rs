@@ -96,6 +96,9 @@ pub fn token_table_with_support(
     support: TopkSupport,
 ) -> Result<StatTable> {
     batch.validate()?;
+    if batch.rollout_logits.is_some() || batch.old_logits.is_some() {
+        crate::config::check_temperature("temperature", temperature)?;
+    }
     let mut table = StatTable::default();
     let mask = batch.mask();
     let mut derived: Option<(Vec<f64>, Vec<f64>)> = None;
