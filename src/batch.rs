@@ -451,22 +451,6 @@ impl Batch {
                 ));
             }
         }
-        // π_train(y) = 0 makes the sampled log-ratio −∞ (non-finite log-probs are errors, §2):
-        // one verdict on every engine instead of Infinity on one and NaN on another.
-        if let (Some(l), Some(ids)) = (&self.old_logits, &self.responses) {
-            if let Some(i) = impossible_sample(l, ids, mask) {
-                return Err(Error::input(
-                    "old_logits",
-                    format!(
-                        "the logit of token id {} at valid position {} is -inf: the training \
-                         policy gives the sampled token zero probability (its log-prob would be \
-                         -inf)",
-                        ids[i],
-                        self.position(i)
-                    ),
-                ));
-            }
-        }
         if (self.rollout_logits.is_some() || self.old_logits.is_some()) && self.responses.is_none()
         {
             let need = self.rollout_log_prob.is_none() || self.old_log_prob.is_none();

@@ -83,8 +83,8 @@ def preset_names() -> List[str]:
 
 def backend_name(backend: str = "auto") -> str:
     """The engine ``backend`` (``"auto"``, ``"gpu"``, ``"cpu"``) runs on, e.g.
-    ``"cpu (2 threads)"``; opening a GPU the first time takes a moment. Raises ``ValueError``
-    for ``"gpu"`` without an adapter."""
+    ``"cpu (2 threads, f64)"``; opening a GPU the first time takes a moment. Raises
+    ``RuntimeError`` for ``"gpu"`` without an adapter, ``ValueError`` for an unknown name."""
     return _native.engine_name(backend)[0]
 
 
@@ -196,8 +196,14 @@ def compute_rollout_correction_and_rejection_mask(
         if x is not None:
             tensors[name], kinds[name] = borrow(x, name, role)
     out = _native.correct(tensors, _json(cfg), backend)
-    shape = shape_of(tensors["old_log_prob"]) if "old_log_prob" in tensors else None
+    shape = next(
+        (shape_of(tensors[n]) for n in ("old_log_prob", "rollout_log_prob", "response_mask") if n in tensors),
+        None,
+    )
     values_kind = kinds.get("old_log_prob") or kinds.get("rollout_log_prob")
+    if values_kind is None:  # log-probs from logits: float64 of the inputs' kind
+        first = next(iter(kinds.values()), Kind(False, np.float64))
+        values_kind = Kind(first.torch, _float64(first.torch), first.device)
     mask_kind = kinds.get("response_mask") or values_kind
 
     def tok(a: np.ndarray) -> np.ndarray:
@@ -400,6 +406,14 @@ def bounds(
     return json.loads(
         _native.bounds(int(horizon), float(delta), _opt(eps), _opt(kl_seq), _opt(tv_seq), d)
     )
+
+
+def _float64(torch_kind: bool) -> Any:
+    if torch_kind:
+        import sys
+
+        return sys.modules["torch"].float64
+    return np.dtype(np.float64)
 
 
 def _opt(x: Optional[float]) -> Optional[float]:

@@ -103,6 +103,22 @@ pub fn token_table_with_support(
     let mask = batch.mask();
     let mut derived: Option<(Vec<f64>, Vec<f64>)> = None;
     if let (Some(r), Some(o)) = (&batch.rollout_logits, &batch.old_logits) {
+        // π_train(y) = 0 makes KL(π_roll‖π_train) infinite and the sampled log-ratio −∞
+        // (non-finite log-probs are errors, SPEC §2): one verdict on every engine.
+        if let Some(ids) = batch.responses.as_deref() {
+            if let Some(i) = crate::logits::impossible_sample(o, ids, mask) {
+                return Err(Error::input(
+                    "old_logits",
+                    format!(
+                        "the logit of token id {} at valid position {} is -inf: the training \
+                         policy gives the sampled token zero probability, so the exact KL is \
+                         infinite",
+                        ids[i],
+                        batch.position(i)
+                    ),
+                ));
+            }
+        }
         let v = engine.vocab_divergence(r, o, batch.responses.as_deref(), mask, temperature)?;
         if batch.responses.is_some() {
             derived = Some((v.rollout_logp, v.train_logp));
