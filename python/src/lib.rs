@@ -7,6 +7,7 @@
 
 mod arrays;
 mod batch;
+mod exchange;
 
 use arrays::{Arr, LAST_BORROWS};
 use numpy::{PyArray1, PyArrayMethods, ToPyArray};
@@ -76,6 +77,34 @@ fn correct<'py>(
     tensors: &Bound<'py, PyDict>,
     config_json: &str,
     backend: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    correct_with(py, tensors, config_json, backend, None)
+}
+
+/// [`correct`] on this rank's shard of a data-parallel batch: per-token weights and mask of
+/// the shard's rows, metrics of the whole batch. `all_gather(bytes) -> list[bytes]` is a
+/// collective over the `size` ranks (every rank's buffer in rank order); it is called with
+/// the GIL held, the compute runs without it.
+#[pyfunction]
+fn correct_shard<'py>(
+    py: Python<'py>,
+    tensors: &Bound<'py, PyDict>,
+    config_json: &str,
+    backend: &str,
+    rank: usize,
+    size: usize,
+    all_gather: Py<PyAny>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let ex = exchange::PyExchange::new(rank, size, all_gather)?;
+    correct_with(py, tensors, config_json, backend, Some(ex))
+}
+
+fn correct_with<'py>(
+    py: Python<'py>,
+    tensors: &Bound<'py, PyDict>,
+    config_json: &str,
+    backend: &str,
+    ex: Option<exchange::PyExchange>,
 ) -> PyResult<Bound<'py, PyDict>> {
     arrays::reset_borrows();
     let cfg = config(config_json)?;
@@ -153,7 +182,13 @@ fn correct<'py>(
     }
     let (eng, _) = engine(py, backend)?;
     let corrector = Corrector::new(eng, &cfg).map_err(to_py)?;
-    let c = py.detach(|| corrector.correct(&step)).map_err(to_py)?;
+    let c = match ex {
+        None => py.detach(|| corrector.correct(&step)).map_err(to_py)?,
+        Some(mut ex) => {
+            let r = py.detach(|| corrector.correct_shard(&step, &mut ex));
+            r.map_err(|e| ex.take_error().unwrap_or_else(|| to_py(e)))?
+        }
+    };
     let out = PyDict::new(py);
     out.set_item("weights", c.weights.as_deref().map(|w| f64_array(py, w)))?;
     out.set_item("mask", f64_array(py, &c.mask))?;
@@ -377,6 +412,7 @@ fn last_borrows() -> Vec<(String, usize, usize)> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(correct, m)?)?;
+    m.add_function(wrap_pyfunction!(correct_shard, m)?)?;
     m.add_function(wrap_pyfunction!(analyze, m)?)?;
     m.add_function(wrap_pyfunction!(vocab_divergence, m)?)?;
     m.add_function(wrap_pyfunction!(topk_divergence, m)?)?;

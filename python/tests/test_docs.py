@@ -36,7 +36,7 @@ class _Proto:
 
 def test_python_md_snippets():
     codes = blocks("docs/PYTHON.md")
-    assert len(codes) == 4
+    assert len(codes) == 5
     ns = {}
     for c in codes:
         exec(compile(c, "docs/PYTHON.md", "exec"), ns)

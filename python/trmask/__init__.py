@@ -132,6 +132,7 @@ def compute_rollout_correction_and_rejection_mask(
     cu_seqlens: Any = None,
     trmask_metrics: bool = False,
     return_details: bool = False,
+    _exchange: Optional[Tuple[int, int, Any]] = None,
     **options: Any,
 ) -> Tuple[Any, Any, Dict[str, float]]:
     """verl's ``compute_rollout_correction_and_rejection_mask`` (verl 1dda039b), computed by
@@ -166,6 +167,8 @@ def compute_rollout_correction_and_rejection_mask(
       ``seq_reject_bits`` and each criterion's per-sequence statistic.
 
     Raises ``ValueError`` (the CLI's one-line message naming the tensor or key) on bad input.
+
+    For one shard per data-parallel rank see :mod:`trmask.distributed`.
     """
     cfg = _config(
         config,
@@ -195,7 +198,10 @@ def compute_rollout_correction_and_rejection_mask(
     ):
         if x is not None:
             tensors[name], kinds[name] = borrow(x, name, role)
-    out = _native.correct(tensors, _json(cfg), backend)
+    if _exchange is None:
+        out = _native.correct(tensors, _json(cfg), backend)
+    else:  # trmask.distributed: (rank, world size, all_gather)
+        out = _native.correct_shard(tensors, _json(cfg), backend, *_exchange)
     shape = next(
         (shape_of(tensors[n]) for n in ("old_log_prob", "rollout_log_prob", "response_mask") if n in tensors),
         None,

@@ -2,7 +2,7 @@
 `trmask` (they convert inputs and outputs); these take C-contiguous NumPy arrays, bfloat16 as
 `("bfloat16", uint16 array)`, and return float64 NumPy arrays."""
 
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -12,6 +12,14 @@ _Array = Union[npt.NDArray[Any], Tuple[str, npt.NDArray[np.uint16]]]
 __version__: str
 
 def correct(tensors: Dict[str, _Array], config_json: str, backend: str) -> Dict[str, Any]: ...
+def correct_shard(
+    tensors: Dict[str, _Array],
+    config_json: str,
+    backend: str,
+    rank: int,
+    size: int,
+    all_gather: Callable[[bytes], List[bytes]],
+) -> Dict[str, Any]: ...
 def analyze(
     tensors: Dict[str, _Array],
     config_json: str,
