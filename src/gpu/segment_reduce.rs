@@ -9,6 +9,7 @@
 //! A sequence longer than one chunk is cut into pieces whose partial results are merged on the
 //! host in order (ties keep the first maximum).
 
+use super::capabilities::LOOP_MARGIN;
 use super::chunking::{dispatch_grid, plan_segments};
 use super::context::Context;
 use super::pass::Pass;
@@ -77,7 +78,13 @@ pub fn segment_reduce(
         return Ok(out);
     }
     let kernel = ctx.kernel(Op::SegmentReduce, DType::F32)?;
-    let limits = ctx.chunk_limits();
+    let mut limits = ctx.chunk_limits();
+    if let Some(max) = ctx.capabilities().loop_iterations {
+        // one strided loop over a piece: cut longer sequences into pieces that fit the loop
+        // budget (merged on the host like pieces cut for the binding size)
+        let slots = max.saturating_sub(LOOP_MARGIN) * u64::from(kernel.key.workgroup);
+        limits.max_binding_bytes = limits.max_binding_bytes.min(slots * (4 * k) as u64);
+    }
     let plan = plan_segments(
         segments.ranges(),
         (4 * k) as u64,
