@@ -17,6 +17,7 @@ use super::chunking::dispatch_grid;
 use super::context::Context;
 use super::pass::Pass;
 use super::pipeline::Op;
+use super::segment_reduce::mean_valid;
 use super::token_stats::pack_mask;
 use crate::batch::Segments;
 use crate::error::{Error, Result};
@@ -147,7 +148,7 @@ pub fn corrections_pass(
             .map(Some);
     }
     let mask = segments.mask();
-    let kernel = ctx.kernel(Op::Masks, DType::F32)?;
+    let kernel = ctx.segment_kernel(Op::Masks, DType::F32, mean_valid(segments))?;
     // per sequence: two strided loops, one per sequence criterion, and one whose every
     // element runs a loop over the token criteria and one over the 7 estimators
     let longest = segments

@@ -37,6 +37,13 @@ pub struct SegmentReduceParams {
 /// Output words per (statistic, piece).
 const WORDS: usize = 6;
 
+/// Valid tokens per sequence on average: what the segmented kernels size their workgroups by
+/// (the same for a padded and a packed layout of one batch, so padding never changes a result).
+pub(super) fn mean_valid(segments: &Segments) -> f64 {
+    let valid = segments.mask().iter().filter(|&&m| m).count();
+    valid as f64 / segments.len().max(1) as f64
+}
+
 /// Sum, mean, max, min, argmax and count of each of `values` over the valid slots of every
 /// sequence; see [`SegmentStats`].
 pub fn segment_reduce(
@@ -77,7 +84,7 @@ pub fn segment_reduce(
     if k == 0 || nseq == 0 {
         return Ok(out);
     }
-    let kernel = ctx.kernel(Op::SegmentReduce, DType::F32)?;
+    let kernel = ctx.segment_kernel(Op::SegmentReduce, DType::F32, mean_valid(segments))?;
     let mut limits = ctx.chunk_limits();
     if let Some(max) = ctx.capabilities().loop_iterations {
         // one strided loop over a piece: cut longer sequences into pieces that fit the loop
