@@ -2,9 +2,15 @@
 
 use crate::math::k3_from_log_ratio;
 use crate::stats::{TokenStats, SAFETY_BOUND};
+use rayon::prelude::*;
+
+/// Slots per parallel task.
+const CHUNK: usize = 1 << 14;
 
 /// Per-token estimators; invalid slots hold 0 (their inputs are never read). The three slices
-/// must have equal lengths (checked by [`CpuEngine::token_stats`](super::CpuEngine)).
+/// must have equal lengths (checked by [`CpuEngine::token_stats`](super::CpuEngine)). Parallel
+/// over chunks of slots; every value depends on its own slot only, so the result does not
+/// depend on the thread count.
 pub fn token_stats(rollout: &[f64], train: &[f64], mask: &[bool]) -> TokenStats {
     let n = mask.len();
     let mut s = TokenStats {
@@ -16,20 +22,44 @@ pub fn token_stats(rollout: &[f64], train: &[f64], mask: &[bool]) -> TokenStats 
         abs: vec![0.0; n],
         ser: vec![0.0; n],
     };
-    for i in 0..n {
-        if !mask[i] {
-            continue;
-        }
-        let lr = train[i] - rollout[i];
-        let c = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND);
-        s.log_ratio[i] = lr;
-        s.rho[i] = c.exp();
-        s.k1[i] = -c;
-        s.k2[i] = 0.5 * c * c;
-        s.k3[i] = k3_from_log_ratio(c);
-        s.abs[i] = c.abs();
-        s.ser[i] = c.exp_m1().abs();
-    }
+    let TokenStats {
+        log_ratio,
+        rho,
+        k1,
+        k2,
+        k3,
+        abs,
+        ser,
+    } = &mut s;
+    (
+        mask.par_chunks(CHUNK),
+        rollout.par_chunks(CHUNK),
+        train.par_chunks(CHUNK),
+        log_ratio.par_chunks_mut(CHUNK),
+        rho.par_chunks_mut(CHUNK),
+        k1.par_chunks_mut(CHUNK),
+        k2.par_chunks_mut(CHUNK),
+        k3.par_chunks_mut(CHUNK),
+        abs.par_chunks_mut(CHUNK),
+        ser.par_chunks_mut(CHUNK),
+    )
+        .into_par_iter()
+        .for_each(|(mask, rollout, train, lr_o, rho, k1, k2, k3, abs, ser)| {
+            for i in 0..mask.len() {
+                if !mask[i] {
+                    continue;
+                }
+                let lr = train[i] - rollout[i];
+                let c = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND);
+                lr_o[i] = lr;
+                rho[i] = c.exp();
+                k1[i] = -c;
+                k2[i] = 0.5 * c * c;
+                k3[i] = k3_from_log_ratio(c);
+                abs[i] = c.abs();
+                ser[i] = c.exp_m1().abs();
+            }
+        });
     s
 }
 

@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::math::{binary_kl, neumaier_sum};
 use crate::stats::{StatTable, TopkSupport};
 use crate::support::TrainerTopk;
+use rayon::prelude::*;
 
 /// The first input that the top-K statistics need and the batch lacks (`None`: all present).
 /// They need `rollout_topk_ids` + `rollout_topk_log_prob`, `responses` and the full trainer
@@ -155,7 +156,7 @@ pub fn token_table_with_support(
     if let (Some(r), Some(t)) = (roll, train) {
         let s = engine.token_stats(r, t, mask)?;
         let masked = |v: &Vec<f64>| -> Vec<f64> {
-            v.iter()
+            v.par_iter()
                 .zip(mask)
                 .map(|(&x, &m)| if m { x } else { 0.0 })
                 .collect()
@@ -164,6 +165,7 @@ pub fn token_table_with_support(
         table.stats.insert("train_log_prob".into(), masked(t));
         // KPop's bidirectional binary KL (f64 on the host, from both log-probs)
         let bkl = (0..mask.len())
+            .into_par_iter()
             .map(|i| {
                 if mask[i] {
                     binary_kl(t[i], r[i], t[i] - r[i])
@@ -238,7 +240,6 @@ fn sampled_log_probs(
     responses: &[i64],
     temperature: f64,
 ) -> Result<Vec<f64>> {
-    use rayon::prelude::*;
     if !(temperature.is_finite() && temperature > 0.0) {
         return Err(Error::config(
             "temperature",
