@@ -99,3 +99,18 @@ pub(crate) fn constant_profile_sum(
     };
     d * sum([linear, root, (horizon - sat) as f64])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compensated_sum_keeps_what_plain_summation_loses() {
+        // plain left-to-right summation gives 0 for the first two
+        assert_eq!(sum([1.0, 1e100, 1.0, -1e100]), 2.0);
+        assert_eq!(sum([1e-16, 1.0, 1e-16, -1.0]), 2e-16);
+        assert_eq!(sum([0.1; 10]), 1.0);
+        assert_eq!(sum([]), 0.0);
+        assert_eq!(sum([-3.5]), -3.5);
+    }
+}

@@ -293,7 +293,11 @@ mod tests {
     fn binary_kl_against_a_reference() {
         // max(D_B(p‖q), D_B(q‖p)) from mpmath at 60 digits: both branches of ln((1−q)/(1−p))
         // (|t| < 0.5 and the log1mexp difference) and both branches of the KL terms (u > 1).
-        const REF: [(f64, f64, f64); 8] = [
+        const REF: [(f64, f64, f64); 11] = [
+            // p and q within 1e-7 relative: ln((1−q)/(1−p)) must not be a difference of logs
+            (-0.5, -0.500000001, 7.707469967621045e-19),
+            (-2.0, -2.0000001, 7.825881769345972e-16),
+            (-0.001, -0.0010000001, 4.997500253241786e-18),
             (-1e-10, -2e-10, 3.862943610812612e-11),
             (-0.2, -1.7, 0.9568883939085879),
             (-1.7, -0.2, 0.9568883939085879),
@@ -309,6 +313,17 @@ mod tests {
                 rel(got, want) <= 1e-13,
                 "binary_kl({lp:e}, {lq:e}) = {got:e}, want {want:e}"
             );
+        }
+    }
+
+    #[test]
+    fn inv_fact_is_one_over_n_factorial() {
+        let mut fact = 1.0f64; // n! is exact in f64 up to 22!
+        for (n, &c) in INV_FACT.iter().enumerate() {
+            if n > 0 {
+                fact *= n as f64;
+            }
+            assert_eq!(c, 1.0 / fact, "INV_FACT[{n}]");
         }
     }
 

@@ -25,31 +25,41 @@ pub fn py_float(s: &str) -> Option<f64> {
     }
     let lower = clean.to_ascii_lowercase();
     let body = lower.trim_start_matches(['+', '-']);
-    if body.starts_with("inf") || body.starts_with("nan") {
-        if !matches!(body, "inf" | "infinity" | "nan") || lower.len() - body.len() > 1 {
-            return None;
-        }
-    } else if !body
-        .bytes()
-        .all(|c| c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'+' | b'-'))
+    // `inf`, `infinity` and `nan` (any case, one sign) are left to Rust's parser, which takes
+    // exactly Python's spellings of them; every other number is decimal digits only.
+    let word = body.starts_with("inf") || body.starts_with("nan");
+    if !word
+        && !body
+            .bytes()
+            .all(|c| c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'+' | b'-'))
     {
         return None;
     }
     lower.parse::<f64>().ok()
 }
 
+/// Python's `str(float)`: the shortest round-trip digits, positional for decimal exponents in
+/// `[−4, 16)` (with `.0` on integers), else `1.5e-05` / `1e+16`; `nan`, `inf`, `-inf`.
 pub(crate) fn py_num_str(x: f64) -> String {
-    if x.is_finite() && x == x.trunc() && x.abs() < 1e16 {
-        format!("{x:.1}")
-    } else {
-        format!("{x}")
+    if x.is_nan() {
+        return "nan".into();
     }
-}
-
-fn spec_text(spec: &ThresholdSpec) -> String {
-    match spec {
-        ThresholdSpec::Number(x) => py_num_str(*x),
-        ThresholdSpec::Text(s) => s.clone(),
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    let sci = format!("{x:e}"); // shortest round-trip digits: "1.5e-5", "-1e16", "0e0"
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-4..16).contains(&exp) {
+        let s = format!("{x}");
+        if s.contains('.') {
+            s
+        } else {
+            s + ".0"
+        }
+    } else {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exp.unsigned_abs())
     }
 }
 
@@ -140,7 +150,6 @@ pub fn parse_rs_thresholds(
     if raw.len() == 1 && options.len() > 1 {
         raw = vec![raw[0].clone(); options.len()];
     }
-    let _ = spec_text(spec);
     let mut out = Vec::new();
     for (option, s) in options.iter().zip(&raw) {
         let bad = || {
@@ -215,6 +224,8 @@ mod tests {
         assert_eq!(py_float("2_"), None);
         assert_eq!(py_float("1__2"), None);
         assert_eq!(py_float("1._5"), None);
+        assert_eq!(py_float("1_.5"), None);
+        assert_eq!(py_float("1_e3"), None);
         assert_eq!(py_float("1_0.2_5"), Some(10.25));
         assert_eq!(py_float("   "), None);
         assert_eq!(py_float(""), None);
@@ -224,6 +235,9 @@ mod tests {
         assert_eq!(py_float("++inf"), None);
         assert_eq!(py_float("-+inf"), None);
         assert_eq!(py_float("infin"), None);
+        assert_eq!(py_float("infinityx"), None);
+        assert_eq!(py_float(" INFINITY "), Some(f64::INFINITY));
+        assert!(py_float("+nan").is_some_and(f64::is_nan));
         assert_eq!(py_float("nanx"), None);
         assert!(py_float("NaN").is_some_and(f64::is_nan));
         assert!(py_float("-nan").is_some_and(f64::is_nan));
@@ -239,7 +253,28 @@ mod tests {
         assert_eq!(py_num_str(0.0), "0.0");
         assert_eq!(py_num_str(-3.0), "-3.0");
         assert_eq!(py_num_str(-1.5), "-1.5");
+        assert_eq!(py_num_str(-1.25), "-1.25");
+        assert_eq!(py_num_str(0.125), "0.125");
         assert_eq!(py_num_str(f64::NEG_INFINITY), "-inf");
+        assert_eq!(py_num_str(f64::INFINITY), "inf");
+        assert_eq!(py_num_str(f64::NAN), "nan");
+        // str(x) in CPython 3.11
+        let python = [
+            (-0.0, "-0.0"),
+            (1e16, "1e+16"),
+            (-1e16, "-1e+16"),
+            (9999999999999998.0, "9999999999999998.0"),
+            (123456789012345.6, "123456789012345.6"),
+            (0.0001, "0.0001"),
+            (-0.00001, "-1e-05"),
+            (1.5e-7, "1.5e-07"),
+            (2.5e300, "2.5e+300"),
+            (5e-324, "5e-324"),
+            (0.1, "0.1"),
+        ];
+        for (x, want) in python {
+            assert_eq!(py_num_str(x), want, "{x:e}");
+        }
     }
 
     fn text(s: &str) -> ThresholdSpec {
