@@ -113,4 +113,23 @@ mod tests {
         assert_eq!(sum([]), 0.0);
         assert_eq!(sum([-3.5]), -3.5);
     }
+
+    #[test]
+    fn sqrt_sum_closed_form_is_exact_to_rounding() {
+        // Euler–Maclaurin past 2^20 against the term-by-term sum; the N^(−1/2)/24 term alone
+        // moves these sums by about 1e-14 relative
+        for (lo, hi) in [
+            (EXACT_TERMS, 2 * EXACT_TERMS + 1),
+            (EXACT_TERMS + 7, 3 * EXACT_TERMS),
+            (3, 2 * EXACT_TERMS + 5),
+        ] {
+            let want = sum((lo..hi).map(|k| (k as f64).sqrt()));
+            let got = sqrt_sum(lo, hi);
+            let rel = ((got - want) / want).abs();
+            assert!(
+                rel < 2e-15,
+                "sqrt_sum({lo}, {hi}) = {got}, want {want}, rel {rel:e}"
+            );
+        }
+    }
 }
