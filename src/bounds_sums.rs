@@ -115,6 +115,15 @@ mod tests {
     }
 
     #[test]
+    fn an_infinite_eps_saturates_every_weight_in_closed_form() {
+        // 0·∞ is NaN and min(1, NaN) = 1: every weight is 1, there is no linear piece
+        let h = EXACT_TERMS + 3;
+        let lntrm_weight = crate::bounds::lntrm_weight;
+        let got = constant_profile_sum(h, 0.5, Some(f64::INFINITY), None, lntrm_weight);
+        assert_eq!(got, 0.5 * h as f64);
+    }
+
+    #[test]
     fn sqrt_sum_closed_form_is_exact_to_rounding() {
         // Euler–Maclaurin past 2^20 against the term-by-term sum; the N^(−1/2)/24 term alone
         // moves these sums by about 1e-14 relative
