@@ -1,36 +1,159 @@
 #!/usr/bin/env bash
-# One prepared run for a machine with a real GPU (e.g. an H200 lent for a few minutes):
-# builds, checks GPU against the CPU reference, then runs the benchmarks at LLM sizes.
-# Everything it prints goes to ${OUT:-bench-out}/ as well.
-#   scripts/gpu-bench.sh            # full run
-#   QUICK=1 scripts/gpu-bench.sh    # skip the full-size vocab bench
+# The one prepared run for a machine with a real GPU (e.g. an H200 lent for a few minutes, with
+# no Rust toolchain and no network there):
+#
+#   scripts/gpu-bench.sh prepare [DIR]   # here: release-build trmask + the bench examples,
+#                                        # strip + xz them with this script and torch_ref.py
+#                                        # into DIR (default .devbin/)
+#   DIR/gpu-bench.sh run                 # there (or here, on lavapipe): everything, tables
+#                                        # under ${OUT:-bench-out}/
+#   QUICK=1 scripts/gpu-bench.sh run     # small shapes (a local dry run on software Vulkan)
+#   scripts/gpu-bench.sh whole           # only the whole-process comparison and peak RSS
+#                                        # (PYTHON=... a python3 with torch)
+#
+# `run` uses the packed binaries next to the script when they exist, else target/release.
+# It writes: machine.txt (nvidia-smi, adapters), check.txt (GPU vs f64 CPU on the real sample),
+# bench.md (copy bandwidth, vocab kernel with timestamp queries, host path, CPU, per-sequence
+# cost), torch.md (PyTorch CUDA / CPU in the same run), whole.md (whole-process `trmask analyze`
+# vs PyTorch CPU on a 1024 x 65536 bf16 pair, 3 alternating runs; peak RSS on a 1 GiB file).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+here="$(cd "$(dirname "$0")" && pwd)"
+mode="${1:-run}"
+
+if [ "$mode" = prepare ]; then
+  cd "$here/.."
+  dir="${2:-.devbin}"
+  cargo build --release --quiet --bin trmask --example gpu_bench --example synth_batch || exit 1
+  mkdir -p "$dir"
+  for b in target/release/trmask target/release/examples/gpu_bench target/release/examples/synth_batch; do
+    n="$(basename "$b")"
+    strip -o "$dir/$n" "$b" && xz -f -6 "$dir/$n" || exit 1
+  done
+  cp scripts/gpu-bench.sh scripts/torch_ref.py "$dir/"
+  ls -la "$dir"
+  exit 0
+fi
+
+# ---- run ----
+repo="$(cd "$here/.." && pwd)"
+cd "$repo"
 out="${OUT:-bench-out}"
 mkdir -p "$out"
-export TRMASK_REQUIRE_GPU=1
-if [ -z "${XDG_RUNTIME_DIR:-}" ]; then XDG_RUNTIME_DIR="$(mktemp -d)"; chmod 700 "$XDG_RUNTIME_DIR"; export XDG_RUNTIME_DIR; fi
+bin=/tmp/trmask-bench-bin
+mkdir -p "$bin"
+if ls "$here"/*.xz >/dev/null 2>&1; then
+  for f in "$here"/*.xz; do xz -dc "$f" >"$bin/$(basename "$f" .xz)"; chmod +x "$bin/$(basename "$f" .xz)"; done
+else
+  cp target/release/trmask target/release/examples/gpu_bench target/release/examples/synth_batch "$bin/"
+fi
+torch_ref="$here/torch_ref.py"
+[ -f "$torch_ref" ] || torch_ref="$repo/scripts/torch_ref.py"
+py="${PYTHON:-python3}"
+export TRMASK_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
+if [ -z "${XDG_RUNTIME_DIR:-}" ]; then XDG_RUNTIME_DIR="$(mktemp -d)"; export XDG_RUNTIME_DIR; fi
+quick="${QUICK:-}"
+tmp="$(mktemp -d)"
+t0=$(date +%s)
+
+if [ "$mode" = run ]; then
 {
   echo "== machine"; date -u; uname -a; nproc; free -g | head -2
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.memory,clocks.max.sm --format=csv
+  "$bin/trmask" devices
 } 2>&1 | tee "$out/machine.txt"
 
-cargo build --release --quiet 2>&1 | tail -20
-./target/release/trmask devices 2>&1 | tee "$out/devices.txt"
-
-echo "== GPU vs CPU checks" | tee "$out/tests.txt"
-cargo test --release --test gpu_vs_cpu --test vocab_divergence --test topk 2>&1 | grep -E "test result|FAILED|panicked" | tee -a "$out/tests.txt"
-
-echo "== analyze on the embedded sample, both backends" | tee "$out/analyze.txt"
-for b in gpu cpu; do
-  ./target/release/trmask analyze data/sample/real-small.safetensors --backend "$b" --metrics "$out/metrics-$b.json" 2>&1 | head -3 | tee -a "$out/analyze.txt"
+echo "== GPU vs f64 CPU on the real sample (SPEC §9 tolerance)" | tee "$out/check.txt"
+for s in data/sample/real-small.safetensors data/causal-sample/logits.safetensors; do
+  [ -f "$s" ] || continue
+  for b in gpu cpu; do
+    "$bin/trmask" analyze "$s" --all-valid --backend "$b" --output "$tmp/$b.json" >/dev/null 2>"$tmp/$b.err" \
+      || "$bin/trmask" analyze "$s" --backend "$b" --output "$tmp/$b.json" >/dev/null 2>"$tmp/$b.err" \
+      || { echo "$s $b: $(tail -1 "$tmp/$b.err")" | tee -a "$out/check.txt"; }
+  done
+  "$py" - "$tmp/gpu.json" "$tmp/cpu.json" "$s" <<'EOF' 2>&1 | tee -a "$out/check.txt"
+import json, math, sys
+g, c = (json.load(open(p)) for p in sys.argv[1:3])
+def flat(x):
+    if isinstance(x, list):
+        for y in x: yield from flat(y)
+    elif isinstance(x, (int, float)): yield float(x)
+# SPEC §9 names kl, kl_rev and tv; the entropies are reported beside them
+for keys in (("kl", "kl_rev", "tv"), ("rollout_entropy", "training_entropy")):
+    worst, n, at = 0.0, 0, ""
+    for k in keys:
+        if k not in g or k not in c: continue
+        for i, (a, b) in enumerate(zip(flat(g[k]), flat(c[k]))):
+            n += 1
+            r = abs(a - b) / (2e-3 * abs(b) + 1e-7)
+            if r > worst:
+                worst, at = r, f"{k}[{i}] gpu {a:.9g} cpu {b:.9g}"
+    print(f"{sys.argv[3]} {'/'.join(keys)}: {n} values, worst |gpu-cpu|/(2e-3|cpu|+1e-7) = "
+          f"{worst:.3f} at {at}", "PASS" if n and worst <= 1 else "FAIL")
+EOF
 done
 
-echo "== benches" | tee "$out/bench.txt"
-cargo bench --bench estimators 2>&1 | grep -E "^[a-z_0-9/]+|time:|thrpt:" | tee -a "$out/bench.txt"
-if [ -z "${QUICK:-}" ]; then
-  TRMASK_BENCH_FULL=1 cargo bench --bench vocab 2>&1 | grep -E "^[a-zA-Z_0-9/]+|time:|thrpt:" | tee -a "$out/bench.txt"
+echo "== bench (gpu_bench)"
+"$bin/gpu_bench" ${quick:+--quick} 2>&1 | tee "$out/bench.md"
+
+echo "== PyTorch in the same run" | tee "$out/torch.md"
+if "$py" -c "import torch" 2>/dev/null; then
+  if "$py" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    if [ -n "$quick" ]; then r=64; v=32000; else r=2048; v=151936; fi
+    "$py" "$torch_ref" vocab $r $v --device cuda --reps 10 2>&1 | tee -a "$out/torch.md"
+  fi
+  if [ -n "$quick" ]; then r=16; v=32000; else r=256; v=151936; fi
+  "$py" "$torch_ref" vocab $r $v --device cpu --reps 3 2>&1 | tee -a "$out/torch.md"
 else
-  cargo bench --bench vocab 2>&1 | grep -E "^[a-zA-Z_0-9/]+|time:|thrpt:" | tee -a "$out/bench.txt"
+  echo "no torch for $py" | tee -a "$out/torch.md"
 fi
-echo "results in $out/"
+fi # run only
+
+# ---- whole (also `gpu-bench.sh whole`): whole-process comparison and peak RSS ----
+
+echo "== whole process: trmask analyze vs PyTorch CPU on the same file" | tee "$out/whole.md"
+if [ -n "$quick" ]; then rows=128; else rows=1024; fi
+f="$tmp/whole.safetensors"
+"$bin/synth_batch" "$f" $rows 65536 bf16 2>&1 | tail -1
+sz=$(stat -c %s "$f")
+now() { date +%s.%N; }
+for i in 1 2 3; do
+  for b in gpu cpu; do
+    s=$(now); "$bin/trmask" analyze "$f" --backend "$b" --output "$tmp/w.safetensors" >/dev/null 2>&1 || echo "analyze $b failed"
+    e=$(now); echo "trmask_$b $(awk "BEGIN{print $e - $s}")" >>"$tmp/whole.txt"
+  done
+  if "$py" -c "import torch" 2>/dev/null; then
+    "$py" "$torch_ref" file "$f" --reps 1 | sed 's/torch_file_seconds/torch_cpu/' | cut -d' ' -f1,2 >>"$tmp/whole.txt"
+  fi
+done
+"$py" - "$tmp/whole.txt" "$sz" "$rows" <<'EOF' 2>&1 | tee -a "$out/whole.md"
+import statistics, sys
+t = {}
+for line in open(sys.argv[1]):
+    k, v = line.split()[:2]
+    t.setdefault(k, []).append(float(v))
+size = 2 * int(sys.argv[3]) * 65536 * 2
+print(f"\n| {sys.argv[3]} x 65536 BF16 pair ({size/1e9:.3f} GB of logits) | median of 3 | logits GB/s | vs PyTorch CPU |")
+print("|---|---|---|---|")
+base = statistics.median(t["torch_cpu"]) if "torch_cpu" in t else None
+for k, v in t.items():
+    m = statistics.median(v)
+    rel = f"{base / m:.2f}x" if base else ""
+    print(f"| {k} | {m:.3f} s ({', '.join(f'{x:.3f}' for x in v)}) | {size/m/1e9:.2f} | {rel} |")
+EOF
+rm -f "$f"
+
+echo "== peak RSS on a 1 GiB logits file" | tee -a "$out/whole.md"
+if [ -n "$quick" ]; then rows=64; else rows=1766; fi
+"$bin/synth_batch" "$f" $rows 151936 bf16 2>&1 | tail -1
+sz=$(stat -c %s "$f")
+for b in cpu gpu; do
+  "$py" - "$b" "$sz" "$bin/trmask" analyze "$f" --backend "$b" --output "$tmp/r.safetensors" <<'EOF' 2>&1 | tee -a "$out/whole.md"
+import resource, subprocess, sys
+b, sz = sys.argv[1], int(sys.argv[2])
+rc = subprocess.run(sys.argv[3:], stdout=subprocess.DEVNULL).returncode
+kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(f"| {b} | file {sz/2**20:.1f} MiB | max RSS {kib/1024:.1f} MiB | over the file {kib/1024 - sz/2**20:+.1f} MiB | rc {rc} |")
+EOF
+done
+rm -rf "$tmp"
+echo "== done in $(( $(date +%s) - t0 )) s; results in $out/"

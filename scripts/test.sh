@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. Installs what the tests need where it is missing and this user can
 # (root with apt-get / pip): Mesa's software Vulkan (lavapipe) so the GPU tests have an adapter,
-# Chromium for the HTML report test, numpy + safetensors for the docs/RECIPES.md test.
+# Chromium for the HTML report test, numpy + safetensors for the docs/RECIPES.md test; then the
+# Python package's tests (scripts/python-test.sh: a venv with maturin, pytest, numpy, torch) when
+# no cargo arguments are given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,4 +43,7 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
   chmod 700 "$XDG_RUNTIME_DIR"
   export XDG_RUNTIME_DIR
 fi
-exec cargo test "$@"
+cargo test "$@"
+if [ "$#" = 0 ]; then
+  scripts/python-test.sh
+fi

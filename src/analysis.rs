@@ -2,13 +2,14 @@
 //! (SPEC §4), on any [`Engine`].
 
 use crate::batch::Batch;
-use crate::certificate::{certificate, Certificate};
+use crate::certificate::{certificate_finish, certificate_partial, Certificate};
 use crate::config::CorrectionConfig;
 use crate::correction;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::io::{seq_output, token_output, Output};
 use crate::metrics::{divergence_metrics, DIVERGENCES};
+use crate::partial::{exchange, Acc, Empty, Exchange, Partial, SingleProcess, Sum};
 use crate::passes::token_table_config;
 use crate::stats::Corrections;
 use std::collections::BTreeMap;
@@ -59,11 +60,27 @@ pub fn ddot_used(config: &CorrectionConfig) -> &'static str {
 /// sequence, and computes the configured IS weights, rejection masks and metrics
 /// ([`crate::correction`]). The single entry point used by `trmask analyze`.
 pub fn analyze(engine: &dyn Engine, batch: &Batch, config: &CorrectionConfig) -> Result<Analysis> {
+    analyze_shard(engine, batch, config, &mut SingleProcess)
+}
+
+/// [`analyze`] for one data-parallel rank holding `batch`, a shard of the whole batch (whole
+/// sequences; any number of them, none included). Every rank calls it collectively with the
+/// same config; `ex` carries the partials (`crate::partial`): once for the batch-normalised IS
+/// weights when they are configured, once for the metrics. Outputs, weights and masks are this
+/// shard's rows of the whole-batch run; `metrics` and `certificate` are the whole batch's,
+/// identical on every rank.
+pub fn analyze_shard(
+    engine: &dyn Engine,
+    batch: &Batch,
+    config: &CorrectionConfig,
+    ex: &mut dyn Exchange,
+) -> Result<Analysis> {
     let resolved = config.resolve()?;
     let table = token_table_config(engine, batch, config)?;
-    let corrections = correction::compute(engine, batch, &table, &resolved)?;
+    let (mut corrections, corr_partial) =
+        correction::compute_shard(engine, batch, &table, &resolved, ex)?;
     let mut outputs = Vec::new();
-    let mut metrics = BTreeMap::new();
+    let mut partial = Partial::new();
     // trmask/<stat>_mean (exact, over valid tokens) and _max of every per-token statistic
     // the table's `ddot` is the aggregated one; the output `ddot` is the one the mask used
     let keys: Vec<&str> = table
@@ -83,31 +100,29 @@ pub fn analyze(engine: &dyn Engine, batch: &Batch, config: &CorrectionConfig) ->
         stat_values.push(stat_values[i]);
     }
     let reduced = engine.segment_reduce(&stat_values, batch.segments())?;
-    let valid = batch.mask().iter().filter(|&&m| m).count();
+    let valid = batch.mask().iter().filter(|&&m| m).count() as u64;
     let criterion_outputs: Vec<&str> = corrections
         .criteria
         .iter()
         .map(|c| c.output_name.as_str())
         .collect();
     for ((name, v), r) in stat_names.iter().zip(&stat_values).zip(&reduced) {
-        let mean = if valid > 0 {
-            r.sum.iter().sum::<f64>() / valid as f64
-        } else {
-            0.0
+        let mean = Acc::Mean {
+            sum: Sum::of(r.sum.iter().copied()),
+            n: valid,
+            offset: 0.0,
+            empty: Empty::Zero,
         };
         let max = r
             .max
             .iter()
             .zip(&r.count)
             .filter(|(_, &c)| c > 0)
-            .map(|(&m, _)| m)
-            .fold(f64::NEG_INFINITY, f64::max);
-        metrics.insert(format!("trmask/{name}_mean"), mean);
-        if max.is_finite() {
-            metrics.insert(format!("trmask/{name}_max"), max);
-        }
+            .map(|(&m, _)| m);
+        partial.put(format!("trmask/{name}_mean"), mean);
+        partial.put(format!("trmask/{name}_max"), Acc::max(max, Empty::Absent));
         if DIVERGENCES.contains(name) {
-            divergence_metrics(name, v, batch.segments(), &mut metrics);
+            divergence_metrics(name, v, batch.segments(), &mut partial);
         }
         if !TOKEN_OUTPUTS.contains(name) && *name != "ddot" {
             continue;
@@ -152,8 +167,20 @@ pub fn analyze(engine: &dyn Engine, batch: &Batch, config: &CorrectionConfig) ->
             .map(|&b| b as f64)
             .collect(),
     ));
-    metrics.extend(corrections.metrics.iter().map(|(k, v)| (k.clone(), *v)));
-    let certificate = certificate(&table, batch.segments(), &corrections.seq_accept)?;
+    let corr_keys = corr_partial.clone();
+    partial.extend(corr_partial);
+    certificate_partial(
+        &table,
+        batch.segments(),
+        &corrections.seq_accept,
+        &mut partial,
+    );
+    // the whole batch's statistics: every rank's partial merged (as is with one process)
+    let merged = exchange(ex, partial)?;
+    correction::check_valid_tokens(&merged)?;
+    let certificate = certificate_finish(&merged)?;
+    let mut metrics = merged.finish()?;
+    corrections.metrics = merged.restricted_to(&corr_keys).finish()?;
     if let Some(c) = &certificate {
         metrics.extend(c.metrics());
     }

@@ -20,6 +20,7 @@
 use crate::batch::Segments;
 use crate::bounds::{compute, BoundInputs, Bounds};
 use crate::error::Result;
+use crate::partial::{Acc, CertAcc, Partial};
 use crate::stats::StatTable;
 use std::collections::BTreeMap;
 
@@ -40,20 +41,22 @@ pub struct Certificate {
 /// The plain statement printed beside the numbers.
 pub const CAVEAT: &str = "bound certificate: a batch maximum only estimates the global maximum divergence the theorem needs; B* is a diagnostic, not a proof";
 
-fn inputs_for(
+/// The certificate's inputs over the sequences `keep` selects, as a mergeable accumulator
+/// (`None` when the table has neither `kl` nor `k3`).
+fn partial_for(
     table: &StatTable,
     segments: &Segments,
     keep: &dyn Fn(usize) -> bool,
-) -> Option<(BoundInputs, bool)> {
+) -> Option<CertAcc> {
     let exact = table.stats.contains_key("kl") && table.stats.contains_key("tv");
     let kl = table.stats.get("kl").or_else(|| table.stats.get("k3"))?;
     let tv = if exact { table.stats.get("tv") } else { None };
     let ser = table.stats.get("ser");
-    let mut delta: f64 = 0.0;
-    let mut eps: f64 = 0.0;
-    let mut kl_seq: f64 = 0.0;
-    let mut dbar: Vec<f64> = Vec::new();
-    let mut horizon = 0usize;
+    let mut c = CertAcc {
+        exact,
+        has_eps: tv.is_some(),
+        ..CertAcc::default()
+    };
     for (s, &(a, b)) in segments.ranges().iter().enumerate() {
         if !keep(s) {
             continue;
@@ -64,56 +67,91 @@ fn inputs_for(
             if !segments.mask()[i] {
                 continue;
             }
-            delta = delta.max(kl[i]);
+            c.delta = c.delta.max(kl[i]);
             sum += kl[i];
             if let Some(tv) = tv {
-                eps = eps.max(tv[i]);
+                c.eps = c.eps.max(tv[i]);
             }
             if let Some(ser) = ser {
-                if dbar.len() <= t {
-                    dbar.push(0.0);
+                if c.dbar.len() <= t {
+                    c.dbar.push(0.0);
                 }
-                dbar[t] = dbar[t].max((0.5 * ser[i]).min(1.0));
+                c.dbar[t] = c.dbar[t].max((0.5 * ser[i]).min(1.0));
             }
             t += 1;
         }
-        kl_seq = kl_seq.max(sum);
-        horizon = horizon.max(t);
+        c.kl_seq = c.kl_seq.max(sum);
+        c.horizon = c.horizon.max(t as u64);
     }
-    // An infinite KL (p > 0 where q = 0) leaves nothing to bound.
-    if horizon == 0 || !delta.is_finite() || !kl_seq.is_finite() {
+    Some(c)
+}
+
+/// The bound inputs of a (merged) accumulator; `None` without a token or with an infinite KL
+/// (p > 0 where q = 0 leaves nothing to bound).
+fn inputs_of(c: &CertAcc) -> Option<BoundInputs> {
+    let horizon = c.horizon as usize;
+    if horizon == 0 || !c.delta.is_finite() || !c.kl_seq.is_finite() {
         return None;
     }
-    let inputs = BoundInputs {
+    Some(BoundInputs {
         horizon,
-        delta,
-        eps: tv.map(|_| eps.min(1.0)),
-        kl_seq: Some(kl_seq),
+        delta: c.delta,
+        eps: c.has_eps.then(|| c.eps.min(1.0)),
+        kl_seq: Some(c.kl_seq),
         tv_seq: None,
-        dbar: (dbar.len() == horizon).then_some(dbar),
+        dbar: (c.dbar.len() == horizon).then(|| c.dbar.clone()),
+    })
+}
+
+/// Keys of the certificate's accumulators in a partial.
+pub(crate) const CERT_ALL: &str = "#cert_all";
+pub(crate) const CERT_ACCEPTED: &str = "#cert_accepted";
+
+/// One shard's certificate inputs, over all sequences and over the accepted ones.
+pub(crate) fn certificate_partial(
+    table: &StatTable,
+    segments: &Segments,
+    accept: &[bool],
+    p: &mut Partial,
+) {
+    p.put(CERT_ALL, Acc::Cert(partial_for(table, segments, &|_| true)));
+    let acc = partial_for(table, segments, &|s| accept.get(s).copied().unwrap_or(true));
+    p.put(CERT_ACCEPTED, Acc::Cert(acc));
+}
+
+/// The certificate of a (merged) partial holding [`certificate_partial`]'s accumulators.
+pub(crate) fn certificate_finish(p: &Partial) -> Result<Option<Certificate>> {
+    let get = |k: &str| match p.get(k) {
+        Some(Acc::Cert(Some(c))) => Some(c),
+        _ => None,
     };
-    Some((inputs, exact))
+    let Some(all) = get(CERT_ALL) else {
+        return Ok(None);
+    };
+    let Some(all_in) = inputs_of(all) else {
+        return Ok(None);
+    };
+    let accepted = match get(CERT_ACCEPTED).and_then(inputs_of) {
+        Some(inp) => Some(compute(&inp)?),
+        None => None,
+    };
+    Ok(Some(Certificate {
+        exact: all.exact,
+        all: Some(compute(&all_in)?),
+        accepted,
+    }))
 }
 
 /// Computes the certificate from per-token statistics and the per-sequence accept flags.
+#[cfg(test)]
 pub fn certificate(
     table: &StatTable,
     segments: &Segments,
     accept: &[bool],
 ) -> Result<Option<Certificate>> {
-    let Some((all_in, exact)) = inputs_for(table, segments, &|_| true) else {
-        return Ok(None);
-    };
-    let all = Some(compute(&all_in)?);
-    let accepted = match inputs_for(table, segments, &|s| accept.get(s).copied().unwrap_or(true)) {
-        Some((inp, _)) => Some(compute(&inp)?),
-        None => None,
-    };
-    Ok(Some(Certificate {
-        exact,
-        all,
-        accepted,
-    }))
+    let mut p = Partial::new();
+    certificate_partial(table, segments, accept, &mut p);
+    certificate_finish(&p)
 }
 
 impl Certificate {

@@ -30,6 +30,7 @@ use crate::correction;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::logits::Logits;
+use crate::partial::{exchange, Exchange};
 use crate::passes::token_table_config;
 use crate::stats::Corrections;
 use half::{bf16, f16};
@@ -309,6 +310,21 @@ impl Corrector {
         let batch = step.to_batch()?;
         let table = token_table_config(self.engine.as_ref(), &batch, &self.config)?;
         correction::compute(self.engine.as_ref(), &batch, &table, &self.resolved)
+    }
+
+    /// [`correct`](Self::correct) for one data-parallel rank holding `step`, a shard of the
+    /// whole batch (whole sequences), with `ex` carrying the partials between ranks (every rank
+    /// calls it collectively): this shard's weights and mask (IS weights normalised over the
+    /// whole batch) and the whole batch's metrics, identical on every rank.
+    pub fn correct_shard(&self, step: &Step<'_>, ex: &mut dyn Exchange) -> Result<Corrections> {
+        let batch = step.to_batch()?;
+        let table = token_table_config(self.engine.as_ref(), &batch, &self.config)?;
+        let (mut c, p) =
+            correction::compute_shard(self.engine.as_ref(), &batch, &table, &self.resolved, ex)?;
+        let merged = exchange(ex, p)?;
+        correction::check_valid_tokens(&merged)?;
+        c.metrics = merged.finish()?;
+        Ok(c)
     }
 }
 

@@ -56,10 +56,13 @@ mod bounds_sums;
 mod certificate;
 pub mod correction;
 mod metrics;
+pub mod partial;
 // Layer 5: what the CLI and bindings call.
 pub mod analysis;
 pub mod backend;
 mod corrector;
+#[cfg(feature = "mpi")]
+pub mod distributed;
 pub mod io;
 // Layer 6: what the CLI prints and renders.
 pub mod report;

@@ -68,6 +68,17 @@ enum Storage {
         len: usize,
     },
     Device(DeviceLogits),
+    Shared(SharedBytes),
+}
+
+/// Host bytes owned by someone else (see [`Logits::from_shared`]).
+#[derive(Clone)]
+struct SharedBytes(Arc<dyn AsRef<[u8]> + Send + Sync>);
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBytes({} bytes)", (*self.0).as_ref().len())
+    }
 }
 
 /// Where device-resident logits live: a wgpu buffer and the byte offset of element 0.
@@ -114,6 +125,24 @@ impl Logits {
         check_logits_size(bytes.len(), dtype, rows, vocab)?;
         Ok(Logits {
             storage: Storage::Owned(Arc::new(bytes)),
+            dtype,
+            rows,
+            vocab,
+        })
+    }
+
+    /// Logits viewing host bytes that `owner` keeps alive (zero copy): little-endian `dtype`
+    /// values, row-major `[rows, vocab]`. The Python bindings wrap a NumPy array or a CPU
+    /// torch tensor this way; the bytes must not change while the logits are in use.
+    pub fn from_shared(
+        owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        dtype: DType,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<Self> {
+        check_logits_size((*owner).as_ref().len(), dtype, rows, vocab)?;
+        Ok(Logits {
+            storage: Storage::Shared(SharedBytes(owner)),
             dtype,
             rows,
             vocab,
@@ -203,6 +232,7 @@ impl Logits {
         match &self.storage {
             Storage::Owned(v) => Ok(v),
             Storage::Mapped { map, offset, len } => Ok(&map[*offset..*offset + *len]),
+            Storage::Shared(s) => Ok((*s.0).as_ref()),
             Storage::Device(_) => Err(Error::input(
                 tensor,
                 "is device-resident (Logits::device): only the GPU engine reads it; read it back \

@@ -10,7 +10,7 @@ mod os;
 /// quietly; any other failed write (`> /dev/full`) makes the exit code 1.
 macro_rules! say {
     ($($t:tt)*) => {{
-        os::say(format_args!($($t)*));
+        crate::os::say(format_args!($($t)*));
     }};
 }
 use std::process::ExitCode;
@@ -75,6 +75,11 @@ enum Command {
         /// Print every metric after the summary.
         #[arg(long)]
         all_metrics: bool,
+        /// `mpi`: one rank of a data-parallel job under `mpirun -np R` (needs a trmask built with
+        /// `--features mpi`). Each rank reads INPUT and writes --output with `{rank}` replaced by
+        /// its rank; the metrics are the whole batch's and rank 0 writes --metrics.
+        #[arg(long, value_name = "mpi")]
+        distributed: Option<String>,
     },
     /// Render one batch's analysis as a self-contained HTML page (inline SVG, no network).
     Report {
@@ -167,7 +172,16 @@ struct Done {
     analysis: trmask::analysis::Analysis,
 }
 
-fn analyse_one(ctx: &Ctx, path: &Path, c: &Common) -> Result<Done, trmask::Error> {
+/// How a batch is analysed: in this process, or as one rank of a data-parallel job.
+type Analyse<'a> =
+    dyn FnMut(&trmask::Batch) -> Result<trmask::analysis::Analysis, trmask::Error> + 'a;
+
+fn analyse_one(
+    ctx: &Ctx,
+    path: &Path,
+    c: &Common,
+    analyse: &mut Analyse,
+) -> Result<Done, trmask::Error> {
     let pb = spinner(format!("analysing {}", path.display()));
     let opts = trmask::io::ReadOptions {
         all_valid: c.all_valid,
@@ -177,7 +191,7 @@ fn analyse_one(ctx: &Ctx, path: &Path, c: &Common) -> Result<Done, trmask::Error
         if let Some(note) = input.renames.note() {
             eprintln!("{note}");
         }
-        let analysis = trmask::analysis::analyze(ctx.engine.as_ref(), &input.batch, &ctx.cfg)?;
+        let analysis = analyse(&input.batch)?;
         for w in trmask::report::warnings(&trmask::report::WarningInputs {
             batch: &input.batch,
             analysis: &analysis,
@@ -215,7 +229,22 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             metrics,
             metrics_jsonl,
             all_metrics,
+            distributed,
         } => {
+            if let Some(kind) = distributed {
+                if metrics_jsonl.is_some() {
+                    return Err(trmask::Error::config(
+                        "--metrics-jsonl",
+                        "is not supported with --distributed (use --metrics on rank 0)",
+                    ));
+                }
+                let paths = ranked::Paths {
+                    input: &inputs,
+                    output: output.as_deref(),
+                    metrics: metrics.as_deref(),
+                };
+                return ranked::analyze(&kind, &paths, &common, all_metrics);
+            }
             if inputs.len() > 1 && (output.is_some() || metrics.is_some()) {
                 return Err(trmask::Error::config(
                     "--output/--metrics",
@@ -237,7 +266,9 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             let mut commit = trmask::io::Commit::new();
             let mut texts = Vec::new();
             for (k, path) in inputs.iter().enumerate() {
-                let d = analyse_one(&ctx, path, &common)?;
+                let d = analyse_one(&ctx, path, &common, &mut |b| {
+                    trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg)
+                })?;
                 let mut written = Vec::new();
                 if let Some(p) = &output {
                     commit.stage(p, trmask::io::outputs_bytes(p, &d.analysis.outputs)?)?;
@@ -294,7 +325,9 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                 &[("--output", Some(output.as_path()))],
             )?;
             let ctx = setup(&common)?;
-            let d = analyse_one(&ctx, &input, &common)?;
+            let d = analyse_one(&ctx, &input, &common, &mut |b| {
+                trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg)
+            })?;
             let name = input.display().to_string();
             let html = trmask::report::render_html(&subject(&ctx, &name, &d));
             let mut commit = trmask::io::Commit::new();
@@ -348,6 +381,121 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             say!("cpu: {}", trmask::cpu::CpuEngine::new().name());
             Ok(())
         }
+    }
+}
+
+/// `trmask analyze --distributed mpi`: one rank of a data-parallel job.
+mod ranked {
+    use super::Common;
+    use std::path::{Path, PathBuf};
+
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub struct Paths<'a> {
+        pub input: &'a [PathBuf],
+        pub output: Option<&'a Path>,
+        pub metrics: Option<&'a Path>,
+    }
+
+    /// `path` with `{rank}` replaced by `rank`; an error when several ranks would share it.
+    #[cfg(feature = "mpi")]
+    fn for_rank(path: &Path, rank: i32, size: i32, flag: &str) -> Result<PathBuf, trmask::Error> {
+        let text = path.to_string_lossy();
+        if size > 1 && !text.contains("{rank}") {
+            return Err(trmask::Error::config(
+                flag,
+                format!("{text} must contain {{rank}} when {size} ranks share it"),
+            ));
+        }
+        Ok(PathBuf::from(text.replace("{rank}", &rank.to_string())))
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    pub fn analyze(_: &str, _: &Paths, _: &Common, _: bool) -> Result<(), trmask::Error> {
+        Err(trmask::Error::config(
+            "--distributed",
+            "this trmask was built without MPI; rebuild with `cargo build --features mpi`",
+        ))
+    }
+
+    #[cfg(feature = "mpi")]
+    pub fn analyze(
+        kind: &str,
+        paths: &Paths,
+        common: &Common,
+        all_metrics: bool,
+    ) -> Result<(), trmask::Error> {
+        use super::{analyse_one, setup, subject};
+        use mpi::traits::Communicator;
+        if kind != "mpi" {
+            return Err(trmask::Error::config(
+                "--distributed",
+                format!("must be `mpi`, got `{kind}`"),
+            ));
+        }
+        if paths.input.len() != 1 {
+            return Err(trmask::Error::config(
+                "--distributed",
+                "takes one INPUT pattern with {rank} (e.g. 'shard-{rank}.safetensors')",
+            ));
+        }
+        let universe = mpi::initialize().ok_or_else(|| {
+            trmask::Error::config("--distributed", "MPI could not be initialised")
+        })?;
+        let world = universe.world();
+        let (rank, size) = (world.rank(), world.size());
+        let result = (|| -> Result<(), trmask::Error> {
+            let ctx = setup(common)?;
+            let input = for_rank(&paths.input[0], rank, size, "INPUT")?;
+            let output = paths
+                .output
+                .map(|p| for_rank(p, rank, size, "--output"))
+                .transpose()?;
+            let metrics = if rank == 0 { paths.metrics } else { None };
+            super::check_outputs(
+                std::slice::from_ref(&input),
+                common.config.as_deref(),
+                &[("--output", output.as_deref()), ("--metrics", metrics)],
+            )?;
+            let d = analyse_one(&ctx, &input, common, &mut |batch| {
+                trmask::distributed::analyze(ctx.engine.as_ref(), batch, &ctx.cfg, &world)
+            })?;
+            // this rank's outputs all or nothing, like the single-process run
+            let mut commit = trmask::io::Commit::new();
+            let mut written = Vec::new();
+            if let Some(p) = &output {
+                commit.stage(p, trmask::io::outputs_bytes(p, &d.analysis.outputs)?)?;
+                written.push(format!("{} (every rank its own)", p.display()));
+            }
+            if let Some(p) = metrics {
+                commit.stage(p, trmask::io::metrics_bytes(&d.analysis.metrics)?)?;
+                written.push(format!("{} (the whole batch)", p.display()));
+            }
+            commit.finish()?;
+            if rank != 0 {
+                return Ok(());
+            }
+            let name = format!("{} (rank 0 of {size} MPI ranks)", input.display());
+            let mut text = trmask::report::summary(&subject(&ctx, &name, &d), &written);
+            text.push_str(&format!(
+                "\nmetrics and certificate: the whole batch over {size} ranks; the sequences \
+                 listed: rank 0's shard"
+            ));
+            if all_metrics {
+                for (key, v) in &d.analysis.metrics {
+                    text.push_str(&format!("\n{key:<48} {v:.6e}"));
+                }
+            }
+            say!("{text}");
+            Ok(())
+        })();
+        if let Err(e) = &result {
+            if size > 1 {
+                // the other ranks may wait in a collective: end the whole job
+                eprintln!("error: rank {rank}: {e}");
+                world.abort(if e.is_user_error() { 2 } else { 1 });
+            }
+        }
+        result
     }
 }
 

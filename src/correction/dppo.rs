@@ -3,6 +3,7 @@
 use crate::batch::Batch;
 use crate::config::DppoConfig;
 use crate::error::{Error, Result};
+use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use crate::passes::topk_missing_input;
 use crate::stats::{DppoDirection, StatTable, TopkStats};
 use std::collections::BTreeMap;
@@ -13,7 +14,7 @@ pub(crate) fn dppo_keep(
     table: &StatTable,
     cfg: &DppoConfig,
     keep: &mut [bool],
-    metrics: &mut BTreeMap<String, f64>,
+    metrics: &mut Partial,
 ) -> Result<()> {
     let stats = match &table.topk {
         Some(s) => s,
@@ -32,7 +33,7 @@ pub(crate) fn dppo_keep(
             "is missing: dppo's direction test needs per-token advantages",
         )
     })?;
-    let (dppo_keep, m) = dppo_mask(stats, adv, batch.mask(), cfg)?;
+    let (dppo_keep, m) = dppo_partial(stats, adv, batch.mask(), cfg)?;
     for (k, d) in keep.iter_mut().zip(&dppo_keep) {
         *k = *k && *d > 0.0;
     }
@@ -68,6 +69,17 @@ pub fn dppo_mask(
     mask: &[bool],
     cfg: &DppoConfig,
 ) -> Result<(Vec<f64>, BTreeMap<String, f64>)> {
+    let (keep, p) = dppo_partial(stats, advantages, mask, cfg)?;
+    Ok((keep, p.finish()?))
+}
+
+/// [`dppo_mask`] with its metrics as a mergeable partial.
+pub(crate) fn dppo_partial(
+    stats: &TopkStats,
+    advantages: &[f64],
+    mask: &[bool],
+    cfg: &DppoConfig,
+) -> Result<(Vec<f64>, Partial)> {
     cfg.validate()?;
     let n = stats.len();
     if advantages.len() != n || mask.len() != n {
@@ -90,8 +102,9 @@ pub fn dppo_mask(
     let (mut valid, mut dropped) = (0usize, 0usize);
     let (mut pos, mut pos_dropped, mut neg, mut neg_dropped) = (0usize, 0usize, 0usize, 0usize);
     let (mut over, mut disagree) = (0usize, 0usize);
-    let (mut kl_sum, mut kl_max, mut less01, mut less05) = (0.0, f64::NEG_INFINITY, 0usize, 0usize);
-    let (mut tail_sum, mut tail_max) = (0.0, f64::NEG_INFINITY);
+    let (mut kl_sum, mut kl_max, mut less01, mut less05) =
+        (Sum::default(), f64::NEG_INFINITY, 0usize, 0usize);
+    let (mut tail_sum, mut tail_max) = (Sum::default(), f64::NEG_INFINITY);
     for t in (0..n).filter(|&t| mask[t]) {
         valid += 1;
         let a = advantages[t];
@@ -111,20 +124,26 @@ pub fn dppo_mask(
             disagree += ((a * stats.prob_diff[t] > 0.0) != (a * predictive[t] > 0.0)) as usize;
         }
         let kl = stats.topk_kl[t];
-        kl_sum += kl;
+        kl_sum.add(kl);
         kl_max = f64::max(kl_max, kl);
         less01 += (kl < 0.1) as usize;
         less05 += (kl < 0.5) as usize;
-        tail_sum += stats.rollout_tail[t];
+        tail_sum.add(stats.rollout_tail[t]);
         tail_max = f64::max(tail_max, stats.rollout_tail[t]);
     }
-    let frac = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-    let mean = |s: f64| if valid == 0 { 0.0 } else { s / valid as f64 };
-    let max = |m: f64| if valid == 0 { 0.0 } else { m };
-    let mut m = BTreeMap::new();
-    let mut put = |k: &str, v: f64| {
-        m.insert(format!("trmask/{k}"), v);
+    let frac = |a: usize, b: usize| Acc::frac(a, b, FracMode::F64, Empty::Zero);
+    let mean = |sum: Sum| Acc::Mean {
+        sum,
+        n: valid as u64,
+        offset: 0.0,
+        empty: Empty::Zero,
     };
+    let max = |v: f64| Acc::Max {
+        v,
+        empty: Empty::Zero,
+    };
+    let mut m = Partial::new();
+    let mut put = |k: &str, v: Acc| m.put(format!("trmask/{k}"), v);
     put("topk_kl_mean", mean(kl_sum));
     put("topk_kl_max", max(kl_max));
     put("topk_kl_less_01", frac(less01, valid));

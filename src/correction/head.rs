@@ -12,9 +12,9 @@ use crate::metrics::ctx::{mean, std_unbiased, vmax, vmin, Ctx};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
 use crate::metrics::trmask::trmask_metrics;
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
+use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial, SingleProcess};
 use crate::plan::{CorrectionsRaw, MaskAgg, MaskCriterion, MaskIs, MaskPlan, MaskSource};
 use crate::stats::{Corrections, CriterionResult, SegmentStats, StatTable, SAFETY_BOUND};
-use std::collections::BTreeMap;
 
 /// Computes weights, masks and metrics for `batch` from its per-token statistics.
 pub fn compute(
@@ -23,6 +23,23 @@ pub fn compute(
     table: &StatTable,
     cfg: &Resolved,
 ) -> Result<Corrections> {
+    let (mut c, p) = compute_partial(engine, batch, table, cfg, &mut SingleProcess)?;
+    c.metrics = p.finish()?;
+    Ok(c)
+}
+
+/// One rank's corrections (weights batch-normalised over every rank through `ex`, so two
+/// collective exchanges with it when `rollout_is_batch_normalize` is on, none otherwise) and
+/// its metric partial (`Corrections::metrics` is left empty: merge the ranks' partials, then
+/// finish). A shard without a valid token is legal when there are several ranks; the merged
+/// partial's `#valid_tokens` must then be checked ([`check_valid_tokens`]).
+pub(crate) fn compute_partial(
+    engine: &dyn Engine,
+    batch: &Batch,
+    table: &StatTable,
+    cfg: &Resolved,
+    ex: &mut dyn Exchange,
+) -> Result<(Corrections, Partial)> {
     let segs = batch.segments();
     let mask = batch.mask();
     let seq_len = segs.lengths();
@@ -33,22 +50,21 @@ pub fn compute(
         mask,
         owner: segs.slot_owner(),
         len: seq_len.iter().map(|&l| l as f64).collect(),
-        n: n_tok as f64,
+        n: n_tok,
         b,
     };
-    if n_tok == 0 {
-        return Err(Error::input(
-            "response_mask",
-            "response_mask must contain at least one valid token (1).",
-        ));
+    if n_tok == 0 && ex.size() <= 1 {
+        return Err(no_valid_token());
     }
+    let mut metrics = Partial::new();
+    metrics.put(VALID_TOKENS, Acc::Count(n_tok as u64));
     if let Some(legacy) = &cfg.legacy {
-        return super::legacy::compute(&ctx, table, cfg.is, legacy, seq_len);
+        let c = super::legacy::compute(&ctx, table, cfg.is, legacy, seq_len, ex, &mut metrics)?;
+        return Ok((c, metrics));
     }
     let lr = table.get("log_ratio")?;
     let rho = table.get("rho")?;
     let k1 = table.get("k1")?;
-    let mut metrics = BTreeMap::new();
 
     // ---- off-policy metrics (verl's compute_offpolicy_metrics) ----
     let s_lr = ctx.reduce(lr)?;
@@ -61,7 +77,15 @@ pub fn compute(
 
     // ---- IS weights ----
     let weights = match (cfg.is, &raw.weights) {
-        (Some(is), Some(w)) => Some(is_weights(&ctx, is, rho, &s_lr, w.clone(), &mut metrics)?),
+        (Some(is), Some(w)) => Some(is_weights(
+            &ctx,
+            is,
+            rho,
+            &s_lr,
+            w.clone(),
+            ex,
+            &mut metrics,
+        )?),
         _ => None,
     };
 
@@ -75,13 +99,10 @@ pub fn compute(
     if !cfg.criteria.is_empty() {
         let rej = ctx.tok(|i| if keep[i] { 0.0 } else { 1.0 });
         let s = ctx.reduce(&rej)?;
-        metrics.insert(
-            "rollout_corr/rollout_rs_masked_fraction".into(),
-            ctx.mmean_all(&s),
-        );
+        metrics.put("rollout_corr/rollout_rs_masked_fraction", ctx.mmean_all(&s));
         let k = (0..b).filter(|&i| s.sum[i] > 0.0).count();
-        metrics.insert(
-            "rollout_corr/rollout_rs_seq_masked_fraction".into(),
+        metrics.put(
+            "rollout_corr/rollout_rs_seq_masked_fraction",
             f32_frac(k, b),
         );
     }
@@ -132,7 +153,7 @@ pub fn compute(
         &final_mask,
         weights.as_deref(),
         &mut metrics,
-    )?;
+    );
     let est = [
         ("k1", k1),
         ("k3", table.get("k3")?),
@@ -143,15 +164,34 @@ pub fn compute(
         group_metrics(uid, &seq_accept, &mut metrics);
     }
 
-    Ok(Corrections {
+    let c = Corrections {
         weights,
         mask: final_mask,
         seq_accept,
         seq_len,
         seq_reject_bits: bits,
         criteria,
-        metrics,
-    })
+        metrics: Default::default(),
+    };
+    Ok((c, metrics))
+}
+
+/// The internal count of valid tokens in a corrections partial.
+const VALID_TOKENS: &str = "#valid_tokens";
+
+fn no_valid_token() -> Error {
+    Error::input(
+        "response_mask",
+        "response_mask must contain at least one valid token (1).",
+    )
+}
+
+/// The error a whole batch without a valid token gives, checked on the merged partial.
+pub(crate) fn check_valid_tokens(merged: &Partial) -> Result<()> {
+    if merged.count(VALID_TOKENS) == 0 {
+        return Err(no_valid_token());
+    }
+    Ok(())
 }
 
 /// LN-TRM token weights per slot (`w_t` from the token's rank among its sequence's valid
@@ -238,14 +278,15 @@ fn mask_plan<'a>(table: &'a StatTable, cfg: &Resolved, lntrm_w: &'a [f64]) -> Re
 }
 
 /// verl's IS metrics on the engine's weights `w` (before batch normalisation), then batch
-/// normalisation.
+/// normalisation by the mean over every rank (one exchange through `ex`).
 fn is_weights(
     ctx: &Ctx,
     is: crate::config::IsSpec,
     rho: &[f64],
     s_lr: &SegmentStats,
     w: Vec<f64>,
-    m: &mut BTreeMap<String, f64>,
+    ex: &mut dyn Exchange,
+    m: &mut Partial,
 ) -> Result<Vec<f64>> {
     let p = |k: &str| format!("rollout_corr/{k}");
     let upper = is.upper;
@@ -264,67 +305,68 @@ fn is_weights(
     let lower = is.lower.unwrap_or(1.0 / upper);
     let s_w = ctx.reduce(&w)?;
     let is_mean = ctx.mmean_all(&s_w);
+    m.put(p("rollout_is_mean"), is_mean.clone());
     match is.level {
         IsLevel::Sequence => {
-            let lmax = vmax(s_lr.sum.iter().copied());
-            let lmin = vmin(s_lr.sum.iter().copied());
-            m.insert(p("rollout_is_max"), lmax.min(SAFETY_BOUND).exp());
-            m.insert(p("rollout_is_min"), lmin.exp());
-            m.insert(p("rollout_is_mean"), is_mean);
+            // exp(min(·, 20)) and exp are monotone: the extremum of the transformed values
+            m.put(
+                p("rollout_is_max"),
+                vmax(s_lr.sum.iter().map(|l| l.min(SAFETY_BOUND).exp())),
+            );
+            m.put(p("rollout_is_min"), vmin(s_lr.sum.iter().map(|l| l.exp())));
             // torch.log(torch.tensor(U)) is float32 under the default dtype
             let lu = (upper as f32).ln() as f64;
             let ll = (lower as f32).ln() as f64;
             let hi = s_lr.sum.iter().filter(|&&s| s > lu).count();
             let lo = s_lr.sum.iter().filter(|&&s| s < ll).count();
-            m.insert(p("rollout_is_ratio_fraction_high"), f32_frac(hi, b));
-            m.insert(p("rollout_is_ratio_fraction_low"), f32_frac(lo, b));
+            m.put(p("rollout_is_ratio_fraction_high"), f32_frac(hi, b));
+            m.put(p("rollout_is_ratio_fraction_low"), f32_frac(lo, b));
         }
         IsLevel::Token => {
-            m.insert(p("rollout_is_mean"), is_mean);
             let hi = ctx.tok(|i| (raw[i] > upper) as u8 as f64);
             let lo = ctx.tok(|i| (raw[i] < lower) as u8 as f64);
-            m.insert(p("rollout_is_ratio_fraction_high"), ctx.mmean(&hi)?);
-            m.insert(p("rollout_is_ratio_fraction_low"), ctx.mmean(&lo)?);
-            m.insert(p("rollout_is_max"), ctx.tok_max(&s_w));
-            m.insert(p("rollout_is_min"), ctx.tok_min(&s_w));
+            m.put(p("rollout_is_ratio_fraction_high"), ctx.mmean(&hi));
+            m.put(p("rollout_is_ratio_fraction_low"), ctx.mmean(&lo));
+            m.put(p("rollout_is_max"), ctx.tok_max(&s_w));
+            m.put(p("rollout_is_min"), ctx.tok_min(&s_w));
         }
     }
     let wc = ctx.tok(|i| w[i].clamp(0.0, upper));
-    let (std, ess) = ctx.std_and_ess(&wc)?;
-    m.insert(p("rollout_is_std"), std);
-    let ess = ess.ok_or_else(|| {
-        Error::config(
-            "rollout_is_threshold",
-            "every IS weight is zero, so the effective sample size is 1/0 \
-             (verl raises ZeroDivisionError: float division by zero)",
-        )
-    })?;
-    m.insert(p("rollout_is_eff_sample_size"), ess);
+    let (std, ess) = ctx.std_and_ess(&wc, 0);
+    m.put(p("rollout_is_std"), std);
+    m.put(p("rollout_is_eff_sample_size"), ess);
     let seq_mean = ctx.mmean_rows(&s_w);
-    seq_mean_metrics(m, &|k| p(&format!("rollout_is_{k}")), &seq_mean, b);
+    seq_mean_metrics(m, &|k| p(&format!("rollout_is_{k}")), &seq_mean);
     let raw_seq = ctx.mmean_rows(&ctx.reduce(&raw)?);
     let hi = raw_seq.iter().filter(|&&x| x > upper).count();
     let lo = raw_seq.iter().filter(|&&x| x < lower).count();
-    m.insert(p("rollout_is_seq_fraction_high"), f32_frac(hi, b));
-    m.insert(p("rollout_is_seq_fraction_low"), f32_frac(lo, b));
+    m.put(p("rollout_is_seq_fraction_high"), f32_frac(hi, b));
+    m.put(p("rollout_is_seq_fraction_low"), f32_frac(lo, b));
     if let Some(l) = is.lower {
         let oob = ctx.tok(|i| (raw[i] < l || raw[i] > upper) as u8 as f64);
-        m.insert(p("rollout_is_oob_ratio"), ctx.mmean(&oob)?);
+        m.put(p("rollout_is_oob_ratio"), ctx.mmean(&oob));
     }
     if is.batch_normalize {
-        let wmean = match is.level {
+        // phase 1: the normaliser's partial over every rank, then each rank's own weights
+        let norm = match is.level {
             IsLevel::Token => is_mean,
             IsLevel::Sequence => {
-                let valid: Vec<f64> = (0..b).map(|i| ctx.valid(i) as u8 as f64).collect();
-                let num: f64 = seq_mean.iter().zip(&valid).map(|(a, v)| a * v).sum();
-                num / valid.iter().sum::<f64>().max(1e-8)
+                let valid: Vec<f64> = (0..b)
+                    .filter(|&i| ctx.valid(i))
+                    .map(|i| seq_mean[i])
+                    .collect();
+                Acc::mean(&valid, Empty::Zero)
             }
         };
+        let key = p("rollout_is_batch_norm_factor");
+        let mut local = Partial::new();
+        local.put(key.clone(), norm);
+        let wmean = exchange(ex, local)?.finish_one(&key)?.unwrap_or(0.0);
         if wmean > 1e-8 {
             w.iter_mut().for_each(|x| *x /= wmean);
-            m.insert(p("rollout_is_batch_norm_factor"), wmean);
+            m.put(key, Acc::Const(wmean));
         } else {
-            m.insert(p("rollout_is_batch_norm_factor"), 1.0);
+            m.put(key, Acc::Const(1.0));
         }
     }
     Ok(w)
@@ -340,7 +382,7 @@ fn criterion(
     cfg: &Resolved,
     rho: &[f64],
     k1: &[f64],
-    m: &mut BTreeMap<String, f64>,
+    m: &mut Partial,
 ) -> Result<CriterionResult> {
     let b = ctx.b;
     let k3v: Vec<f64>;
@@ -390,72 +432,65 @@ fn criterion(
     let nv = valid_vals.len();
     let is_seq = seq_stat.is_some();
     let thr_l = lower_log.unwrap_or(0.0);
-    m.insert(format!("{pre}_mean"), ctx.mmean_all(&s_pts));
+    let count = |f: &dyn Fn(f64) -> bool| valid_vals.iter().filter(|&&x| f(x)).count();
+    m.put(format!("{pre}_mean"), ctx.mmean_all(&s_pts));
     if is_seq {
-        m.insert(format!("{pre}_max"), vmax(valid_vals.iter().copied()));
-        m.insert(format!("{pre}_min"), vmin(valid_vals.iter().copied()));
-        let hi = valid_vals.iter().filter(|&&x| x > upper_log).count();
-        m.insert(format!("{pre}_fraction_high"), f32_frac(hi, nv));
+        m.put(format!("{pre}_max"), vmax(valid_vals.iter().copied()));
+        m.put(format!("{pre}_min"), vmin(valid_vals.iter().copied()));
+        m.put(
+            format!("{pre}_fraction_high"),
+            f32_frac(count(&|x| x > upper_log), nv),
+        );
         let lo = if lower_log.is_some() {
-            f32_frac(valid_vals.iter().filter(|&&x| x < thr_l).count(), nv)
+            f32_frac(count(&|x| x < thr_l), nv)
         } else {
-            0.0
+            Acc::Const(0.0)
         };
-        m.insert(format!("{pre}_fraction_low"), lo);
+        m.put(format!("{pre}_fraction_low"), lo);
     } else {
-        m.insert(format!("{pre}_max"), ctx.tok_max(&s_pts));
-        m.insert(format!("{pre}_min"), ctx.tok_min(&s_pts));
+        m.put(format!("{pre}_max"), ctx.tok_max(&s_pts));
+        m.put(format!("{pre}_min"), ctx.tok_min(&s_pts));
         let hi = ctx.tok(|i| (pts[i] > upper_log) as u8 as f64);
-        m.insert(format!("{pre}_fraction_high"), ctx.mmean(&hi)?);
+        m.put(format!("{pre}_fraction_high"), ctx.mmean(&hi));
         let lo = if lower_log.is_some() {
             let lo = ctx.tok(|i| (pts[i] < thr_l) as u8 as f64);
-            ctx.mmean(&lo)?
+            ctx.mmean(&lo)
         } else {
-            0.0
+            Acc::Const(0.0)
         };
-        m.insert(format!("{pre}_fraction_low"), lo);
+        m.put(format!("{pre}_fraction_low"), lo);
     }
-    if ctx.n > 1.0 {
-        let cmin = lower_log.unwrap_or(0.0);
-        let sc = ctx.tok(|i| pts[i].max(cmin).min(upper_log));
-        let sc2 = ctx.tok(|i| sc[i] * sc[i]);
-        let mc = ctx.mmean(&sc)?;
-        let var = ctx.mmean(&sc2)? - mc * mc;
-        m.insert(format!("{pre}_std"), var.max(0.0).sqrt());
-    } else {
-        m.insert(format!("{pre}_std"), 0.0);
-    }
-    m.insert(format!("{pre}_seq_mean"), mean(&valid_vals));
-    m.insert(
-        format!("{pre}_seq_std"),
-        if nv > 1 {
-            std_unbiased(&valid_vals)
-        } else {
-            0.0
-        },
-    );
-    m.insert(format!("{pre}_seq_max"), vmax(valid_vals.iter().copied()));
-    m.insert(format!("{pre}_seq_min"), vmin(valid_vals.iter().copied()));
-    m.insert(
+    // verl's std of the clamped statistic (0 with a single valid token in the whole batch)
+    let cmin = lower_log.unwrap_or(0.0);
+    let sc = ctx.tok(|i| pts[i].max(cmin).min(upper_log));
+    m.put(format!("{pre}_std"), ctx.std_and_ess(&sc, 0).0);
+    m.put(format!("{pre}_seq_mean"), mean(&valid_vals));
+    m.put(format!("{pre}_seq_std"), std_unbiased(&valid_vals));
+    m.put(format!("{pre}_seq_max"), vmax(valid_vals.iter().copied()));
+    m.put(format!("{pre}_seq_min"), vmin(valid_vals.iter().copied()));
+    m.put(
         format!("{pre}_seq_max_deviation"),
         vmax(valid_vals.iter().map(|x| x.abs())),
     );
-    m.insert(
+    m.put(
         format!("{pre}_seq_fraction_high"),
-        f32_frac(valid_vals.iter().filter(|&&x| x > upper_log).count(), nv),
+        f32_frac(count(&|x| x > upper_log), nv),
     );
     if lower_log.is_some() {
-        m.insert(
+        m.put(
             format!("{pre}_seq_fraction_low"),
-            f32_frac(valid_vals.iter().filter(|&&x| x < thr_l).count(), nv),
+            f32_frac(count(&|x| x < thr_l), nv),
         );
     }
     let rej = ctx.tok(|i| (!token_keep[i]) as u8 as f64);
     let s_rej = ctx.reduce(&rej)?;
-    m.insert(format!("{pre}_masked_fraction"), ctx.mmean_all(&s_rej));
+    m.put(format!("{pre}_masked_fraction"), ctx.mmean_all(&s_rej));
     let seq_reject: Vec<bool> = (0..b).map(|i| s_rej.sum[i] > 0.0).collect();
     let k = (0..b).filter(|&i| ctx.valid(i) && seq_reject[i]).count();
-    m.insert(format!("{pre}_seq_masked_fraction"), k as f64 / nv as f64);
+    m.put(
+        format!("{pre}_seq_masked_fraction"),
+        Acc::frac(k, nv, FracMode::F64, Empty::Compute),
+    );
 
     let out_stat = match seq_stat {
         Some(v) => v,

@@ -11,12 +11,12 @@
 //!   `rollout_is_veto_fraction` and `rollout_is_catastrophic_token_fraction` are always logged.
 
 use crate::config::{IsLevel, IsSpec, LegacySpec};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::metrics::ctx::{vmax, vmin, Ctx};
 use crate::metrics::trmask::trmask_metrics;
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
+use crate::partial::{exchange, Acc, Empty, Exchange, Partial};
 use crate::stats::{Corrections, CriterionResult, StatTable, SAFETY_BOUND};
-use std::collections::BTreeMap;
 
 /// verl's legacy IS-style metrics of weights `w` (per slot, valid slots only read).
 #[allow(clippy::too_many_arguments)]
@@ -28,47 +28,43 @@ fn ratio_metrics(
     log_for_metrics: &[f64],
     upper: f64,
     lower: f64,
-    m: &mut BTreeMap<String, f64>,
+    m: &mut Partial,
 ) -> Result<()> {
     let p = |k: &str| format!("rollout_corr/{prefix}_{k}");
     let b = ctx.b;
     let lu = (upper as f32).ln() as f64;
     let ll = (lower as f32).ln() as f64;
     let s_w = ctx.reduce(w)?;
-    m.insert(p("mean"), ctx.mmean_all(&s_w));
+    m.put(p("mean"), ctx.mmean_all(&s_w));
     if seq_level {
-        let lmax = vmax(log_for_metrics.iter().copied());
-        let lmin = vmin(log_for_metrics.iter().copied());
-        m.insert(p("max"), lmax.min(SAFETY_BOUND).exp());
-        m.insert(p("min"), lmin.exp());
+        // exp(min(·, 20)) and exp are monotone: the extremum of the transformed values
+        let lmax = vmax(log_for_metrics.iter().map(|l| l.min(SAFETY_BOUND).exp()));
+        let lmin = vmin(log_for_metrics.iter().map(|l| l.exp()));
+        m.put(p("max"), lmax);
+        m.put(p("min"), lmin);
         let hi = log_for_metrics.iter().filter(|&&x| x > lu).count();
         let lo = log_for_metrics.iter().filter(|&&x| x < ll).count();
-        m.insert(p("ratio_fraction_high"), f32_frac(hi, b));
-        m.insert(p("ratio_fraction_low"), f32_frac(lo, b));
+        m.put(p("ratio_fraction_high"), f32_frac(hi, b));
+        m.put(p("ratio_fraction_low"), f32_frac(lo, b));
     } else {
         let hi = ctx.tok(|i| (w[i] > upper) as u8 as f64);
         let lo = ctx.tok(|i| (w[i] < lower) as u8 as f64);
-        m.insert(p("ratio_fraction_high"), ctx.mmean(&hi)?);
-        m.insert(p("ratio_fraction_low"), ctx.mmean(&lo)?);
-        m.insert(p("max"), ctx.tok_max(&s_w));
-        m.insert(p("min"), ctx.tok_min(&s_w));
+        m.put(p("ratio_fraction_high"), ctx.mmean(&hi));
+        m.put(p("ratio_fraction_low"), ctx.mmean(&lo));
+        m.put(p("max"), ctx.tok_max(&s_w));
+        m.put(p("min"), ctx.tok_min(&s_w));
     }
     let wc = ctx.tok(|i| w[i].max(lower).min(upper));
-    let (std, ess) = ctx.std_and_ess(&wc)?;
-    m.insert(p("std"), std);
-    let ess = ess.ok_or_else(|| {
-        Error::config(
-            prefix,
-            "the effective sample size is 1/0 (verl raises ZeroDivisionError)",
-        )
-    })?;
-    m.insert(p("eff_sample_size"), ess);
+    // the ESS error names `rollout_is` / `rollout_rs` (ESS_KEYS 1 and 2)
+    let (std, ess) = ctx.std_and_ess(&wc, if prefix == "rollout_is" { 1 } else { 2 });
+    m.put(p("std"), std);
+    m.put(p("eff_sample_size"), ess);
     let seq_mean = ctx.mmean_rows(&s_w);
-    seq_mean_metrics(m, &p, &seq_mean, b);
+    seq_mean_metrics(m, &p, &seq_mean);
     let hi = seq_mean.iter().filter(|&&x| x > upper).count();
     let lo = seq_mean.iter().filter(|&&x| x < lower).count();
-    m.insert(p("seq_fraction_high"), f32_frac(hi, b));
-    m.insert(p("seq_fraction_low"), f32_frac(lo, b));
+    m.put(p("seq_fraction_high"), f32_frac(hi, b));
+    m.put(p("seq_fraction_low"), f32_frac(lo, b));
     Ok(())
 }
 
@@ -79,11 +75,12 @@ pub(crate) fn compute(
     is: Option<IsSpec>,
     spec: &LegacySpec,
     seq_len: Vec<usize>,
+    ex: &mut dyn Exchange,
+    m: &mut Partial,
 ) -> Result<Corrections> {
     let lr = table.get("log_ratio")?;
     let rho = table.get("rho")?;
     let b = ctx.b;
-    let mut m = BTreeMap::new();
     let s_lr = ctx.reduce(lr)?;
     let seq_sum = s_lr.sum.clone();
     let seq_mean_lr = ctx.mmean_rows(&s_lr);
@@ -107,24 +104,29 @@ pub(crate) fn compute(
                 &seq_sum,
                 upper,
                 1.0 / upper,
-                &mut m,
+                m,
             )?;
             let mut w: Vec<f64> = raw.iter().map(|x| x.min(upper)).collect();
             if is.batch_normalize {
-                let wmean = match is.level {
-                    IsLevel::Token => ctx.mmean(&w)?,
+                // phase 1: the normaliser over every rank, then this rank's weights
+                let norm = match is.level {
+                    IsLevel::Token => ctx.mmean(&w),
                     IsLevel::Sequence => {
                         let sm = ctx.mmean_rows(&ctx.reduce(&w)?);
-                        let valid: Vec<f64> = (0..b).map(|i| ctx.valid(i) as u8 as f64).collect();
-                        let num: f64 = sm.iter().zip(&valid).map(|(a, v)| a * v).sum();
-                        num / valid.iter().sum::<f64>().max(1e-8)
+                        let valid: Vec<f64> =
+                            (0..b).filter(|&i| ctx.valid(i)).map(|i| sm[i]).collect();
+                        Acc::mean(&valid, Empty::Zero)
                     }
                 };
+                let key = "rollout_corr/rollout_is_batch_norm_factor";
+                let mut local = Partial::new();
+                local.put(key, norm);
+                let wmean = exchange(ex, local)?.finish_one(key)?.unwrap_or(0.0);
                 if wmean > 1e-8 {
                     w.iter_mut().for_each(|x| *x /= wmean);
-                    m.insert("rollout_corr/rollout_is_batch_norm_factor".into(), wmean);
+                    m.put(key, Acc::Const(wmean));
                 } else {
-                    m.insert("rollout_corr/rollout_is_batch_norm_factor".into(), 1.0);
+                    m.put(key, Acc::Const(1.0));
                 }
             }
             Some(w)
@@ -159,7 +161,7 @@ pub(crate) fn compute(
             &log_m,
             rs.upper,
             rs.lower,
-            &mut m,
+            m,
         )?;
         let ok = |x: f64| x >= rs.lower && x <= rs.upper;
         let tok_keep: Vec<bool> = (0..ctx.mask.len())
@@ -167,8 +169,8 @@ pub(crate) fn compute(
             .collect();
         let rej = ctx.tok(|i| (!tok_keep[i]) as u8 as f64);
         let s_rej = ctx.reduce(&rej)?;
-        m.insert(
-            "rollout_corr/rollout_rs_masked_fraction".into(),
+        m.put(
+            "rollout_corr/rollout_rs_masked_fraction",
             ctx.mmean_all(&s_rej),
         );
         let seq_reject: Vec<bool> = (0..b).map(|i| s_rej.sum[i] > 0.0).collect();
@@ -177,7 +179,7 @@ pub(crate) fn compute(
             Some(v) => f32_frac(v.iter().filter(|&&x| !ok(clamp_exp(x))).count(), b),
             None => f32_frac(seq_reject.iter().filter(|&&r| r).count(), b),
         };
-        m.insert("rollout_corr/rollout_rs_seq_masked_fraction".into(), frac);
+        m.put("rollout_corr/rollout_rs_seq_masked_fraction", frac);
         for (k, t) in keep.iter_mut().zip(&tok_keep) {
             *k = *k && *t;
         }
@@ -206,12 +208,12 @@ pub(crate) fn compute(
         let cat = ctx.tok(|i| (lr[i] < lv) as u8 as f64);
         let s_cat = ctx.reduce(&cat)?;
         let seq_reject: Vec<bool> = (0..b).map(|i| s_cat.sum[i] > 0.0).collect();
-        m.insert(
-            "rollout_corr/rollout_is_veto_fraction".into(),
+        m.put(
+            "rollout_corr/rollout_is_veto_fraction",
             f32_frac(seq_reject.iter().filter(|&&r| r).count(), b),
         );
-        m.insert(
-            "rollout_corr/rollout_is_catastrophic_token_fraction".into(),
+        m.put(
+            "rollout_corr/rollout_is_catastrophic_token_fraction",
             ctx.mmean_all(&s_cat),
         );
         for (i, k) in keep.iter_mut().enumerate() {
@@ -235,14 +237,14 @@ pub(crate) fn compute(
             seq_reject,
         });
     } else {
-        m.insert("rollout_corr/rollout_is_veto_fraction".into(), 0.0);
-        m.insert(
-            "rollout_corr/rollout_is_catastrophic_token_fraction".into(),
-            0.0,
+        m.put("rollout_corr/rollout_is_veto_fraction", Acc::Const(0.0));
+        m.put(
+            "rollout_corr/rollout_is_catastrophic_token_fraction",
+            Acc::Const(0.0),
         );
     }
 
-    offpolicy_metrics(ctx, table, lr, rho, &s_lr, &mut m)?;
+    offpolicy_metrics(ctx, table, lr, rho, &s_lr, m)?;
 
     let mut bits = vec![0u64; b];
     for (ci, c) in criteria.iter().enumerate() {
@@ -263,8 +265,8 @@ pub(crate) fn compute(
         &seq_len,
         &final_mask,
         weights.as_deref(),
-        &mut m,
-    )?;
+        m,
+    );
     Ok(Corrections {
         weights,
         mask: final_mask,
@@ -272,6 +274,6 @@ pub(crate) fn compute(
         seq_len,
         seq_reject_bits: bits,
         criteria,
-        metrics: m,
+        metrics: Default::default(),
     })
 }

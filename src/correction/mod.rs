@@ -55,11 +55,13 @@ mod legacy;
 
 pub use crate::stats::{Corrections, CriterionResult};
 pub use head::compute;
+pub(crate) use head::{check_valid_tokens, compute_partial as compute_shard};
 
 use crate::batch::Batch;
 use crate::config::CorrectionConfig;
 use crate::engine::Engine;
 use crate::error::Result;
+use crate::partial::{exchange, Exchange};
 use crate::passes::token_table_config;
 
 /// The once-per-step entry point for a trainer: batch in, [`Corrections`] out.
@@ -84,4 +86,24 @@ pub fn correct(
     let resolved = config.resolve()?;
     let table = token_table_config(engine, batch, config)?;
     compute(engine, batch, &table, &resolved)
+}
+
+/// [`correct`] for one data-parallel rank: `batch` is this rank's shard (whole sequences, any
+/// number of them), `ex` carries the partials between ranks (every rank calls this
+/// collectively with the same config). Weights, mask and per-sequence results are this
+/// shard's rows of the whole-batch run (IS weights normalised over the whole batch); the
+/// metrics are the whole batch's, identical on every rank.
+pub fn correct_shard(
+    engine: &dyn Engine,
+    batch: &Batch,
+    config: &CorrectionConfig,
+    ex: &mut dyn Exchange,
+) -> Result<Corrections> {
+    let resolved = config.resolve()?;
+    let table = token_table_config(engine, batch, config)?;
+    let (mut c, p) = compute_shard(engine, batch, &table, &resolved, ex)?;
+    let merged = exchange(ex, p)?;
+    check_valid_tokens(&merged)?;
+    c.metrics = merged.finish()?;
+    Ok(c)
 }

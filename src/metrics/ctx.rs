@@ -1,7 +1,9 @@
-//! Per-batch context for finishing metrics: segments, mask, lengths, and verl's masked means.
+//! Per-shard context for metric partials: segments, mask, lengths, and verl's masked means as
+//! mergeable accumulators ([`crate::partial`]).
 
 use crate::batch::Segments;
 use crate::error::Result;
+use crate::partial::{Acc, Empty, Sum};
 use crate::stats::SegmentStats;
 
 pub(crate) struct Ctx<'a> {
@@ -9,7 +11,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) mask: &'a [bool],
     pub(crate) owner: Vec<usize>,
     pub(crate) len: Vec<f64>,
-    pub(crate) n: f64,
+    /// Valid tokens of this shard.
+    pub(crate) n: usize,
     pub(crate) b: usize,
 }
 
@@ -33,63 +36,72 @@ impl Ctx<'_> {
             .map(|(x, l)| x / (l + 1e-8))
             .collect()
     }
-    /// verl's batch `masked_mean`: `Σ / (N + 1e-8)`.
-    pub(crate) fn mmean_all(&self, s: &SegmentStats) -> f64 {
-        s.sum.iter().sum::<f64>() / (self.n + 1e-8)
+    /// verl's batch `masked_mean` `Σ / (N + 1e-8)` of per-row sums, as a partial.
+    pub(crate) fn mmean_all(&self, s: &SegmentStats) -> Acc {
+        Acc::masked_mean(Sum::of(s.sum.iter().copied()), self.n)
+    }
+    /// verl's batch `masked_mean` of per-slot values (0 at invalid slots), as a partial.
+    pub(crate) fn mmean(&self, v: &[f64]) -> Acc {
+        let s = (0..v.len()).filter(|&i| self.mask[i]).map(|i| v[i]);
+        Acc::masked_mean(Sum::of(s), self.n)
     }
     /// verl's std and effective sample size of (already clipped) weights `wc`:
     /// `std = sqrt(mmean(wc²) − mmean(wc)²)` (0 with a single valid token) and
-    /// `ESS = 1 / mmean((wc / (mmean(wc) + 1e-8))²)`, `None` when that mean is 0 (verl divides by
-    /// zero).
-    pub(crate) fn std_and_ess(&self, wc: &[f64]) -> Result<(f64, Option<f64>)> {
-        let mean_c = self.mmean(wc)?;
-        let std = if self.n > 1.0 {
-            let wc2 = self.tok(|i| wc[i] * wc[i]);
-            (self.mmean(&wc2)? - mean_c * mean_c).max(0.0).sqrt()
-        } else {
-            0.0
-        };
-        let norm2 = self.tok(|i| {
-            let x = wc[i] / (mean_c + 1e-8);
-            x * x
-        });
-        let denom = self.mmean(&norm2)?;
-        Ok((std, (denom != 0.0).then(|| 1.0 / denom)))
-    }
-
-    pub(crate) fn mmean(&self, v: &[f64]) -> Result<f64> {
-        Ok(self.mmean_all(&self.reduce(v)?))
+    /// `ESS = 1 / mmean((wc / (mmean(wc) + 1e-8))²)`, an error naming `ESS_KEYS[ess_key]` when
+    /// that mean is 0 (verl divides by zero).
+    pub(crate) fn std_and_ess(&self, wc: &[f64], ess_key: u8) -> (Acc, Acc) {
+        let (mut s1, mut s2) = (Sum::default(), Sum::default());
+        for i in (0..wc.len()).filter(|&i| self.mask[i]) {
+            s1.add(wc[i]);
+            s2.add(wc[i] * wc[i]);
+        }
+        let n = self.n as u64;
+        (
+            Acc::VerlStd { s1, s2, n },
+            Acc::VerlEss {
+                s1,
+                s2,
+                n,
+                key: ess_key,
+            },
+        )
     }
     pub(crate) fn valid(&self, b: usize) -> bool {
         self.len[b] > 0.0
     }
-    pub(crate) fn tok_max(&self, s: &SegmentStats) -> f64 {
-        (0..self.b)
-            .filter(|&b| s.count[b] > 0)
-            .map(|b| s.max[b])
-            .fold(f64::NEG_INFINITY, f64::max)
+    /// The largest per-token value over non-empty rows (`−∞` when none).
+    pub(crate) fn tok_max(&self, s: &SegmentStats) -> Acc {
+        Acc::max(
+            (0..self.b).filter(|&b| s.count[b] > 0).map(|b| s.max[b]),
+            Empty::Compute,
+        )
     }
-    pub(crate) fn tok_min(&self, s: &SegmentStats) -> f64 {
-        (0..self.b)
-            .filter(|&b| s.count[b] > 0)
-            .map(|b| s.min[b])
-            .fold(f64::INFINITY, f64::min)
+    pub(crate) fn tok_min(&self, s: &SegmentStats) -> Acc {
+        Acc::min(
+            (0..self.b).filter(|&b| s.count[b] > 0).map(|b| s.min[b]),
+            Empty::Compute,
+        )
     }
 }
 
-pub(crate) fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len() as f64
+/// The mean of per-row values (`NaN` when there is none, as torch gives it).
+pub(crate) fn mean(v: &[f64]) -> Acc {
+    Acc::mean(v, Empty::Compute)
 }
 
-/// torch's unbiased `std()`.
-pub(crate) fn std_unbiased(v: &[f64]) -> f64 {
-    let m = mean(v);
-    (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() as f64 - 1.0)).sqrt()
+/// torch's unbiased `std()` (0 with a single value).
+pub(crate) fn std_unbiased(v: &[f64]) -> Acc {
+    Acc::moments(v)
 }
 
-pub(crate) fn vmax(v: impl IntoIterator<Item = f64>) -> f64 {
-    v.into_iter().fold(f64::NEG_INFINITY, f64::max)
+pub(crate) fn vmax(v: impl IntoIterator<Item = f64>) -> Acc {
+    Acc::max(v, Empty::Compute)
 }
-pub(crate) fn vmin(v: impl IntoIterator<Item = f64>) -> f64 {
-    v.into_iter().fold(f64::INFINITY, f64::min)
+pub(crate) fn vmin(v: impl IntoIterator<Item = f64>) -> Acc {
+    Acc::min(v, Empty::Compute)
+}
+
+/// A verl fraction `k / n` rounded to f32.
+pub(crate) fn f32_frac(k: usize, n: usize) -> Acc {
+    Acc::frac(k, n, crate::partial::FracMode::F32, Empty::Compute)
 }

@@ -4,6 +4,7 @@
 //! of each prompt's group.
 
 use crate::batch::Segments;
+use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use crate::stats::CriterionResult;
 use std::collections::BTreeMap;
 
@@ -46,10 +47,10 @@ pub(crate) fn position_means(
     v: &[f64],
     segments: &Segments,
     with_mean: bool,
-    metrics: &mut BTreeMap<String, f64>,
+    metrics: &mut Partial,
 ) -> usize {
     let nb = POSITION_BUCKETS.len();
-    let (mut sum, mut cnt) = (vec![0f64; nb], vec![0usize; nb]);
+    let (mut sum, mut cnt) = (vec![Sum::default(); nb], vec![0u64; nb]);
     for &(a, b) in segments.ranges() {
         let valid = v[a..b]
             .iter()
@@ -57,43 +58,34 @@ pub(crate) fn position_means(
             .filter(|(_, &m)| m);
         for (t, (&x, _)) in valid.enumerate() {
             let k = bucket_of(t);
-            sum[k] += x;
+            sum[k].add(x);
             cnt[k] += 1;
         }
     }
+    let mean = |sum: Sum, n: u64| Acc::Mean {
+        sum,
+        n,
+        offset: 0.0,
+        empty: Empty::Absent,
+    };
     for (k, bucket) in bucket_names().iter().enumerate() {
-        if cnt[k] > 0 {
-            metrics.insert(
-                format!("trmask/{name}_pos_{bucket}"),
-                sum[k] / cnt[k] as f64,
-            );
-        }
+        metrics.put(format!("trmask/{name}_pos_{bucket}"), mean(sum[k], cnt[k]));
     }
-    let n: usize = cnt.iter().sum();
-    if with_mean && n > 0 {
-        metrics.insert(
-            format!("trmask/{name}_mean"),
-            sum.iter().sum::<f64>() / n as f64,
-        );
+    let n: u64 = cnt.iter().sum();
+    if with_mean {
+        let mut all = Sum::default();
+        sum.iter().for_each(|s| all.merge(*s));
+        metrics.put(format!("trmask/{name}_mean"), mean(all, n));
     }
-    n
+    n as usize
 }
 
 /// Pearson correlation of `x` and `y` (`None` with fewer than 2 points or a constant side).
+#[cfg(test)]
 pub(crate) fn pearson(x: &[f64], y: &[f64]) -> Option<f64> {
-    let n = x.len() as f64;
-    if x.len() < 2 {
-        return None;
-    }
-    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
-    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
-    for (a, b) in x.iter().zip(y) {
-        sxy += (a - mx) * (b - my);
-        sxx += (a - mx) * (a - mx);
-        syy += (b - my) * (b - my);
-    }
-    (sxx > 0.0 && syy > 0.0 && (sxy / (sxx * syy).sqrt()).is_finite())
-        .then(|| (sxy / (sxx * syy).sqrt()).clamp(-1.0, 1.0))
+    let mut p = Partial::new();
+    p.put("r", Acc::co_moments(x, y));
+    p.finish_one("r").ok().flatten()
 }
 
 /// Length-aware diagnostics from the per-token estimators (`k1`, `k3`, `abs` = |log ρ|):
@@ -107,7 +99,7 @@ pub(crate) fn length_metrics(
     estimators: [(&str, &[f64]); 3],
     seq_accept: &[bool],
     criteria: &[CriterionResult],
-    m: &mut BTreeMap<String, f64>,
+    m: &mut Partial,
 ) {
     for (name, v) in estimators {
         position_means(name, v, segments, true, m);
@@ -122,19 +114,18 @@ pub(crate) fn length_metrics(
         rej[k] += usize::from(!seq_accept[i]);
     }
     for (k, bucket) in bucket_names().iter().enumerate() {
-        if cnt[k] > 0 {
-            m.insert(
-                format!("trmask/reject_rate_len_{bucket}"),
-                rej[k] as f64 / cnt[k] as f64,
-            );
-        }
+        m.put(
+            format!("trmask/reject_rate_len_{bucket}"),
+            Acc::frac(rej[k], cnt[k], FracMode::F64, Empty::Absent),
+        );
     }
     let x: Vec<f64> = nonempty.iter().map(|&i| len[i] as f64).collect();
     for c in criteria {
         let y: Vec<f64> = nonempty.iter().map(|&i| c.seq_stat[i]).collect();
-        if let Some(r) = pearson(&x, &y) {
-            m.insert(format!("trmask/len_corr/{}", c.name), r);
-        }
+        m.put(
+            format!("trmask/len_corr/{}", c.name),
+            Acc::co_moments(&x, &y),
+        );
     }
 }
 
@@ -144,35 +135,15 @@ pub(crate) fn length_metrics(
 /// `trmask/group_fully_rejected_fraction`, `trmask/group_degenerate_fraction` (groups left
 /// with fewer than 2 accepted sequences: no within-group baseline) and
 /// `trmask/group_accepted_size_mean`; plus `trmask/num_groups`.
-pub(crate) fn group_metrics(uid: &[i64], seq_accept: &[bool], m: &mut BTreeMap<String, f64>) {
+pub(crate) fn group_metrics(uid: &[i64], seq_accept: &[bool], m: &mut Partial) {
     // group → (size, accepted)
-    let mut groups: BTreeMap<i64, (usize, usize)> = BTreeMap::new();
+    let mut groups: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
     for (&g, &a) in uid.iter().zip(seq_accept) {
         let e = groups.entry(g).or_default();
         e.0 += 1;
-        e.1 += usize::from(a);
+        e.1 += u64::from(a);
     }
-    if groups.is_empty() {
-        return;
-    }
-    let ng = groups.len() as f64;
-    let frac =
-        |f: &dyn Fn(&(usize, usize)) -> bool| groups.values().filter(|g| f(g)).count() as f64 / ng;
-    m.insert("trmask/num_groups".into(), ng);
-    m.insert(
-        "trmask/group_rejected_fraction".into(),
-        frac(&|&(n, a)| a < n),
-    );
-    m.insert(
-        "trmask/group_fully_rejected_fraction".into(),
-        frac(&|&(_, a)| a == 0),
-    );
-    m.insert(
-        "trmask/group_degenerate_fraction".into(),
-        frac(&|&(_, a)| a < 2),
-    );
-    let acc: usize = groups.values().map(|g| g.1).sum();
-    m.insert("trmask/group_accepted_size_mean".into(), acc as f64 / ng);
+    m.put("trmask/", Acc::Groups(groups));
 }
 
 #[cfg(test)]
@@ -193,8 +164,9 @@ mod tests {
         // groups 7: {acc, rej, acc}, 3: {rej, rej}, 5: {acc}
         let uid = [7, 3, 7, 5, 3, 7];
         let acc = [true, false, false, true, false, true];
-        let mut m = BTreeMap::new();
-        group_metrics(&uid, &acc, &mut m);
+        let mut p = Partial::new();
+        group_metrics(&uid, &acc, &mut p);
+        let m = p.finish().unwrap();
         assert_eq!(m["trmask/num_groups"], 3.0);
         assert_eq!(m["trmask/group_rejected_fraction"], 2.0 / 3.0);
         assert_eq!(m["trmask/group_fully_rejected_fraction"], 1.0 / 3.0);

@@ -1,33 +1,42 @@
-//! verl's `rollout_corr/*` metrics (`compute_offpolicy_metrics` and the IS weight statistics).
+//! verl's `rollout_corr/*` metrics (`compute_offpolicy_metrics` and the IS weight statistics),
+//! as mergeable partials.
 
 use super::ctx::{mean, std_unbiased, vmax, vmin, Ctx};
 use crate::error::Result;
+use crate::partial::{Acc, Partial};
 use crate::stats::{SegmentStats, StatTable, SAFETY_BOUND};
-use std::collections::BTreeMap;
+
+pub(crate) use super::ctx::f32_frac;
 
 /// verl's `*_seq_mean`, `*_seq_std` (unbiased, 0 for one row), `*_seq_max`, `*_seq_min` and
 /// `*_seq_max_deviation` (from 1) of the per-row weight means; `name("seq_mean")` gives the key.
-pub(crate) fn seq_mean_metrics(
-    m: &mut BTreeMap<String, f64>,
-    name: &dyn Fn(&str) -> String,
-    seq_mean: &[f64],
-    b: usize,
-) {
-    m.insert(name("seq_mean"), mean(seq_mean));
-    m.insert(
-        name("seq_std"),
-        if b > 1 { std_unbiased(seq_mean) } else { 0.0 },
-    );
-    m.insert(name("seq_max"), vmax(seq_mean.iter().copied()));
-    m.insert(name("seq_min"), vmin(seq_mean.iter().copied()));
-    m.insert(
+pub(crate) fn seq_mean_metrics(p: &mut Partial, name: &dyn Fn(&str) -> String, seq_mean: &[f64]) {
+    p.put(name("seq_mean"), mean(seq_mean));
+    p.put(name("seq_std"), std_unbiased(seq_mean));
+    p.put(name("seq_max"), vmax(seq_mean.iter().copied()));
+    p.put(name("seq_min"), vmin(seq_mean.iter().copied()));
+    p.put(
         name("seq_max_deviation"),
         vmax(seq_mean.iter().map(|x| (x - 1.0).abs())),
     );
 }
 
-pub(crate) fn f32_frac(k: usize, n: usize) -> f64 {
-    (k as f32 / n as f32) as f64
+/// `acc` finished with `offset` added (verl's `… − 1` of the χ² metrics).
+fn minus_one(acc: Acc) -> Acc {
+    match acc {
+        Acc::MaskedMean { sum, n, .. } => Acc::MaskedMean {
+            sum,
+            n,
+            offset: -1.0,
+        },
+        Acc::Mean { sum, n, empty, .. } => Acc::Mean {
+            sum,
+            n,
+            offset: -1.0,
+            empty,
+        },
+        a => a,
+    }
 }
 
 pub(crate) fn offpolicy_metrics(
@@ -36,53 +45,36 @@ pub(crate) fn offpolicy_metrics(
     lr: &[f64],
     rho: &[f64],
     s_lr: &SegmentStats,
-    m: &mut BTreeMap<String, f64>,
+    m: &mut Partial,
 ) -> Result<()> {
     let p = |k: &str| format!("rollout_corr/{k}");
     if let (Ok(train), Ok(roll)) = (table.get("train_log_prob"), table.get("rollout_log_prob")) {
         let mt = ctx.mmean_rows(&ctx.reduce(train)?);
         let mr = ctx.mmean_rows(&ctx.reduce(roll)?);
-        m.insert(
-            p("training_ppl"),
-            mean(&mt.iter().map(|x| (-x).exp()).collect::<Vec<_>>()),
-        );
-        m.insert(
-            p("training_log_ppl"),
-            mean(&mt.iter().map(|x| -x).collect::<Vec<_>>()),
-        );
-        m.insert(
-            p("rollout_ppl"),
-            mean(&mr.iter().map(|x| (-x).exp()).collect::<Vec<_>>()),
-        );
-        m.insert(
-            p("rollout_log_ppl"),
-            mean(&mr.iter().map(|x| -x).collect::<Vec<_>>()),
-        );
+        let map = |v: &[f64], f: fn(f64) -> f64| v.iter().map(|&x| f(x)).collect::<Vec<_>>();
+        m.put(p("training_ppl"), mean(&map(&mt, |x| (-x).exp())));
+        m.put(p("training_log_ppl"), mean(&map(&mt, |x| -x)));
+        m.put(p("rollout_ppl"), mean(&map(&mr, |x| (-x).exp())));
+        m.put(p("rollout_log_ppl"), mean(&map(&mr, |x| -x)));
         let d: Vec<f64> = mr.iter().zip(&mt).map(|(r, t)| r - t).collect();
-        m.insert(p("log_ppl_diff"), mean(&d));
-        m.insert(
-            p("log_ppl_abs_diff"),
-            mean(&d.iter().map(|x| x.abs()).collect::<Vec<_>>()),
-        );
-        m.insert(p("log_ppl_diff_max"), vmax(d.iter().copied()));
-        m.insert(p("log_ppl_diff_min"), vmin(d.iter().copied()));
-        m.insert(
-            p("ppl_ratio"),
-            mean(&d.iter().map(|x| x.exp()).collect::<Vec<_>>()),
-        );
+        m.put(p("log_ppl_diff"), mean(&d));
+        m.put(p("log_ppl_abs_diff"), mean(&map(&d, f64::abs)));
+        m.put(p("log_ppl_diff_max"), vmax(d.iter().copied()));
+        m.put(p("log_ppl_diff_min"), vmin(d.iter().copied()));
+        m.put(p("ppl_ratio"), mean(&map(&d, f64::exp)));
     }
     // kl = mmean(rollout − old) = mmean(−lr)
     let neg = ctx.tok(|i| -lr[i]);
-    m.insert(p("kl"), ctx.mmean(&neg)?);
+    m.put(p("kl"), ctx.mmean(&neg));
     let k3u = ctx.tok(|i| (lr[i].exp() - lr[i]) - 1.0);
-    m.insert(p("k3_kl"), ctx.mmean(&k3u)?);
+    m.put(p("k3_kl"), ctx.mmean(&k3u));
     let rho2 = ctx.tok(|i| rho[i] * rho[i]);
-    m.insert(p("chi2_token"), ctx.mmean(&rho2)? - 1.0);
+    m.put(p("chi2_token"), minus_one(ctx.mmean(&rho2)));
     let chi: Vec<f64> = s_lr
         .sum
         .iter()
         .map(|s| (2.0 * s.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp())
         .collect();
-    m.insert(p("chi2_seq"), mean(&chi) - 1.0);
+    m.put(p("chi2_seq"), minus_one(mean(&chi)));
     Ok(())
 }

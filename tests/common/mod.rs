@@ -188,3 +188,39 @@ pub fn json_flatten(v: &serde_json::Value) -> Vec<f64> {
     go(v, &mut out);
     out
 }
+
+/// Batch metrics a data-parallel merge must reproduce exactly: counts, extrema, fractions of
+/// counts, gathered quantiles and what is computed from those alone (issue 12).
+pub fn exact_metric(name: &str) -> bool {
+    let ends = [
+        "_max",
+        "_min",
+        "_max_deviation",
+        "fraction",
+        "fraction_high",
+        "fraction_low",
+        "_p50",
+        "_p90",
+        "_less_01",
+        "_less_05",
+    ];
+    let has = [
+        "trmask/reject_rate",
+        "trmask/bound_",
+        "trmask/group_",
+        "trmask/num_groups",
+        "seq_len_",
+        "_frac_above_",
+    ];
+    ends.iter().any(|k| name.ends_with(k)) || has.iter().any(|k| name.contains(k))
+}
+
+/// Bitwise-equal values (NaN equals NaN).
+pub fn same(a: f64, b: f64) -> bool {
+    a == b || (a.is_nan() && b.is_nan())
+}
+
+/// Equal to 1e-12 relative.
+pub fn close12(a: f64, b: f64) -> bool {
+    same(a, b) || (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+}

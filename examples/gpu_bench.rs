@@ -1,0 +1,296 @@
+//! One-shot device benchmark for `scripts/gpu-bench.sh`: everything a lent GPU should measure in
+//! one process, printed as BENCHMARKS.md-ready Markdown tables.
+//!
+//! `cargo run --release --example gpu_bench -- [--quick]`
+//!
+//! 1. the adapter's buffer-copy bandwidth (`copy_buffer_to_buffer`, bytes read + written);
+//! 2. the vocabulary kernel on device-resident logits (timestamp queries: kernel time only),
+//!    bytes of logits read per second and the fraction of the copy bandwidth, checked against
+//!    the f64 CPU reference on the first rows at SPEC §9 tolerance;
+//! 3. the same call on host logits (upload included) and on the CPU engine;
+//! 4. `analysis::analyze` on 1M tokens of log-probs as 1, 1,000 and 300,000 sequences, both
+//!    engines (the per-sequence cost).
+
+use rayon::prelude::*;
+use std::time::Instant;
+use trmask::backend::{open_engine, Backend};
+use trmask::gpu::{Context, GpuEngine};
+use trmask::{wgpu, Batch, CorrectionConfig, DType, Engine, Logits};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// xorshift64* normal deviates, seeded per row (reproducible, parallel).
+fn normals(seed: u64, n: usize, out: &mut Vec<f64>) {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = || {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    };
+    out.clear();
+    while out.len() < n {
+        let (u, v) = (next().max(1e-300), next());
+        let r = (-2.0 * u.ln()).sqrt();
+        out.push(r * (std::f64::consts::TAU * v).cos());
+        out.push(r * (std::f64::consts::TAU * v).sin());
+    }
+    out.truncate(n);
+}
+
+/// Rollout logits ~ scale·N(0,1) (a few rows at logit scale 100, a −inf column every 4099th
+/// entry of every 16th row), trainer = rollout + 0.05·N(0,1): a close pair as in RL.
+fn pair(rows: usize, vocab: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut a = vec![0u8; rows * vocab * 2];
+    let mut b = vec![0u8; rows * vocab * 2];
+    a.par_chunks_mut(vocab * 2)
+        .zip(b.par_chunks_mut(vocab * 2))
+        .enumerate()
+        .for_each(|(r, (ra, rb))| {
+            let (mut n1, mut n2) = (Vec::new(), Vec::new());
+            normals(2 * r as u64 + 1, vocab, &mut n1);
+            normals(2 * r as u64 + 2, vocab, &mut n2);
+            let scale = if r % 64 == 5 { 100.0 } else { 3.0 };
+            for i in 0..vocab {
+                let mut x = scale * n1[i];
+                let mut y = x + 0.05 * n2[i];
+                if r % 16 == 3 && i % 4099 == 7 {
+                    x = f64::NEG_INFINITY;
+                    y = f64::NEG_INFINITY;
+                }
+                let (hx, hy) = (
+                    half::bf16::from_f64(x).to_bits(),
+                    half::bf16::from_f64(y).to_bits(),
+                );
+                ra[2 * i..2 * i + 2].copy_from_slice(&hx.to_le_bytes());
+                rb[2 * i..2 * i + 2].copy_from_slice(&hy.to_le_bytes());
+            }
+        });
+    (a, b)
+}
+
+fn device_buffer(ctx: &Context, bytes: &[u8]) -> wgpu::Buffer {
+    let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("bench logits"),
+        size: bytes.len().div_ceil(4) as u64 * 4,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    for (k, c) in bytes.chunks(64 << 20).enumerate() {
+        let mut c = c.to_vec();
+        c.resize(c.len().div_ceil(4) * 4, 0);
+        ctx.queue().write_buffer(&buf, (k as u64) * (64 << 20), &c);
+    }
+    ctx.queue().submit([]);
+    let _ = ctx.device().poll(wgpu::PollType::wait_indefinitely());
+    buf
+}
+
+/// Bytes moved per second (read + written) by `reps` back-to-back buffer copies of `size`.
+fn copy_bandwidth(ctx: &Context, size: u64, reps: usize) -> f64 {
+    let dev = ctx.device();
+    let mk = |usage| {
+        dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("copy bench"),
+            size,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
+    let src = mk(wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST);
+    let dst = mk(wgpu::BufferUsages::COPY_DST);
+    ctx.queue().write_buffer(&src, 0, &vec![7u8; size as usize]);
+    let mut times = Vec::new();
+    for round in 0..4 {
+        let mut enc = dev.create_command_encoder(&Default::default());
+        for _ in 0..reps {
+            enc.copy_buffer_to_buffer(&src, 0, &dst, 0, size);
+        }
+        let t = Instant::now();
+        ctx.queue().submit([enc.finish()]);
+        let _ = dev.poll(wgpu::PollType::wait_indefinitely());
+        if round > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    2.0 * size as f64 * reps as f64 / median(times)
+}
+
+fn gbs(bytes: f64, secs: f64) -> String {
+    format!("{:.2} GB/s", bytes / secs / 1e9)
+}
+
+/// Median of `reps` timed calls after a warm-up call (the warm-up alone when it took > 2 s).
+fn time<T>(reps: usize, mut f: impl FnMut() -> T) -> f64 {
+    let t = Instant::now();
+    std::hint::black_box(f());
+    let first = t.elapsed().as_secs_f64();
+    if first > 2.0 {
+        return first;
+    }
+    median(
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(f());
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+fn main() -> anyhow::Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let gpu = GpuEngine::new()?;
+    let ctx = gpu.context().clone();
+    let cpu = open_engine(Backend::Cpu, &mut Vec::new())?;
+    println!("adapter: {}", gpu.name());
+    println!(
+        "cpu engine: {}, {} threads",
+        cpu.name(),
+        rayon::current_num_threads()
+    );
+
+    // ---- 1. copy bandwidth ----
+    let max_buf = ctx.device().limits().max_buffer_size;
+    let csize = (if quick { 64u64 << 20 } else { 1 << 30 }).min(max_buf / 4 * 4);
+    let copy = copy_bandwidth(&ctx, csize, if quick { 2 } else { 10 });
+    println!(
+        "\n| buffer copy ({} MiB, read + written) | {} |",
+        csize >> 20,
+        gbs(copy, 1.0)
+    );
+    println!("|---|---|");
+
+    // ---- 2/3. vocabulary divergence ----
+    let vocab = if quick { 32_000 } else { 151_936 };
+    let mut rows = if quick { 64 } else { 2048 };
+    while (rows * vocab * 2) as u64 > max_buf {
+        rows /= 2;
+    }
+    let t = Instant::now();
+    let (a, b) = pair(rows, vocab);
+    eprintln!(
+        "generated {rows} x {vocab} bf16 pair in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let bytes = (a.len() + b.len()) as f64;
+    let responses: Vec<i64> = (0..rows).map(|r| ((r * 7919) % vocab) as i64).collect();
+    let responses: Vec<i64> = responses
+        .iter()
+        .map(|&i| if i % 4099 == 7 { i + 1 } else { i })
+        .collect();
+    let mask = vec![true; rows];
+    let (da, db) = (device_buffer(&ctx, &a), device_buffer(&ctx, &b));
+    let la = Logits::device(da, 0, DType::BF16, rows, vocab)?;
+    let lb = Logits::device(db, 0, DType::BF16, rows, vocab)?;
+    let mut dev_ns = Vec::new();
+    let mut walls = Vec::new();
+    let mut dev_stats = None;
+    for k in 0..6 {
+        let t = Instant::now();
+        let s = gpu.vocab_divergence(&la, &lb, Some(&responses), &mask, 1.0)?;
+        if k > 0 {
+            walls.push(t.elapsed().as_secs_f64());
+            if let Some(ns) = ctx.last_device_ns() {
+                dev_ns.push(ns as f64 * 1e-9);
+            }
+        }
+        dev_stats = Some(s);
+    }
+    let dev_stats = dev_stats.expect("ran");
+    // accuracy on the first rows against the f64 reference (same rounded inputs)
+    let check = rows.min(if quick { 64 } else { 128 });
+    let ha = Logits::from_bytes(a[..check * vocab * 2].to_vec(), DType::BF16, check, vocab)?;
+    let hb = Logits::from_bytes(b[..check * vocab * 2].to_vec(), DType::BF16, check, vocab)?;
+    let reference =
+        cpu.vocab_divergence(&ha, &hb, Some(&responses[..check]), &mask[..check], 1.0)?;
+    let mut worst = 0.0f64;
+    for r in 0..check {
+        for (g, c) in [
+            (dev_stats.kl[r], reference.kl[r]),
+            (dev_stats.kl_rev[r], reference.kl_rev[r]),
+            (dev_stats.tv[r], reference.tv[r]),
+            (dev_stats.rollout_entropy[r], reference.rollout_entropy[r]),
+            (dev_stats.training_entropy[r], reference.training_entropy[r]),
+        ] {
+            worst = worst.max((g - c).abs() / (2e-3 * c.abs() + 1e-7));
+        }
+    }
+    println!(
+        "\nGPU vs f64 CPU on the first {check} rows: worst |gpu − ref| / (2e-3·|ref| + 1e-7) = {worst:.3} ({})",
+        if worst <= 1.0 { "within SPEC §9" } else { "OUTSIDE SPEC §9" }
+    );
+    println!(
+        "\n| {rows} × {vocab} BF16 pair ({:.2} GB) | time / call | logits read | of copy bandwidth |",
+        bytes / 1e9
+    );
+    println!("|---|---|---|---|");
+    if !dev_ns.is_empty() {
+        let t = median(dev_ns);
+        println!(
+            "| GPU kernel, device-resident (timestamp queries) | {:.3} ms | {} | {:.1} % |",
+            t * 1e3,
+            gbs(bytes, t),
+            100.0 * bytes / t / copy
+        );
+    }
+    let tw = median(walls);
+    println!(
+        "| GPU call, device-resident (wall) | {:.3} ms | {} | {:.1} % |",
+        tw * 1e3,
+        gbs(bytes, tw),
+        100.0 * bytes / tw / copy
+    );
+    let (ha, hb) = (
+        Logits::from_bytes(a, DType::BF16, rows, vocab)?,
+        Logits::from_bytes(b, DType::BF16, rows, vocab)?,
+    );
+    let th = time(3, || {
+        gpu.vocab_divergence(&ha, &hb, Some(&responses), &mask, 1.0)
+            .unwrap()
+    });
+    println!(
+        "| GPU call, host logits (upload included) | {:.1} ms | {} | |",
+        th * 1e3,
+        gbs(bytes, th)
+    );
+    let tc = time(3, || {
+        cpu.vocab_divergence(&ha, &hb, Some(&responses), &mask, 1.0)
+            .unwrap()
+    });
+    println!(
+        "| CPU f64, {} threads | {:.1} ms | {} | |",
+        rayon::current_num_threads(),
+        tc * 1e3,
+        gbs(bytes, tc)
+    );
+
+    // ---- 4. per-sequence cost ----
+    let n = if quick { 1 << 16 } else { 1 << 20 };
+    let config = CorrectionConfig::default();
+    println!("\n| analyze, {n} tokens of log-probs | sequences | GPU | CPU |");
+    println!("|---|---|---|---|");
+    let mut z = Vec::new();
+    normals(99, n, &mut z);
+    let roll: Vec<f64> = z.iter().map(|x| -1.0 - x.abs()).collect();
+    normals(98, n, &mut z);
+    let old: Vec<f64> = roll.iter().zip(&z).map(|(r, e)| r + 0.05 * e).collect();
+    for seqs in [1usize, 1000, if quick { 30_000 } else { 300_000 }] {
+        let cu: Vec<i64> = (0..=seqs).map(|s| (s * n / seqs) as i64).collect();
+        let batch = Batch::packed(&cu)?
+            .with_log_probs("rollout_log_prob", roll.clone())?
+            .with_log_probs("old_log_prob", old.clone())?;
+        let tg = time(3, || {
+            trmask::analysis::analyze(&gpu, &batch, &config).unwrap()
+        });
+        let tc = time(3, || {
+            trmask::analysis::analyze(cpu.as_ref(), &batch, &config).unwrap()
+        });
+        println!("| | {seqs} | {:.1} ms | {:.1} ms |", tg * 1e3, tc * 1e3);
+    }
+    Ok(())
+}

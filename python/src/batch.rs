@@ -1,0 +1,175 @@
+//! A [`Batch`] from a dict of arrays, with the same layout rules as reading a file
+//! (`trmask::io`): `cu_seqlens` → packed, `response_mask` → padded, neither → an error naming
+//! both unless `all_valid` (a `[B, T]` batch without padding, or one `[N]` sequence).
+//! Framework names (verl, TRL, …) are renamed as the CLI renames them.
+
+use crate::arrays::{self, Arr};
+use crate::to_py;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::collections::BTreeMap;
+use trmask::io::Renames;
+use trmask::{Batch, Error, MaskValues};
+
+/// The tensor names a batch dict may hold (after renaming framework keys).
+const KNOWN: [&str; 13] = [
+    "rollout_log_prob",
+    "old_log_prob",
+    "log_prob",
+    "advantages",
+    "response_mask",
+    "cu_seqlens",
+    "responses",
+    "uid",
+    "rollout_logits",
+    "old_logits",
+    "rollout_topk_ids",
+    "rollout_topk_log_prob",
+    "trainer_logits",
+];
+
+fn mask_f64(m: MaskValues<'_>) -> Vec<f64> {
+    match m {
+        MaskValues::Bool(v) => v.iter().map(|&b| b as u8 as f64).collect(),
+        MaskValues::U8(v) => v.iter().map(|&x| x as f64).collect(),
+        MaskValues::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        MaskValues::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        MaskValues::F64(v) => v.to_vec(),
+    }
+}
+
+/// Builds and validates a batch from `d` (values: NumPy arrays or `("bfloat16", bits)`).
+pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Renames)> {
+    let mut objs: BTreeMap<String, Bound<'_, PyAny>> = BTreeMap::new();
+    for (k, v) in d.iter() {
+        if !v.is_none() {
+            objs.insert(k.extract::<String>()?, v);
+        }
+    }
+    // `trainer_logits` is the Python API's name for `old_logits`
+    if let Some(t) = objs.remove("trainer_logits") {
+        if objs.contains_key("old_logits") {
+            return Err(to_py(Error::input(
+                "old_logits",
+                "is ambiguous: `old_logits` and `trainer_logits` both hold it; keep one",
+            )));
+        }
+        objs.insert("old_logits".into(), t);
+    }
+    let renames = trmask::io::names::apply(&mut objs, &KNOWN).map_err(to_py)?;
+    let mut arrs: BTreeMap<&str, Arr<'_>> = BTreeMap::new();
+    for name in KNOWN {
+        if name.ends_with("_logits") {
+            continue;
+        }
+        if let Some(v) = objs.get(name) {
+            arrs.insert(name, Arr::borrow(name, v)?);
+        }
+    }
+    let token_shape = [
+        "rollout_log_prob",
+        "old_log_prob",
+        "log_prob",
+        "responses",
+        "response_mask",
+    ]
+    .iter()
+    .find_map(|n| arrs.get(n).map(Arr::shape))
+    .or_else(|| {
+        objs.get("rollout_logits")
+            .or(objs.get("old_logits"))
+            .and_then(|l| l.getattr("shape").ok()?.extract::<Vec<usize>>().ok())
+            .filter(|s| s.len() >= 2)
+            .map(|s| s[..s.len() - 1].to_vec())
+    });
+    let mut batch = if let Some(cu) = arrs.get("cu_seqlens") {
+        if arrs.contains_key("response_mask") {
+            return Err(to_py(Error::input(
+                "response_mask",
+                "cannot be combined with cu_seqlens (packed layout has no padding)",
+            )));
+        }
+        Batch::packed(cu.ids("cu_seqlens")?)
+    } else {
+        let shape = token_shape.clone().ok_or_else(|| {
+            to_py(Error::input(
+                "rollout_log_prob",
+                "is missing: no per-token tensor found (need log-probs or logits)",
+            ))
+        })?;
+        match (arrs.get("response_mask"), shape.as_slice()) {
+            (Some(m), [b, t]) => Batch::padded(*b, *t, &mask_f64(m.mask("response_mask")?)),
+            (Some(_), _) => Err(Error::input(
+                "response_mask",
+                format!("must be 2-D [B, T], got shape {shape:?}"),
+            )),
+            (None, _) if !all_valid => Err(Error::input(
+                "response_mask",
+                format!(
+                    "and cu_seqlens are both missing: the layout of the {shape:?} batch must be \
+                     given (response_mask for a padded batch, cu_seqlens for a packed one), or \
+                     pass all_valid=True if every slot is a valid token"
+                ),
+            )),
+            (None, [b, t]) => Batch::padded(*b, *t, &vec![1.0; b * t]),
+            (None, [n]) => Batch::packed(&[0, *n as i64]),
+            (None, other) => Err(Error::input(
+                "rollout_log_prob",
+                format!("shape {other:?} is neither [B, T] nor [N]"),
+            )),
+        }
+    }
+    .map_err(to_py)?;
+    let tshape = batch.token_shape();
+    for name in ["rollout_log_prob", "old_log_prob", "log_prob", "advantages"] {
+        if let Some(a) = arrs.get(name) {
+            let mut v = a.to_f64(name)?;
+            // TRL's advantages are per sequence, [B]: one value for every token of the row.
+            if let ("advantages", [b, t]) = (name, tshape.as_slice()) {
+                if a.shape() == [*b] {
+                    v = v.iter().flat_map(|&x| std::iter::repeat_n(x, *t)).collect();
+                }
+            }
+            batch = batch.with_log_probs(name, v).map_err(to_py)?;
+        }
+    }
+    if let Some(a) = arrs.get("responses") {
+        batch = batch
+            .with_responses(a.ids("responses")?.to_vec())
+            .map_err(to_py)?;
+    }
+    if let Some(a) = arrs.get("uid") {
+        batch = batch.with_uid(a.ids("uid")?.to_vec()).map_err(to_py)?;
+    }
+    for name in ["rollout_logits", "old_logits"] {
+        if let Some(v) = objs.get(name) {
+            let l = arrays::logits(name, v)?;
+            batch = batch.with_logits(name, l).map_err(to_py)?;
+        }
+    }
+    match (
+        arrs.get("rollout_topk_ids"),
+        arrs.get("rollout_topk_log_prob"),
+    ) {
+        (Some(ids), Some(lp)) => {
+            let k = ids.shape().last().copied().unwrap_or(0);
+            let ids = ids.ids("rollout_topk_ids")?.to_vec();
+            let lp = lp.to_f64("rollout_topk_log_prob")?;
+            batch = batch.with_topk(ids, lp, k).map_err(to_py)?;
+        }
+        (None, None) => {}
+        (ids, _) => {
+            let missing = if ids.is_none() {
+                "rollout_topk_ids"
+            } else {
+                "rollout_topk_log_prob"
+            };
+            return Err(to_py(Error::input(
+                missing,
+                "is missing: the rollout top-K needs both ids and log-probs",
+            )));
+        }
+    }
+    batch.validate().map_err(to_py)?;
+    Ok((batch, renames))
+}

@@ -1,0 +1,426 @@
+//! `trmask._native`: the PyO3 extension behind the `trmask` Python package.
+//!
+//! Thin: every function borrows the caller's arrays ([`arrays`]), calls the library with the
+//! GIL released, and returns plain dicts of f64 NumPy arrays that `trmask/__init__.py` turns
+//! back into the caller's kind (NumPy or torch) and dtype. Library errors become `ValueError`
+//! (bad input or config: the CLI's one-line message) or `RuntimeError` (anything else).
+
+mod arrays;
+mod batch;
+mod exchange;
+
+use arrays::{Arr, LAST_BORROWS};
+use numpy::{PyArray1, PyArrayMethods, ToPyArray};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use trmask::backend::{open_engine, Backend};
+use trmask::{CorrectionConfig, Corrector, Engine, Step};
+
+/// A library error as a Python exception.
+pub(crate) fn to_py(e: trmask::Error) -> PyErr {
+    if e.is_user_error() {
+        PyValueError::new_err(e.to_string())
+    } else {
+        PyRuntimeError::new_err(e.to_string())
+    }
+}
+
+type Engines = Vec<(Backend, Arc<dyn Engine>, Vec<String>)>;
+
+/// Engines opened so far (a GPU device is opened once per process).
+static ENGINES: Mutex<Engines> = Mutex::new(Vec::new());
+
+fn engine(py: Python<'_>, backend: &str) -> PyResult<(Arc<dyn Engine>, Vec<String>)> {
+    let b: Backend = backend.parse().map_err(|_| {
+        PyValueError::new_err(format!(
+            "invalid config `backend`: {backend:?} is not one of auto, gpu, cpu"
+        ))
+    })?;
+    let mut cache = ENGINES
+        .lock()
+        .map_err(|_| PyRuntimeError::new_err("engine cache poisoned"))?;
+    if let Some((_, e, notes)) = cache.iter().find(|(k, _, _)| *k == b) {
+        return Ok((e.clone(), notes.clone()));
+    }
+    let (e, notes) = py
+        .detach(|| {
+            let mut notes = Vec::new();
+            open_engine(b, &mut notes).map(|e| (Arc::<dyn Engine>::from(e), notes))
+        })
+        .map_err(to_py)?;
+    cache.push((b, e.clone(), notes.clone()));
+    Ok((e, notes))
+}
+
+fn config(json: &str) -> PyResult<CorrectionConfig> {
+    CorrectionConfig::from_json_str(json).map_err(to_py)
+}
+
+fn f64_array<'py>(py: Python<'py>, v: &[f64]) -> Bound<'py, PyArray1<f64>> {
+    v.to_pyarray(py)
+}
+
+fn get<'py>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(d.get_item(key)?.filter(|v| !v.is_none()))
+}
+
+/// verl's `compute_rollout_correction_and_rejection_mask` through [`Corrector`]: `tensors`
+/// holds `old_log_prob`, `rollout_log_prob`, `response_mask` (padded `[B, T]`) or
+/// `cu_seqlens` (packed) and optionally `log_prob`, `advantages`, `responses`, `uid`,
+/// `rollout_logits`, `old_logits`.
+#[pyfunction]
+fn correct<'py>(
+    py: Python<'py>,
+    tensors: &Bound<'py, PyDict>,
+    config_json: &str,
+    backend: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    correct_with(py, tensors, config_json, backend, None)
+}
+
+/// [`correct`] on this rank's shard of a data-parallel batch: per-token weights and mask of
+/// the shard's rows, metrics of the whole batch. `all_gather(bytes) -> list[bytes]` is a
+/// collective over the `size` ranks (every rank's buffer in rank order); it is called with
+/// the GIL held, the compute runs without it.
+#[pyfunction]
+fn correct_shard<'py>(
+    py: Python<'py>,
+    tensors: &Bound<'py, PyDict>,
+    config_json: &str,
+    backend: &str,
+    rank: usize,
+    size: usize,
+    all_gather: Py<PyAny>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let ex = exchange::PyExchange::new(rank, size, all_gather)?;
+    correct_with(py, tensors, config_json, backend, Some(ex))
+}
+
+fn correct_with<'py>(
+    py: Python<'py>,
+    tensors: &Bound<'py, PyDict>,
+    config_json: &str,
+    backend: &str,
+    ex: Option<exchange::PyExchange>,
+) -> PyResult<Bound<'py, PyDict>> {
+    arrays::reset_borrows();
+    let cfg = config(config_json)?;
+    let mut arrs: BTreeMap<&str, Arr<'py>> = BTreeMap::new();
+    for name in [
+        "response_mask",
+        "cu_seqlens",
+        "rollout_log_prob",
+        "old_log_prob",
+        "log_prob",
+        "advantages",
+        "responses",
+        "uid",
+    ] {
+        if let Some(v) = get(tensors, name)? {
+            arrs.insert(name, Arr::borrow(name, &v)?);
+        }
+    }
+    let rollout_logits = get(tensors, "rollout_logits")?
+        .map(|v| arrays::logits("rollout_logits", &v))
+        .transpose()?;
+    let old_logits = get(tensors, "old_logits")?
+        .map(|v| arrays::logits("old_logits", &v))
+        .transpose()?;
+    let mut step = match (arrs.get("cu_seqlens"), arrs.get("response_mask")) {
+        (Some(cu), _) => {
+            let s = Step::packed(cu.ids("cu_seqlens")?);
+            match arrs.get("response_mask") {
+                Some(m) => s.response_mask(m.mask("response_mask")?),
+                None => s,
+            }
+        }
+        (None, Some(m)) => {
+            let shape = m.shape();
+            let [b, t] = shape[..] else {
+                return Err(to_py(trmask::Error::input(
+                    "response_mask",
+                    format!("must be 2-D [B, T], got shape {shape:?}"),
+                )));
+            };
+            Step::padded(b, t).response_mask(m.mask("response_mask")?)
+        }
+        (None, None) => {
+            return Err(to_py(trmask::Error::input(
+                "response_mask",
+                "is required (or cu_seqlens for a packed batch)",
+            )))
+        }
+    };
+    for (name, a) in &arrs {
+        step = match *name {
+            "rollout_log_prob" => step.rollout_log_prob(a.values(name)?),
+            "old_log_prob" => step.old_log_prob(a.values(name)?),
+            "log_prob" => step.log_prob(a.values(name)?),
+            "advantages" => step.advantages(a.values(name)?),
+            "responses" => step.responses(a.ids(name)?),
+            "uid" => step.uid(a.ids(name)?),
+            _ => step,
+        };
+    }
+    match (&rollout_logits, &old_logits) {
+        (Some(r), Some(o)) => step = step.logits(r, o),
+        (None, None) => {}
+        (r, _) => {
+            let missing = if r.is_none() {
+                "rollout_logits"
+            } else {
+                "old_logits"
+            };
+            return Err(to_py(trmask::Error::input(
+                missing,
+                "is missing: logits come in pairs (rollout_logits and old_logits)",
+            )));
+        }
+    }
+    let (eng, _) = engine(py, backend)?;
+    let corrector = Corrector::new(eng, &cfg).map_err(to_py)?;
+    let c = match ex {
+        None => py.detach(|| corrector.correct(&step)).map_err(to_py)?,
+        Some(mut ex) => {
+            let r = py.detach(|| corrector.correct_shard(&step, &mut ex));
+            r.map_err(|e| ex.take_error().unwrap_or_else(|| to_py(e)))?
+        }
+    };
+    let out = PyDict::new(py);
+    out.set_item("weights", c.weights.as_deref().map(|w| f64_array(py, w)))?;
+    out.set_item("mask", f64_array(py, &c.mask))?;
+    out.set_item("seq_accept", c.seq_accept.to_pyarray(py))?;
+    let seq_len: Vec<i64> = c.seq_len.iter().map(|&n| n as i64).collect();
+    out.set_item("seq_len", seq_len.to_pyarray(py))?;
+    out.set_item("seq_reject_bits", c.seq_reject_bits.to_pyarray(py))?;
+    let criteria = PyDict::new(py);
+    for cr in &c.criteria {
+        criteria.set_item(&cr.name, f64_array(py, &cr.seq_stat))?;
+    }
+    out.set_item("criteria", criteria)?;
+    out.set_item("metrics", metrics(py, &c.metrics)?)?;
+    Ok(out)
+}
+
+fn metrics<'py>(py: Python<'py>, m: &BTreeMap<String, f64>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in m {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
+}
+
+/// Every output `trmask analyze` writes, for a batch given as arrays (`tensors`, trmask's or a
+/// framework's names) or as a file (`path`).
+#[pyfunction]
+#[pyo3(signature = (tensors, config_json, backend, all_valid=false, path=None))]
+fn analyze<'py>(
+    py: Python<'py>,
+    tensors: &Bound<'py, PyDict>,
+    config_json: &str,
+    backend: &str,
+    all_valid: bool,
+    path: Option<std::path::PathBuf>,
+) -> PyResult<Bound<'py, PyDict>> {
+    arrays::reset_borrows();
+    let cfg = config(config_json)?;
+    let (eng, mut notes) = engine(py, backend)?;
+    let batch = match path {
+        Some(p) => {
+            let opts = trmask::io::ReadOptions { all_valid };
+            let input = py
+                .detach(|| trmask::io::read_input(&p, &opts))
+                .map_err(to_py)?;
+            notes.extend(input.renames.note());
+            input.batch
+        }
+        None => {
+            let (b, renames) = batch::from_dict(tensors, all_valid)?;
+            notes.extend(renames.note());
+            b
+        }
+    };
+    let a = py
+        .detach(|| trmask::analysis::analyze(eng.as_ref(), &batch, &cfg))
+        .map_err(to_py)?;
+    let outputs = PyDict::new(py);
+    for o in &a.outputs {
+        let arr = f64_array(py, &o.data).reshape(o.shape.clone())?;
+        outputs.set_item(&o.name, arr)?;
+    }
+    let out = PyDict::new(py);
+    out.set_item("outputs", outputs)?;
+    out.set_item("metrics", metrics(py, &a.metrics)?)?;
+    out.set_item("notes", notes)?;
+    Ok(out)
+}
+
+/// Exact vocabulary divergences per row of `[rows, V]` logits.
+#[pyfunction]
+#[pyo3(signature = (rollout_logits, trainer_logits, responses, mask, temperature, backend))]
+fn vocab_divergence<'py>(
+    py: Python<'py>,
+    rollout_logits: &Bound<'py, PyAny>,
+    trainer_logits: &Bound<'py, PyAny>,
+    responses: Option<&Bound<'py, PyAny>>,
+    mask: Option<&Bound<'py, PyAny>>,
+    temperature: f64,
+    backend: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    arrays::reset_borrows();
+    let r = arrays::logits("rollout_logits", rollout_logits)?;
+    let t = arrays::logits("trainer_logits", trainer_logits)?;
+    let ids = responses.map(|v| Arr::borrow("responses", v)).transpose()?;
+    let ids = ids.as_ref().map(|a| a.ids("responses")).transpose()?;
+    let mask: Vec<bool> = match mask {
+        Some(m) => {
+            let m = Arr::borrow("mask", m)?;
+            match m.mask("mask")? {
+                trmask::MaskValues::Bool(b) => b.to_vec(),
+                _ => return Err(PyValueError::new_err("invalid input `mask`: must be bool")),
+            }
+        }
+        None => vec![true; r.rows()],
+    };
+    let (eng, _) = engine(py, backend)?;
+    let v = py
+        .detach(|| eng.vocab_divergence(&r, &t, ids, &mask, temperature))
+        .map_err(to_py)?;
+    let out = PyDict::new(py);
+    for (k, x) in [
+        ("kl", &v.kl),
+        ("kl_rev", &v.kl_rev),
+        ("tv", &v.tv),
+        ("rollout_entropy", &v.rollout_entropy),
+        ("training_entropy", &v.training_entropy),
+    ] {
+        out.set_item(k, f64_array(py, x))?;
+    }
+    if ids.is_some() {
+        out.set_item("rollout_log_prob", f64_array(py, &v.rollout_logp))?;
+        out.set_item("training_log_prob", f64_array(py, &v.train_logp))?;
+    }
+    Ok(out)
+}
+
+/// Top-K divergences (SPEC §7) of the rollout's top-K against the trainer's logits.
+#[pyfunction]
+fn topk_divergence<'py>(
+    py: Python<'py>,
+    tensors: &Bound<'py, PyDict>,
+    support: &str,
+    temperature: f64,
+    backend: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    arrays::reset_borrows();
+    let support = match support {
+        "union" => trmask::topk::TopkSupport::Union,
+        "replace_kth" => trmask::topk::TopkSupport::ReplaceKth,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "invalid config `top_k_support`: {other:?} is not one of union, replace_kth"
+            )))
+        }
+    };
+    let (batch, _) = batch::from_dict(tensors, true)?;
+    let logits = batch
+        .old_logits
+        .clone()
+        .ok_or_else(|| PyValueError::new_err("invalid input `trainer_logits`: is missing"))?;
+    let (eng, _) = engine(py, backend)?;
+    let s = py
+        .detach(|| {
+            eng.topk_divergence(
+                &batch,
+                support,
+                trmask::topk::TrainerTopk::Logits {
+                    logits: &logits,
+                    temperature,
+                },
+            )
+        })
+        .map_err(to_py)?;
+    let out = PyDict::new(py);
+    for (k, x) in [
+        ("topk_kl", &s.topk_kl),
+        ("topk_tv", &s.topk_tv),
+        ("ddot_aggregated", &s.ddot_aggregated),
+        ("ddot_uniform", &s.ddot_uniform),
+        ("prob_diff", &s.prob_diff),
+        ("rollout_tail", &s.rollout_tail),
+        ("train_tail", &s.train_tail),
+    ] {
+        out.set_item(k, f64_array(py, x))?;
+    }
+    Ok(out)
+}
+
+/// The TRM paper's bounds (`trmask bounds --json`) as a JSON string.
+#[pyfunction]
+#[pyo3(signature = (horizon, delta, eps=None, kl_seq=None, tv_seq=None, dbar=None))]
+fn bounds(
+    horizon: usize,
+    delta: f64,
+    eps: Option<f64>,
+    kl_seq: Option<f64>,
+    tv_seq: Option<f64>,
+    dbar: Option<Vec<f64>>,
+) -> PyResult<String> {
+    let b = trmask::bounds::compute(&trmask::bounds::BoundInputs {
+        horizon,
+        delta,
+        eps,
+        kl_seq,
+        tv_seq,
+        dbar,
+    })
+    .map_err(to_py)?;
+    serde_json::to_string(&b).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}
+
+/// A preset's config (verl's keys plus trmask's) as a JSON string.
+#[pyfunction]
+fn preset(name: &str) -> PyResult<String> {
+    Ok(CorrectionConfig::preset(name)
+        .map_err(to_py)?
+        .to_json_value()
+        .to_string())
+}
+
+/// Every preset name and alias.
+#[pyfunction]
+fn preset_names() -> Vec<&'static str> {
+    CorrectionConfig::preset_names()
+}
+
+/// The engine a backend name opens (`cpu (2 threads)`, `gpu: …`) and what `auto` said.
+#[pyfunction]
+fn engine_name(py: Python<'_>, backend: &str) -> PyResult<(String, Vec<String>)> {
+    let (e, notes) = engine(py, backend)?;
+    Ok((e.name(), notes))
+}
+
+/// `(tensor, address, bytes)` of every array the last call borrowed (no-copy tests).
+#[pyfunction]
+fn last_borrows() -> Vec<(String, usize, usize)> {
+    LAST_BORROWS.lock().map(|b| b.clone()).unwrap_or_default()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(correct, m)?)?;
+    m.add_function(wrap_pyfunction!(correct_shard, m)?)?;
+    m.add_function(wrap_pyfunction!(analyze, m)?)?;
+    m.add_function(wrap_pyfunction!(vocab_divergence, m)?)?;
+    m.add_function(wrap_pyfunction!(topk_divergence, m)?)?;
+    m.add_function(wrap_pyfunction!(bounds, m)?)?;
+    m.add_function(wrap_pyfunction!(preset, m)?)?;
+    m.add_function(wrap_pyfunction!(preset_names, m)?)?;
+    m.add_function(wrap_pyfunction!(engine_name, m)?)?;
+    m.add_function(wrap_pyfunction!(last_borrows, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

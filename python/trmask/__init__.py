@@ -1,0 +1,429 @@
+"""trmask: rollout/trainer mismatch correction for LLM reinforcement learning.
+
+The Python face of the trmask Rust library (the same code the ``trmask`` command line runs,
+conformance-tested against verl's own outputs):
+
+* :func:`compute_rollout_correction_and_rejection_mask` — verl's function, same signature,
+  same metric names, as a drop-in; plus trmask's criteria (exact ``seq_max_kl`` from logits,
+  LN-TRM, token veto, DPPO / PDM masks) as keyword arguments and presets by name.
+* :func:`vocab_divergence` and :func:`topk_divergence` — exact per-token divergences from full
+  logits, or from the rollout's top-K.
+* :func:`analyze` — every output ``trmask analyze`` writes, for a dict of arrays or a file.
+* :func:`bounds` — the TRM paper's surrogate-error bounds; :func:`preset` — verl's presets.
+
+Inputs are NumPy arrays or CPU ``torch.Tensor``s (float64/float32/float16/bfloat16 values,
+bool or 0/1 masks, integer ids). They are read in place when C-contiguous and of a dtype the
+library reads (see docs/PYTHON.md); outputs come back as the caller's kind: torch in, torch
+out. The GIL is released while computing. Bad input raises ``ValueError`` with the command
+line's one-line message; torch is never imported unless a tensor is passed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _native
+from ._convert import Kind, borrow, float_out_dtype, is_torch, shape_of
+
+__all__ = [
+    "compute_rollout_correction_and_rejection_mask",
+    "vocab_divergence",
+    "topk_divergence",
+    "analyze",
+    "bounds",
+    "preset",
+    "preset_names",
+    "backend_name",
+    "__version__",
+]
+
+__version__: str = _native.__version__
+
+# verl's defaults for the signature's configuration arguments.
+_VERL_DEFAULTS = {
+    "rollout_is": None,
+    "rollout_is_threshold": 2.0,
+    "rollout_is_batch_normalize": False,
+    "rollout_rs": None,
+    "rollout_rs_threshold": None,
+}
+
+
+def _json(config: Mapping[str, Any]) -> str:
+    def default(o: Any) -> Any:
+        if isinstance(o, np.generic):
+            return o.item()
+        raise ValueError(f"invalid config: {o!r} is not a number, string, bool or None")
+
+    clean = {k: v for k, v in config.items()}
+    for k, v in clean.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"invalid config `{k}`: must be finite, got {v}")
+    return json.dumps(clean, default=default)
+
+
+def preset(name: str) -> Dict[str, Any]:
+    """The configuration of a verl preset (``"decoupled_k3_rs"``, ``"bypass_pg_geo_rs"``, …,
+    19 of them) or a TRM paper alias (``"trm_max"``, ``"trm_avg"``, ``"geo_mask"``,
+    ``"seq_mis"``), as a dict of config keys. Pass it as ``config=`` (or ``preset=name``) to
+    :func:`compute_rollout_correction_and_rejection_mask` or :func:`analyze`.
+
+    Raises ``ValueError`` naming the known presets for an unknown name."""
+    return json.loads(_native.preset(name))
+
+
+def preset_names() -> List[str]:
+    """Every preset name and alias :func:`preset` accepts."""
+    return list(_native.preset_names())
+
+
+def backend_name(backend: str = "auto") -> str:
+    """The engine ``backend`` (``"auto"``, ``"gpu"``, ``"cpu"``) runs on, e.g.
+    ``"cpu (2 threads, f64)"``; opening a GPU the first time takes a moment. Raises
+    ``RuntimeError`` for ``"gpu"`` without an adapter, ``ValueError`` for an unknown name."""
+    return _native.engine_name(backend)[0]
+
+
+def _config(
+    config: Optional[Mapping[str, Any]],
+    preset_name: Optional[str],
+    verl_args: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> Dict[str, Any]:
+    if config is not None and preset_name is not None:
+        raise ValueError("invalid config `preset`: give either config= or preset=, not both")
+    cfg: Dict[str, Any] = {}
+    if preset_name is not None:
+        cfg.update(preset(preset_name))
+    if config is not None:
+        if not isinstance(config, Mapping):
+            raise ValueError("invalid config `config`: must be a dict of config keys")
+        cfg.update(config)
+    for k, v in verl_args.items():
+        if k not in cfg or v != _VERL_DEFAULTS[k]:
+            cfg[k] = v
+    cfg.update({k: v for k, v in options.items() if v is not None})
+    return cfg
+
+
+def compute_rollout_correction_and_rejection_mask(
+    old_log_prob: Any,
+    rollout_log_prob: Any,
+    response_mask: Any,
+    rollout_is: Optional[str] = None,
+    rollout_is_threshold: Union[float, str, None] = 2.0,
+    rollout_is_batch_normalize: bool = False,
+    rollout_rs: Optional[str] = None,
+    rollout_rs_threshold: Union[float, str, None] = None,
+    *,
+    backend: str = "auto",
+    preset: Optional[str] = None,
+    config: Optional[Mapping[str, Any]] = None,
+    log_prob: Any = None,
+    advantages: Any = None,
+    responses: Any = None,
+    rollout_logits: Any = None,
+    old_logits: Any = None,
+    uid: Any = None,
+    cu_seqlens: Any = None,
+    trmask_metrics: bool = False,
+    return_details: bool = False,
+    _exchange: Optional[Tuple[int, int, Any]] = None,
+    **options: Any,
+) -> Tuple[Any, Any, Dict[str, float]]:
+    """verl's ``compute_rollout_correction_and_rejection_mask`` (verl 1dda039b), computed by
+    trmask.
+
+    Returns ``(rollout_is_weights or None, modified_response_mask, metrics)``: IS weights
+    (``None`` when ``rollout_is`` is off; 0 at padding), the response mask with rejected
+    tokens / sequences zeroed, and exactly verl's ``rollout_corr/*`` metric dict (plus
+    trmask's ``trmask/*`` with ``trmask_metrics=True``). The arguments before ``*`` are
+    verl's, with verl's meaning and threshold grammar (``"0.5_2.0"``, comma-separated
+    criteria such as ``"seq_max_k2,seq_mean_k3"``).
+
+    Inputs: ``[B, T]`` log-probs (float64/32/16 or bfloat16) and a bool or 0/1 mask, NumPy or
+    CPU torch; with ``cu_seqlens`` (packed ``[N]`` tensors) ``response_mask`` is ``None``.
+    Outputs are the caller's kind: weights in the log-probs' dtype (float32 for 16-bit
+    inputs), the mask in the mask's dtype.
+
+    Keyword-only extras:
+
+    * ``backend``: ``"auto"`` (a hardware GPU if any, else the f64 CPU reference), ``"gpu"``,
+      ``"cpu"``.
+    * ``preset``: a preset name (:func:`preset_names`); ``config``: a dict of config keys. The
+      verl arguments above override them where they differ from verl's defaults.
+    * ``log_prob``, ``advantages``, ``responses``, ``rollout_logits``, ``old_logits``
+      (``[B, T, V]``), ``uid`` (per sequence): what the trmask criteria need — exact
+      ``seq_max_kl`` / ``seq_mean_tv`` … from logits, DPPO / PDM from advantages, GRPO group
+      metrics from ``uid``.
+    * ``**options``: trmask's config keys, e.g. ``ln_trm={"eps": 5e-3, "delta": 1e-4}``,
+      ``token_veto=1e-4``, ``dppo={"delta": 1e-4, "direction": "predictive_aggregated"}``,
+      ``temperature=1.0``, ``bypass_mode=True``.
+    * ``return_details=True`` adds a 4th element: a dict with ``seq_accept``, ``seq_len``,
+      ``seq_reject_bits`` and each criterion's per-sequence statistic.
+
+    Raises ``ValueError`` (the CLI's one-line message naming the tensor or key) on bad input.
+
+    For one shard per data-parallel rank see :mod:`trmask.distributed`.
+    """
+    cfg = _config(
+        config,
+        preset,
+        {
+            "rollout_is": rollout_is,
+            "rollout_is_threshold": rollout_is_threshold,
+            "rollout_is_batch_normalize": rollout_is_batch_normalize,
+            "rollout_rs": rollout_rs,
+            "rollout_rs_threshold": rollout_rs_threshold,
+        },
+        options,
+    )
+    tensors: Dict[str, Any] = {}
+    kinds: Dict[str, Kind] = {}
+    for name, x, role in (
+        ("old_log_prob", old_log_prob, "values"),
+        ("rollout_log_prob", rollout_log_prob, "values"),
+        ("response_mask", response_mask, "mask"),
+        ("log_prob", log_prob, "values"),
+        ("advantages", advantages, "values"),
+        ("responses", responses, "ids"),
+        ("uid", uid, "ids"),
+        ("cu_seqlens", cu_seqlens, "ids"),
+        ("rollout_logits", rollout_logits, "logits"),
+        ("old_logits", old_logits, "logits"),
+    ):
+        if x is not None:
+            tensors[name], kinds[name] = borrow(x, name, role)
+    if _exchange is None:
+        out = _native.correct(tensors, _json(cfg), backend)
+    else:  # trmask.distributed: (rank, world size, all_gather)
+        out = _native.correct_shard(tensors, _json(cfg), backend, *_exchange)
+    shape = next(
+        (shape_of(tensors[n]) for n in ("old_log_prob", "rollout_log_prob", "response_mask") if n in tensors),
+        None,
+    )
+    values_kind = kinds.get("old_log_prob") or kinds.get("rollout_log_prob")
+    if values_kind is None:  # log-probs from logits: float64 of the inputs' kind
+        first = next(iter(kinds.values()), Kind(False, np.float64))
+        values_kind = Kind(first.torch, _float64(first.torch), first.device)
+    mask_kind = kinds.get("response_mask") or values_kind
+
+    def tok(a: np.ndarray) -> np.ndarray:
+        return a.reshape(shape) if shape is not None else a
+
+    weights = out["weights"]
+    weights = None if weights is None else values_kind.out(tok(weights), float_out_dtype(values_kind))
+    mask = mask_kind.out(tok(out["mask"]))
+    metrics = {
+        k: float(v)
+        for k, v in out["metrics"].items()
+        if trmask_metrics or k.startswith("rollout_corr/")
+    }
+    if not return_details:
+        return weights, mask, metrics
+    details = {
+        "seq_accept": out["seq_accept"],
+        "seq_len": out["seq_len"],
+        "seq_reject_bits": out["seq_reject_bits"],
+        "criteria": dict(out["criteria"]),
+    }
+    return weights, mask, metrics, details  # type: ignore[return-value]
+
+
+def vocab_divergence(
+    rollout_logits: Any,
+    trainer_logits: Any,
+    responses: Any = None,
+    mask: Any = None,
+    temperature: float = 1.0,
+    backend: str = "auto",
+) -> Dict[str, Any]:
+    """Exact per-token divergences between the rollout's and the trainer's full logits
+    (``[..., V]``, float32 / float16 / bfloat16, NumPy or CPU torch, read in place) after
+    dividing both by ``temperature``.
+
+    Returns a dict of ``[...]``-shaped float64 arrays (float32 tensors for torch inputs of
+    16-bit logits stay float64 too, since these are the reference values): ``kl``
+    (KL(π_roll‖π_train)), ``kl_rev``, ``tv``, ``rollout_entropy``, ``training_entropy``, and
+    with ``responses`` (``[...]`` ids) also ``rollout_log_prob`` and ``training_log_prob`` of
+    the sampled tokens. ``mask`` (``[...]``, bool or 0/1) marks the slots to compute; others
+    are 0. Rows are streamed (bounded memory whatever the vocabulary). Raises ``ValueError``
+    on bad input (shapes, NaN logits, a sampled token the rollout gives probability 0)."""
+    r, rk = borrow(rollout_logits, "rollout_logits", "logits")
+    t, _ = borrow(trainer_logits, "trainer_logits", "logits")
+    lead = shape_of(r)[:-1]
+    if shape_of(t) != shape_of(r):
+        raise ValueError(
+            f"invalid input `trainer_logits`: shape {list(shape_of(t))} differs from "
+            f"rollout_logits {list(shape_of(r))}"
+        )
+    ids = None
+    if responses is not None:
+        ids, _ = borrow(responses, "responses", "ids")
+        if shape_of(ids) != lead:
+            raise ValueError(
+                f"invalid input `responses`: shape {list(shape_of(ids))} does not match the "
+                f"logits' {list(lead)}"
+            )
+    m = None
+    if mask is not None:
+        m, _ = borrow(mask, "mask", "mask")
+        if shape_of(m) != lead:
+            raise ValueError(
+                f"invalid input `mask`: shape {list(shape_of(m))} does not match the "
+                f"logits' {list(lead)}"
+            )
+        if m.dtype != np.bool_:
+            if not np.isin(m, (0, 1)).all():
+                raise ValueError("invalid input `mask`: must hold 0 or 1")
+            m = m.astype(bool)
+    out = _native.vocab_divergence(r, t, ids, m, float(temperature), backend)
+    kind = Kind(rk.torch, None, rk.device)
+    return {k: kind.out(v.reshape(lead)) for k, v in out.items()}
+
+
+def topk_divergence(
+    rollout_topk_ids: Any,
+    rollout_topk_log_prob: Any,
+    responses: Any,
+    trainer_logits: Any,
+    rollout_log_prob: Any = None,
+    mask: Any = None,
+    top_k_support: str = "union",
+    temperature: float = 1.0,
+    backend: str = "auto",
+) -> Dict[str, Any]:
+    """Top-K divergences (docs/FORMAT.md, DPPO) between the rollout engine's top-K
+    (``rollout_topk_ids`` / ``rollout_topk_log_prob``, ``[..., K]``, vLLM's ``logprobs=K``)
+    and the trainer's full logits (``[..., V]``) on the support top-K ∪ {y}
+    (``top_k_support="union"``) or DPPO's "y replaces the K-th" (``"replace_kth"``).
+
+    ``responses`` are the sampled ids; ``rollout_log_prob`` is needed where a sampled token is
+    not in the top-K. ``mask`` (``[B, T]``) marks valid slots (default: all). Returns a dict
+    of ``[...]`` arrays: ``topk_kl``, ``topk_tv``, ``ddot_aggregated``, ``ddot_uniform``,
+    ``prob_diff`` (π_y − μ_y), ``rollout_tail``, ``train_tail``."""
+    tensors: Dict[str, Any] = {}
+    kinds: Dict[str, Kind] = {}
+    for name, x, role in (
+        ("rollout_topk_ids", rollout_topk_ids, "ids"),
+        ("rollout_topk_log_prob", rollout_topk_log_prob, "values"),
+        ("responses", responses, "ids"),
+        ("trainer_logits", trainer_logits, "logits"),
+        ("rollout_log_prob", rollout_log_prob, "values"),
+        ("response_mask", mask, "mask"),
+    ):
+        if x is not None:
+            tensors[name], kinds[name] = borrow(x, name, role)
+    lead = shape_of(tensors["responses"])
+    out = _native.topk_divergence(tensors, top_k_support, float(temperature), backend)
+    kind = kinds["trainer_logits"]
+    kind = Kind(kind.torch, None, kind.device)
+    return {k: kind.out(v.reshape(lead)) for k, v in out.items()}
+
+
+def analyze(
+    batch: Union[Mapping[str, Any], str, "os.PathLike[str]"],
+    config: Optional[Mapping[str, Any]] = None,
+    *,
+    preset: Optional[str] = None,
+    backend: str = "auto",
+    all_valid: bool = False,
+) -> Dict[str, Any]:
+    """Everything ``trmask analyze`` computes, for a batch given as a dict of arrays (trmask's
+    tensor names or a framework's: verl, TRL, prime-rl, SkyRL, slime) or as the path of a
+    safetensors / JSON file (docs/FORMAT.md).
+
+    Returns ``{"outputs": {name: array}, "metrics": {name: float}, "notes": [str]}``:
+    ``outputs`` holds every per-token tensor (``log_ratio``, ``k1``…``k3``, ``kl``… from
+    logits, ``rollout_is_weights``, ``modified_response_mask``) in the batch's layout and
+    every per-sequence one (``seq_len``, ``seq_<agg>_<stat>``, ``seq_accept``,
+    ``seq_reject_bits``); ``metrics`` verl's ``rollout_corr/*`` and trmask's ``trmask/*``
+    (including the bound certificate ``trmask/bound_*``); ``notes`` what the CLI would say on
+    stderr (framework renames, the backend ``auto`` chose). Outputs are float64 NumPy arrays,
+    or torch tensors when the batch held torch tensors.
+
+    ``config`` is a dict of config keys (verl's plus trmask's), or use ``preset=``;
+    ``all_valid=True`` states that a batch without ``response_mask`` / ``cu_seqlens`` has no
+    padding (the CLI's ``--all-valid``)."""
+    cfg = _config(config, preset, {}, {})
+    if isinstance(batch, Mapping):
+        tensors: Dict[str, Any] = {}
+        torch_in = False
+        for name, x in batch.items():
+            if x is None:
+                continue
+            role = _ROLES.get(name, "values")
+            if role == "skip":
+                continue
+            torch_in = torch_in or is_torch(x)
+            tensors[name], _ = borrow(x, name, role)
+        out = _native.analyze(tensors, _json(cfg), backend, all_valid, None)
+    else:
+        torch_in = False
+        out = _native.analyze({}, _json(cfg), backend, all_valid, str(batch))
+    kind = Kind(torch_in, None)
+    return {
+        "outputs": {k: kind.out(v) for k, v in out["outputs"].items()},
+        "metrics": {k: float(v) for k, v in out["metrics"].items()},
+        "notes": list(out["notes"]),
+    }
+
+
+# Roles of the tensors a batch dict may hold (framework aliases included, by their target's
+# role); other keys are ignored, as the CLI ignores them.
+_ROLES = {
+    "response_mask": "mask",
+    "attention_mask": "skip",
+    "completion_mask": "mask",
+    "loss_mask": "mask",
+    "cu_seqlens": "ids",
+    "responses": "ids",
+    "completion_ids": "ids",
+    "uid": "ids",
+    "rollout_topk_ids": "ids",
+    "rollout_logits": "logits",
+    "old_logits": "logits",
+    "trainer_logits": "logits",
+}
+
+
+def bounds(
+    horizon: int,
+    delta: float,
+    eps: Optional[float] = None,
+    kl_seq: Optional[float] = None,
+    tv_seq: Optional[float] = None,
+    dbar: Optional[Sequence[float]] = None,
+) -> Dict[str, Any]:
+    """The TRM paper's surrogate-error bounds for a horizon ``T`` and per-token KL bound
+    ``delta`` (``trmask bounds --json``): ``classical_kl``, ``classical_tv``, ``pm_kl``,
+    ``pm_tv``, ``mix_kl``, ``mix_tv``, ``coupling``, ``adaptive_kl``, ``adaptive_tv``,
+    ``adaptive``, the unified ``unified`` (B*) and the bound attaining it (``argmin``);
+    ``filled`` lists the inputs filled by the paper's relaxations, ``inputs`` all of them.
+
+    >>> round(bounds(horizon=4096, delta=1e-4, eps=5e-3, kl_seq=0.01, tv_seq=0.05)["unified"], 3)
+    4.096
+    """
+    d = None if dbar is None else [float(x) for x in np.asarray(dbar, dtype=np.float64).ravel()]
+    return json.loads(
+        _native.bounds(int(horizon), float(delta), _opt(eps), _opt(kl_seq), _opt(tv_seq), d)
+    )
+
+
+def _float64(torch_kind: bool) -> Any:
+    if torch_kind:
+        import sys
+
+        return sys.modules["torch"].float64
+    return np.dtype(np.float64)
+
+
+def _opt(x: Optional[float]) -> Optional[float]:
+    return None if x is None else float(x)
+
+
+import os  # noqa: E402  (for the annotation above)

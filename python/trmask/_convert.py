@@ -1,0 +1,131 @@
+"""Inputs in, outputs out: NumPy arrays and CPU torch tensors, without copies where the layout
+allows and without importing torch unless the caller passed a tensor."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+# What the native module borrows as is; anything else is converted (a copy).
+_VALUE_DTYPES = {np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16)}
+_MASK_DTYPES = {
+    np.dtype(np.bool_),
+    np.dtype(np.uint8),
+    np.dtype(np.int64),
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+}
+_LOGIT_DTYPES = {np.dtype(np.float32), np.dtype(np.float16)}
+
+
+def _bad(name: str, problem: str) -> ValueError:
+    return ValueError(f"invalid input `{name}`: {problem}")
+
+
+def is_torch(x: Any) -> bool:
+    """A torch.Tensor, recognised without importing torch."""
+    return type(x).__module__.startswith("torch") and hasattr(x, "__dlpack__")
+
+
+class Kind:
+    """Where an input came from, so outputs go back the same way."""
+
+    def __init__(self, torch: bool, dtype: Any, device: Any = None):
+        self.torch = torch
+        self.dtype = dtype
+        self.device = device
+
+    def out(self, a: Optional[np.ndarray], dtype: Any = None) -> Any:
+        """`a` (a NumPy array) as this kind: a torch tensor for torch inputs (on the input's
+        CPU device), else NumPy; cast to `dtype` (default: this input's dtype)."""
+        if a is None:
+            return None
+        dtype = self.dtype if dtype is None else dtype
+        if self.torch:
+            torch = sys.modules["torch"]
+            t = torch.from_numpy(np.ascontiguousarray(a))
+            if dtype is not None and t.dtype != dtype:
+                t = t.to(dtype)
+            return t if self.device is None else t.to(self.device)
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+
+def float_out_dtype(kind: Kind) -> Any:
+    """The dtype of weights and per-token statistics for inputs of `kind`: float64 and float32
+    stay; float16 and bfloat16 give float32 (a weight near 2.0 has 3 significant digits in
+    bfloat16)."""
+    if kind.torch:
+        torch = sys.modules["torch"]
+        return kind.dtype if kind.dtype in (torch.float64, torch.float32) else torch.float32
+    d = np.dtype(kind.dtype)
+    return d if d in (np.dtype(np.float64), np.dtype(np.float32)) else np.dtype(np.float32)
+
+
+def borrow(x: Any, name: str, role: str) -> Tuple[Any, Kind]:
+    """`x` as what the native module reads: a C-contiguous NumPy array of a supported dtype,
+    or `("bfloat16", uint16 bits)`. `role` is `values`, `mask`, `ids` or `logits`. A view of
+    the caller's memory whenever its dtype and layout allow (no copy); otherwise a converted
+    copy."""
+    if is_torch(x):
+        torch = sys.modules["torch"]
+        if x.device.type != "cpu":
+            raise _bad(
+                name,
+                f"is on {x.device}; trmask reads CPU tensors (pass tensor.cpu(), or use the "
+                "Rust API for device-resident logits)",
+            )
+        kind = Kind(True, x.dtype, x.device)
+        t = x.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        if t.dtype == torch.bfloat16:
+            if role in ("values", "logits"):
+                bits = np.from_dlpack(t.view(torch.int16)).view(np.uint16)
+                return ("bfloat16", bits), kind
+            t = t.float()
+        elif t.is_complex() or t.dtype in (torch.uint16, torch.uint32, torch.uint64):
+            raise _bad(name, f"has unsupported dtype {t.dtype}")
+        return _numpy(np.from_dlpack(t), name, role), kind
+    if isinstance(x, tuple) and len(x) == 2 and x[0] == "bfloat16":
+        return x, Kind(False, np.float32)
+    a = np.asarray(x)
+    kind = Kind(False, a.dtype)
+    if a.dtype.name == "bfloat16":  # ml_dtypes / jax bfloat16 arrays
+        a = np.ascontiguousarray(a)
+        if role in ("values", "logits"):
+            return ("bfloat16", a.view(np.uint16)), Kind(False, np.float32)
+        a = a.astype(np.float32)
+    return _numpy(a, name, role), kind
+
+
+def _numpy(a: np.ndarray, name: str, role: str) -> np.ndarray:
+    if a.dtype.kind in "OUSVcMm":
+        raise _bad(name, f"has unsupported dtype {a.dtype}")
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    if role == "values" and a.dtype not in _VALUE_DTYPES:
+        a = a.astype(np.float64)
+    elif role == "mask" and a.dtype not in _MASK_DTYPES:
+        a = a.astype(np.float64 if a.dtype.kind == "f" else np.int64)
+    elif role == "ids" and a.dtype != np.int64:
+        if a.dtype.kind not in "iub":
+            raise _bad(name, f"must hold integer ids, got dtype {a.dtype}")
+        a = a.astype(np.int64)
+    elif role == "logits" and a.dtype not in _LOGIT_DTYPES:
+        if a.dtype != np.float64:
+            raise _bad(name, f"must be float32, float16 or bfloat16 logits, got {a.dtype}")
+        raise _bad(
+            name,
+            "is float64; logits are read as float32, float16 or bfloat16 (cast them, e.g. "
+            "logits.astype(np.float32))",
+        )
+    return np.ascontiguousarray(a)
+
+
+def shape_of(x: Any) -> Tuple[int, ...]:
+    """The shape of a borrowed input (bfloat16 tuples included)."""
+    if isinstance(x, tuple):
+        return tuple(x[1].shape)
+    return tuple(x.shape)
