@@ -26,7 +26,7 @@
 //! (`shaders/vocab_divergence.wgsl`) uses the same decomposition in f32.
 
 use super::vocab_fast::row_fast;
-use super::vocab_general::{decode_scaled, row_general, Row, Scratch};
+use super::vocab_general::{decode_scaled, row_general, row_general_src, Row, RowSrc, Scratch};
 use crate::error::{Error, Result};
 use crate::logits::Logits;
 use crate::stats::VocabStats;
@@ -115,28 +115,13 @@ pub fn vocab_divergence(
     let rows: Vec<Result<Row>> = (0..mask.len())
         .into_par_iter()
         .map(|r| {
+            if !mask[r] {
+                return Ok((0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
+            }
+            let y = responses.map(|ids| ids[r] as usize);
             SCRATCH.with(|cell| {
                 let sc = &mut *cell.borrow_mut();
-                if sc.a.len() != v {
-                    *sc = Scratch::new(v);
-                }
-                if !mask[r] {
-                    return Ok((0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
-                }
-                for (name, l, x) in [
-                    ("rollout_logits", rollout, &mut sc.a),
-                    ("old_logits", train, &mut sc.b),
-                ] {
-                    if !decode_scaled(l, r, x, inv_t) {
-                        let (i, e) = first_bad(l, r).unwrap_or((0, f32::NAN));
-                        return Err(Error::input(
-                            name,
-                            format!("value {e} at row {r}, column {i}"),
-                        ));
-                    }
-                }
-                let y = responses.map(|ids| ids[r] as usize);
-                row(sc, y).map_err(|(name, what)| Error::input(name, format!("row {r}: {what}")))
+                row_of(sc, rollout, train, r, inv_t, y, ROW_BLOCK.min(v))
             })
         })
         .collect();
@@ -163,16 +148,64 @@ pub fn vocab_divergence(
     Ok(s)
 }
 
+/// Rows longer than this many elements are read in blocks of it (the general path, a few
+/// reads of the row): per-thread scratch stays at `32 B × ROW_BLOCK` = 16 MiB whatever the
+/// vocabulary. Every real vocabulary (≤ 262,208 today) fits in one block and takes the fast
+/// path when it has no −∞ entries.
+pub(crate) const ROW_BLOCK: usize = 1 << 19;
+
 thread_local! {
     /// Per-thread row buffers, reused across rows and calls (no allocation or page faults per
-    /// row; 4 f64 rows per thread stay allocated).
+    /// row; 4 f64 rows of at most [`ROW_BLOCK`] elements per thread stay allocated).
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::new(0));
 }
-fn row(sc: &mut Scratch, y: Option<usize>) -> std::result::Result<Row, (&'static str, String)> {
-    if let Some(r) = row_fast(sc, y) {
-        return Ok(r);
+
+/// One row's results, with the scratch sized to `block` elements: the whole row decoded and
+/// the fast path when it fits (`block == V`), else the general path over blocks.
+fn row_of(
+    sc: &mut Scratch,
+    rollout: &Logits,
+    train: &Logits,
+    r: usize,
+    inv_t: f64,
+    y: Option<usize>,
+    block: usize,
+) -> Result<Row> {
+    if sc.a.len() != block {
+        *sc = Scratch::new(block);
     }
-    row_general(sc, y)
+    for (name, l) in [("rollout_logits", rollout), ("old_logits", train)] {
+        let ok = if block == l.vocab() {
+            decode_scaled(
+                l,
+                r,
+                if name == "old_logits" {
+                    &mut sc.b
+                } else {
+                    &mut sc.a
+                },
+                inv_t,
+            )
+        } else {
+            first_bad(l, r).is_none()
+        };
+        if !ok {
+            let (i, e) = first_bad(l, r).unwrap_or((0, f32::NAN));
+            return Err(Error::input(
+                name,
+                format!("value {e} at row {r}, column {i}"),
+            ));
+        }
+    }
+    let res = if block == rollout.vocab() {
+        match row_fast(sc, y) {
+            Some(x) => Ok(x),
+            None => row_general(sc, y),
+        }
+    } else {
+        row_general_src(&mut RowSrc::blocked(sc, rollout, train, r, inv_t), y)
+    };
+    res.map_err(|(name, what)| Error::input(name, format!("row {r}: {what}")))
 }
 
 #[cfg(test)]
@@ -289,5 +322,61 @@ mod tests {
         assert!((s.kl_rev[0] - kr).abs() < 1e-14);
         assert!((s.tv[0] - tv).abs() < 1e-14);
         assert!((s.rollout_entropy[0] - h).abs() < 1e-14);
+    }
+
+    #[test]
+    fn rows_read_in_blocks_give_the_whole_row_results_bit_for_bit() {
+        // the general path over blocks of any length equals the whole-row general path exactly
+        // (same operations, same order), −∞ entries, scale and temperature included
+        let mut seed = 0x0dd_ba11_5eed_u64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for (v, scale, ninf, t) in [
+            (1000usize, 1.0, 0.0, 1.0),
+            (777, 30.0, 0.2, 0.7),
+            (64, 1e3, 0.5, 1.0),
+            (5, 1.0, 0.0, 2.0),
+        ] {
+            let (mut a, mut b) = (vec![0f32; 2 * v], vec![0f32; 2 * v]);
+            for i in 0..2 * v {
+                a[i] = ((rnd() - 0.5) * scale) as f32;
+                b[i] = a[i] + ((rnd() - 0.5) * 0.1 * scale) as f32;
+                if i % v > 0 && rnd() < ninf {
+                    a[i] = f32::NEG_INFINITY;
+                }
+                if i % v > 0 && rnd() < ninf {
+                    b[i] = f32::NEG_INFINITY;
+                }
+            }
+            let la = Logits::from_f32(&a, 2, v).unwrap();
+            let lb = Logits::from_f32(&b, 2, v).unwrap();
+            for r in 0..2 {
+                let mut sc = Scratch::new(v);
+                assert!(decode_scaled(&la, r, &mut sc.a, 1.0 / t));
+                assert!(decode_scaled(&lb, r, &mut sc.b, 1.0 / t));
+                let whole = row_general(&mut sc, Some(0)).unwrap();
+                for block in [1, 3, v / 2 + 1, v - 1] {
+                    let mut sc = Scratch::new(0);
+                    let got = row_of(&mut sc, &la, &lb, r, 1.0 / t, Some(0), block).unwrap();
+                    assert_eq!(sc.a.len(), block, "scratch sized by the block, not V");
+                    let (g, w) = (format!("{got:?}"), format!("{whole:?}"));
+                    assert_eq!(g, w, "V={v} row {r} block {block}");
+                }
+            }
+        }
+        // a NaN in a row read in blocks is the same one-line error
+        let mut a = vec![0.5f32; 40];
+        a[33] = f32::NAN;
+        let la = Logits::from_f32(&a, 1, 40).unwrap();
+        let lb = Logits::from_f32(&[0.25f32; 40], 1, 40).unwrap();
+        let e = row_of(&mut Scratch::new(0), &la, &lb, 0, 1.0, None, 8).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid input `rollout_logits`: value NaN at row 0, column 33"
+        );
     }
 }

@@ -31,27 +31,40 @@ impl Scratch {
 }
 
 /// Decodes row `r` into `out` (scaled by `inv_t`); false if it holds NaN or +inf.
-/// Branch-free loops (vectorised; an AVX2 build is picked at run time).
 pub(super) fn decode_scaled(l: &Logits, r: usize, out: &mut [f64], inv_t: f64) -> bool {
+    decode_scaled_range(l, r, 0, out, inv_t)
+}
+
+/// Decodes `out.len()` elements of row `r` from column `start` into `out` (scaled by `inv_t`);
+/// false if they hold NaN or +inf. Branch-free loops (vectorised; an AVX2 build is picked at
+/// run time).
+pub(super) fn decode_scaled_range(
+    l: &Logits,
+    r: usize,
+    start: usize,
+    out: &mut [f64],
+    inv_t: f64,
+) -> bool {
+    let es = l.dtype().size();
+    let bytes = &l.row_bytes(r)[start * es..(start + out.len()) * es];
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 is present (just detected).
-        return unsafe { decode_scaled_avx2(l, r, out, inv_t) };
+        return unsafe { decode_scaled_avx2(l.dtype(), bytes, out, inv_t) };
     }
-    decode_scaled_impl(l, r, out, inv_t)
+    decode_scaled_impl(l.dtype(), bytes, out, inv_t)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn decode_scaled_avx2(l: &Logits, r: usize, out: &mut [f64], inv_t: f64) -> bool {
-    decode_scaled_impl(l, r, out, inv_t)
+unsafe fn decode_scaled_avx2(dt: DType, bytes: &[u8], out: &mut [f64], inv_t: f64) -> bool {
+    decode_scaled_impl(dt, bytes, out, inv_t)
 }
 
 #[inline(always)]
-fn decode_scaled_impl(l: &Logits, r: usize, out: &mut [f64], inv_t: f64) -> bool {
-    let bytes = l.row_bytes(r);
+fn decode_scaled_impl(dt: DType, bytes: &[u8], out: &mut [f64], inv_t: f64) -> bool {
     let mut bad = false;
-    match l.dtype() {
+    match dt {
         DType::F32 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
                 let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -166,43 +179,149 @@ impl Sums {
     }
 }
 
-/// The general path (any row): four passes, log-space extremes, LSE fallbacks.
+/// Where a row's elements come from: the whole row already decoded in the scratch (weights
+/// stored on the first weighted visit), or the row's bytes read in blocks of the scratch's
+/// length (decoded again, weights recomputed, on every visit), so that the scratch does not grow
+/// with the vocabulary.
+pub(super) struct RowSrc<'a> {
+    sc: &'a mut Scratch,
+    blocks: Option<(&'a Logits, &'a Logits, usize, f64)>, // rollout, train, row, 1/τ
+    weighted: bool,
+}
+
+impl<'a> RowSrc<'a> {
+    /// The row decoded in `sc.a` / `sc.b` (all of it).
+    pub(super) fn whole(sc: &'a mut Scratch) -> Self {
+        RowSrc {
+            sc,
+            blocks: None,
+            weighted: false,
+        }
+    }
+
+    /// Row `r` of `rollout` / `train`, scaled by `inv_t`, in blocks of `sc.a.len()` elements.
+    pub(super) fn blocked(
+        sc: &'a mut Scratch,
+        rollout: &'a Logits,
+        train: &'a Logits,
+        r: usize,
+        inv_t: f64,
+    ) -> Self {
+        RowSrc {
+            sc,
+            blocks: Some((rollout, train, r, inv_t)),
+            weighted: false,
+        }
+    }
+
+    /// Calls `f(i, a_i, b_i, wa_i, wb_i)` for every element in order, with the weights
+    /// `wa = e^{a − ma}`, `wb = e^{b − mb}` (0 at −∞) when `w = Some((ma, mb))`, else 0.
+    /// `Err(tensor)` if a block holds NaN or +∞ (the bytes changed since they were checked).
+    fn visit(
+        &mut self,
+        w: Option<(f64, f64)>,
+        mut f: impl FnMut(usize, f64, f64, f64, f64),
+    ) -> std::result::Result<(), &'static str> {
+        let Scratch { a, b, wa, wb } = &mut *self.sc;
+        let Some((lr, lt, r, inv_t)) = self.blocks else {
+            match w {
+                None => (0..a.len()).for_each(|i| f(i, a[i], b[i], 0.0, 0.0)),
+                Some(_) if self.weighted => {
+                    (0..a.len()).for_each(|i| f(i, a[i], b[i], wa[i], wb[i]))
+                }
+                Some((ma, mb)) => {
+                    for i in 0..a.len() {
+                        (wa[i], wb[i]) = (weight(a[i], ma), weight(b[i], mb));
+                        f(i, a[i], b[i], wa[i], wb[i]);
+                    }
+                    self.weighted = true;
+                }
+            }
+            return Ok(());
+        };
+        let (v, step) = (lr.vocab(), a.len());
+        let mut start = 0;
+        while start < v {
+            let n = step.min(v - start);
+            if !decode_scaled_range(lr, r, start, &mut a[..n], inv_t) {
+                return Err("rollout_logits");
+            }
+            if !decode_scaled_range(lt, r, start, &mut b[..n], inv_t) {
+                return Err("old_logits");
+            }
+            for i in 0..n {
+                let (x, z) = (a[i], b[i]);
+                let (ex, ez) = w.map_or((0.0, 0.0), |(ma, mb)| (weight(x, ma), weight(z, mb)));
+                f(start + i, x, z, ex, ez);
+            }
+            start += n;
+        }
+        Ok(())
+    }
+}
+
+/// `e^{x − m}`, 0 at `x = −∞`.
+#[inline(always)]
+fn weight(x: f64, m: f64) -> f64 {
+    if x > f64::NEG_INFINITY {
+        (x - m).exp()
+    } else {
+        0.0
+    }
+}
+
+/// The general path on a whole decoded row (see [`row_general_src`]).
 pub(super) fn row_general(
     sc: &mut Scratch,
     y: Option<usize>,
 ) -> std::result::Result<Row, (&'static str, String)> {
-    let Scratch { a, b, wa, wb } = sc;
+    row_general_src(&mut RowSrc::whole(sc), y)
+}
+
+/// The general path (any row): four passes, log-space extremes, LSE fallbacks; over a whole
+/// decoded row or a row read in blocks (identical results: the same operations in the same
+/// order).
+pub(super) fn row_general_src(
+    src: &mut RowSrc,
+    y: Option<usize>,
+) -> std::result::Result<Row, (&'static str, String)> {
+    let changed = |name: &'static str| (name, "holds NaN or +inf (the input changed)".into());
     let ninf = f64::NEG_INFINITY;
-    // pass 1: maxima, and the modes over the common support
-    let (mut ia, mut ib) = (usize::MAX, usize::MAX); // first index of max a / max b
+    // pass 1: maxima (first index), the modes over the common support, the sampled values
+    let (mut ia, mut ib) = (usize::MAX, usize::MAX);
+    let (mut ma, mut mb) = (ninf, ninf);
     let (mut ca, mut cb) = (usize::MAX, usize::MAX); // mode of a / b where both finite
-    for i in 0..a.len() {
-        let (x, z) = (a[i], b[i]);
-        if x > ninf && (ia == usize::MAX || x > a[ia]) {
-            ia = i;
+    let (mut ca_v, mut cb_v) = ((ninf, ninf), (ninf, ninf)); // (a, b) at ca / at cb
+    let mut at_y = (0.0, 0.0);
+    src.visit(None, |i, x, z, _, _| {
+        if x > ninf && (ia == usize::MAX || x > ma) {
+            (ia, ma) = (i, x);
         }
-        if z > ninf && (ib == usize::MAX || z > b[ib]) {
-            ib = i;
+        if z > ninf && (ib == usize::MAX || z > mb) {
+            (ib, mb) = (i, z);
         }
         if x > ninf && z > ninf {
-            if ca == usize::MAX || x > a[ca] {
-                ca = i;
+            if ca == usize::MAX || x > ca_v.0 {
+                (ca, ca_v) = (i, (x, z));
             }
-            if cb == usize::MAX || z > b[cb] {
-                cb = i;
+            if cb == usize::MAX || z > cb_v.1 {
+                (cb, cb_v) = (i, (x, z));
             }
         }
-    }
+        if Some(i) == y {
+            at_y = (x, z);
+        }
+    })
+    .map_err(changed)?;
     if ia == usize::MAX {
         return Err(("rollout_logits", "every entry is -inf".into()));
     }
     if ib == usize::MAX {
         return Err(("old_logits", "every entry is -inf".into()));
     }
-    let (ma, mb) = (a[ia], b[ib]);
     let common = ca != usize::MAX;
     let (c1p, c1q) = if common {
-        (a[ca] - b[ca], b[cb] - a[cb])
+        (ca_v.0 - ca_v.1, cb_v.1 - cb_v.0)
     } else {
         (0.0, 0.0)
     };
@@ -213,12 +332,7 @@ pub(super) fn row_general(
     let (mut sua, mut sub) = (0.0, 0.0);
     let (mut ina, mut inb) = (0.0, 0.0);
     let (mut inf_fwd, mut inf_rev) = (false, false);
-    for i in 0..a.len() {
-        let (x, z) = (a[i], b[i]);
-        let ex = if x > ninf { (x - ma).exp() } else { 0.0 };
-        let ez = if z > ninf { (z - mb).exp() } else { 0.0 };
-        wa[i] = ex;
-        wb[i] = ez;
+    src.visit(Some((ma, mb)), |i, x, z, ex, ez| {
         if i != ia {
             ra += ex;
         }
@@ -249,7 +363,8 @@ pub(super) fn row_general(
             }
             (false, false) => {}
         }
-    }
+    })
+    .map_err(changed)?;
     let dir = |m: f64, rest: f64, out: f64, h: f64, su: f64, s_in: f64, c1: f64| {
         Dir::new(
             m,
@@ -263,7 +378,7 @@ pub(super) fn row_general(
     let dp = dir(ma, ra, oa, ha, sua, ina, c1p);
     let dq = dir(mb, rb, ob, hb, sub, inb, c1q);
     let (lp, lq) = match y {
-        Some(y) => (a[y] - ma - dp.ln_s, b[y] - mb - dq.ln_s),
+        Some(_) => (at_y.0 - ma - dp.ln_s, at_y.1 - mb - dq.ln_s),
         None => (0.0, 0.0),
     };
     if !common {
@@ -277,35 +392,37 @@ pub(super) fn row_general(
             lq,
         ));
     }
-    // pass 3: second-order sums around the shifts
+    // pass 3: second-order sums around the shifts; with it, the common-support sums of
+    // e^{x − top} that −log(mass on the other side's support) needs when that mass is < ½
     let (mut fp, mut fq) = (Sums::default(), Sums::default());
-    for i in 0..a.len() {
-        let (x, z) = (a[i], b[i]);
+    let (need_a, need_b) = (dp.out > 0.5, dq.out > 0.5);
+    let (mut lse_a, mut lse_b) = (0.0, 0.0);
+    src.visit(Some((ma, mb)), |_, x, z, ex, ez| {
         if x > ninf && z > ninf {
             let d = x - z;
-            fp.push((d - c1p) - dp.c2, wa[i], wb[i]);
-            fq.push((-d - c1q) - dq.c2, wb[i], wa[i]);
+            fp.push((d - c1p) - dp.c2, ex, ez);
+            fq.push((-d - c1q) - dq.c2, ez, ex);
+            if need_a {
+                lse_a += (x - ca_v.0).exp();
+            }
+            if need_b {
+                lse_b += (z - cb_v.1).exp();
+            }
         }
-    }
+    })
+    .map_err(changed)?;
     let (klp, lam_p) = fp.finish(&dp, &dq);
     let (klq, _) = fq.finish(&dq, &dp);
     // −log(mass on the other side's support): log1p while that mass is ≥ ½, else a log-sum-exp
     // over the common support around its own maximum (the plain sums may underflow there).
-    let neg_log_in = |own: &[f64], other: &[f64], mode: usize, m: f64, d: &Dir| -> f64 {
+    let neg_log_in = |top: f64, s: f64, m: f64, d: &Dir| -> f64 {
         if d.out <= 0.5 {
             return -(-d.out).ln_1p();
         }
-        let top = own[mode];
-        let s: f64 = own
-            .iter()
-            .zip(other.iter())
-            .filter(|(&x, &y)| x > ninf && y > ninf)
-            .map(|(&x, _)| (x - top).exp())
-            .sum();
         d.ln_s - ((top - m) + s.ln())
     };
-    let nq = neg_log_in(b, a, cb, mb, &dq);
-    let np = neg_log_in(a, b, ca, ma, &dp);
+    let nq = neg_log_in(cb_v.1, lse_b, mb, &dq);
+    let np = neg_log_in(ca_v.0, lse_a, ma, &dp);
     let kl = if inf_fwd {
         f64::INFINITY
     } else {
@@ -320,19 +437,19 @@ pub(super) fn row_general(
     let lam = lam_p + nq;
     let (isa, isb) = (1.0 / dp.s, 1.0 / dq.s);
     let mut tv = 0.0;
-    for i in 0..a.len() {
-        let (x, z) = (a[i], b[i]);
+    src.visit(Some((ma, mb)), |_, x, z, ex, ez| {
         if x > ninf && z > ninf {
             let u = ((x - z) - c1p) - dp.c2;
             let v = -u - lam;
-            let p = wa[i] * isa;
+            let p = ex * isa;
             tv += if v.abs() <= 1.0 {
                 p * v.exp_m1().abs()
             } else {
-                (p - wb[i] * isb).abs()
+                (p - ez * isb).abs()
             };
         }
-    }
+    })
+    .map_err(changed)?;
     let tv = (0.5 * (tv + dp.out + dq.out)).clamp(0.0, 1.0);
     Ok((kl, kl_rev, tv, dp.entropy, dq.entropy, lp, lq))
 }

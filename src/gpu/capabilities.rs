@@ -37,6 +37,43 @@ pub struct Capabilities {
     pub shader_f16: bool,
     /// `Features::TIMESTAMP_QUERY` enabled.
     pub timestamp_query: bool,
+    /// Loop iterations one shader invocation may run in all, where the driver stops loops
+    /// silently: Mesa's llvmpipe (lavapipe) keeps one counter for every loop of a shader,
+    /// never reset, and ends all loops after 65,535 iterations. Work that would need more is
+    /// refused ([`crate::Error::Limit`]) or split; `None` on other drivers.
+    pub loop_iterations: Option<u64>,
+}
+
+/// llvmpipe's `LP_MAX_TGSI_LOOP_ITERATIONS`.
+pub const LLVMPIPE_LOOP_ITERATIONS: u64 = 65_535;
+
+/// Loop iterations the kernels spend outside their strided loops over a row or a sequence
+/// (workgroup trees, per-element loops over at most 7 statistics, short loops over a top-K
+/// support are counted separately), with room to spare.
+pub const LOOP_MARGIN: u64 = 1024;
+
+/// Whether a kernel needing `iterations` loop iterations per invocation runs to the end on a
+/// device with `caps`.
+pub fn loops_fit(caps: &Capabilities, iterations: u64) -> bool {
+    caps.loop_iterations
+        .is_none_or(|max| iterations.saturating_add(LOOP_MARGIN) <= max)
+}
+
+/// [`crate::Error::Limit`] unless a kernel needing `iterations` loop iterations per invocation
+/// (for `what`, e.g. "a row of 8388608 logits") runs to the end on this device.
+pub fn check_loops(caps: &Capabilities, what: &str, iterations: u64) -> crate::error::Result<()> {
+    match caps.loop_iterations {
+        Some(max) if !loops_fit(caps, iterations) => Err(crate::error::Error::limit(
+            format!(
+                "{what} needs {} loop iterations in one kernel invocation on {} (it stops a \
+                 kernel's loops after {max} in all; --backend cpu has no such limit)",
+                iterations.saturating_add(LOOP_MARGIN),
+                caps.adapter_name
+            ),
+            max,
+        )),
+        _ => Ok(()),
+    }
 }
 
 impl Capabilities {
@@ -45,11 +82,15 @@ impl Capabilities {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
         let yn = |b: bool| if b { "yes" } else { "no" };
         format!(
-            "{} ({}, {})\n  driver: {}\n  max storage binding: {:.0} MiB, max buffer: {:.0} MiB, chunk limit: {:.2} MiB\n  workgroups: {} threads max, {} per dimension, {} KiB shared memory\n  subgroups: {}{}\n  shader-f16: {}, timestamps: {}",
+            "{} ({}, {})\n  driver: {}{}\n  max storage binding: {:.0} MiB, max buffer: {:.0} MiB, chunk limit: {:.2} MiB\n  workgroups: {} threads max, {} per dimension, {} KiB shared memory\n  subgroups: {}{}\n  shader-f16: {}, timestamps: {}",
             self.adapter_name,
             self.backend,
             self.device_type,
             if self.driver.is_empty() { "?" } else { &self.driver },
+            match self.loop_iterations {
+                Some(n) => format!(" (stops a kernel's loops after {n} iterations in all)"),
+                None => String::new(),
+            },
             mib(self.max_storage_binding),
             mib(self.max_buffer_size),
             mib(self.max_binding_bytes),

@@ -69,6 +69,9 @@ fn capabilities_of(
         subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
         shader_f16: features.contains(wgpu::Features::SHADER_F16),
         timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        loop_iterations: (info.name.to_ascii_lowercase().contains("llvmpipe")
+            || info.driver.to_ascii_lowercase().contains("llvmpipe"))
+        .then_some(super::capabilities::LLVMPIPE_LOOP_ITERATIONS),
     }
 }
 

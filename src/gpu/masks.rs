@@ -12,10 +12,12 @@
 //! `segment_reduce`, which split long sequences). Every device buffer comes from the context's
 //! pool, so steady-state calls allocate no device memory.
 
+use super::capabilities::loops_fit;
 use super::chunking::dispatch_grid;
 use super::context::Context;
 use super::pass::Pass;
 use super::pipeline::Op;
+use super::segment_reduce::mean_valid;
 use super::token_stats::pack_mask;
 use crate::batch::Segments;
 use crate::error::{Error, Result};
@@ -146,7 +148,22 @@ pub fn corrections_pass(
             .map(Some);
     }
     let mask = segments.mask();
-    let kernel = ctx.kernel(Op::Masks, DType::F32)?;
+    let kernel = ctx.segment_kernel(Op::Masks, DType::F32, mean_valid(segments))?;
+    // per sequence: two strided loops, one per sequence criterion, and one whose every
+    // element runs a loop over the token criteria and one over the 7 estimators
+    let longest = segments
+        .ranges()
+        .iter()
+        .map(|&(a, b)| b - a)
+        .max()
+        .unwrap_or(0) as u64;
+    let per = longest.div_ceil(u64::from(kernel.key.workgroup));
+    if !loops_fit(
+        ctx.capabilities(),
+        per * (2 + nc as u64) + per * (nc as u64 + 8),
+    ) {
+        return Ok(None); // the reference composition (segment reductions cut into pieces)
+    }
     let plan_buf = ctx.upload(bytemuck::cast_slice(&plan_words(plan)))?;
     let (flags, is_upper, is_lower) = match plan.is {
         None => (0u32, 0.0f32, 0.0f32),

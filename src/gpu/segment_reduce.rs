@@ -9,6 +9,7 @@
 //! A sequence longer than one chunk is cut into pieces whose partial results are merged on the
 //! host in order (ties keep the first maximum).
 
+use super::capabilities::LOOP_MARGIN;
 use super::chunking::{dispatch_grid, plan_segments};
 use super::context::Context;
 use super::pass::Pass;
@@ -35,6 +36,13 @@ pub struct SegmentReduceParams {
 
 /// Output words per (statistic, piece).
 const WORDS: usize = 6;
+
+/// Valid tokens per sequence on average: what the segmented kernels size their workgroups by
+/// (the same for a padded and a packed layout of one batch, so padding never changes a result).
+pub(super) fn mean_valid(segments: &Segments) -> f64 {
+    let valid = segments.mask().iter().filter(|&&m| m).count();
+    valid as f64 / segments.len().max(1) as f64
+}
 
 /// Sum, mean, max, min, argmax and count of each of `values` over the valid slots of every
 /// sequence; see [`SegmentStats`].
@@ -76,8 +84,14 @@ pub fn segment_reduce(
     if k == 0 || nseq == 0 {
         return Ok(out);
     }
-    let kernel = ctx.kernel(Op::SegmentReduce, DType::F32)?;
-    let limits = ctx.chunk_limits();
+    let kernel = ctx.segment_kernel(Op::SegmentReduce, DType::F32, mean_valid(segments))?;
+    let mut limits = ctx.chunk_limits();
+    if let Some(max) = ctx.capabilities().loop_iterations {
+        // one strided loop over a piece: cut longer sequences into pieces that fit the loop
+        // budget (merged on the host like pieces cut for the binding size)
+        let slots = max.saturating_sub(LOOP_MARGIN) * u64::from(kernel.key.workgroup);
+        limits.max_binding_bytes = limits.max_binding_bytes.min(slots * (4 * k) as u64);
+    }
     let plan = plan_segments(
         segments.ranges(),
         (4 * k) as u64,

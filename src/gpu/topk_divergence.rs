@@ -26,6 +26,7 @@
 //! Trainer log-probs given on S directly ([`TrainerTopk::LogProbs`]) leave nothing to stream:
 //! that case runs the CPU reference.
 
+use super::capabilities::check_loops;
 use super::chunking::{dispatch_grid, plan_rows, window, OFFSET_ALIGN};
 use super::context::Context;
 use super::pass::{Bind, Pass};
@@ -102,6 +103,12 @@ pub fn topk_divergence(
         ));
     }
     let kernel = ctx.kernel(Op::TopkDivergence, logits.dtype())?;
+    // one strided pass over the row, two loops over the support
+    check_loops(
+        ctx.capabilities(),
+        &format!("old_logits: a row of {v} logits with a support of {w}"),
+        (v as u64).div_ceil(u64::from(kernel.key.workgroup)) + 2 * w as u64,
+    )?;
     let limits = ctx.chunk_limits();
     let row_logits = (v * esize) as u64;
     // The largest binding per row: the logits row, the support, or the outputs.

@@ -13,6 +13,7 @@
 //! chunks in one [`Context::run`].
 
 use super::buffers::GpuBuffer;
+use super::capabilities::check_loops;
 use super::chunking::{dispatch_grid, plan_rows, window, ChunkLimits, OFFSET_ALIGN};
 use super::context::Context;
 use super::pass::{Bind, Pass};
@@ -149,6 +150,12 @@ fn run(
         }
     }
     let kernel = ctx.kernel(Op::VocabDivergence(db), da)?;
+    // three strided passes over the row at most (the third only for flagged rows)
+    check_loops(
+        ctx.capabilities(),
+        &format!("rollout_logits: a row of {vocab} logits"),
+        3 * (vocab as u64).div_ceil(u64::from(kernel.key.workgroup)),
+    )?;
     let limits = ctx.chunk_limits();
     let chunks = if on_device {
         plan(rows, vocab, da, db, &limits)?
