@@ -379,4 +379,59 @@ mod tests {
             "invalid input `rollout_logits`: value NaN at row 0, column 33"
         );
     }
+
+    /// The tensor or key each bad input is named by (`check_inputs`, shared with the GPU).
+    #[test]
+    fn bad_inputs_name_the_tensor() {
+        let l = |rows: usize, v: usize| Logits::from_f32(&vec![0.5; rows * v], rows, v).unwrap();
+        let who = |e: Error| match e {
+            Error::InvalidInput { tensor, .. } => tensor,
+            Error::InvalidConfig { key, .. } => key,
+            other => panic!("{other:?}"),
+        };
+        let (a, b) = (l(2, 3), l(2, 3));
+        let m = [true, false];
+        for t in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let e = vocab_divergence(&a, &b, None, &m, t).unwrap_err();
+            assert_eq!(who(e), "temperature", "τ = {t}");
+        }
+        assert!(vocab_divergence(&a, &b, None, &m, 1e-3).is_ok());
+        for (x, y, mask) in [
+            (l(2, 3), l(2, 4), &m[..]),
+            (l(2, 3), l(3, 3), &m[..]),
+            (l(3, 3), l(2, 3), &m[..]),
+            (l(2, 3), l(2, 3), &[true][..]),
+        ] {
+            let e = vocab_divergence(&x, &y, None, mask, 1.0).unwrap_err();
+            assert_eq!(who(e), "old_logits");
+        }
+        // responses: one id per slot, inside the vocabulary at valid slots (any id at masked
+        // ones), and not at a rollout logit of −∞
+        let ok = |ids: &[i64]| vocab_divergence(&a, &b, Some(ids), &m, 1.0);
+        assert!(ok(&[2, -5]).is_ok());
+        for ids in [&[0][..], &[0, 0, 0], &[3, 0], &[-1, 0]] {
+            assert_eq!(who(ok(ids).unwrap_err()), "responses", "{ids:?}");
+        }
+        let ninf = Logits::from_f32(&[0.0, f32::NEG_INFINITY, 0.0, 0.0, 0.0, 0.0], 2, 3).unwrap();
+        let e = vocab_divergence(&ninf, &b, Some(&[1, 0]), &m, 1.0).unwrap_err();
+        assert_eq!(who(e), "responses");
+    }
+
+    /// Logits are divided by the temperature: τ = 2 on x equals τ = 1 on x/2 (exact halves).
+    #[test]
+    fn the_temperature_divides_the_logits() {
+        let a = [0.3f32, -1.2, 2.0, 0.7, 0.0];
+        let b = [0.1f32, -1.0, 2.5, 0.2, 0.4];
+        let half = |x: &[f32]| x.iter().map(|v| v / 2.0).collect::<Vec<f32>>();
+        let run = |x: &[f32], y: &[f32], t: f64| {
+            let (lx, ly) = (
+                Logits::from_f32(x, 1, 5).unwrap(),
+                Logits::from_f32(y, 1, 5).unwrap(),
+            );
+            vocab_divergence(&lx, &ly, Some(&[2]), &[true], t).unwrap()
+        };
+        let (hot, cold) = (run(&a, &b, 2.0), run(&half(&a), &half(&b), 1.0));
+        assert_eq!(format!("{hot:?}"), format!("{cold:?}"));
+        assert!(hot.kl[0] < run(&a, &b, 1.0).kl[0]);
+    }
 }
