@@ -434,4 +434,30 @@ mod tests {
         assert_eq!(format!("{hot:?}"), format!("{cold:?}"));
         assert!(hot.kl[0] < run(&a, &b, 1.0).kl[0]);
     }
+
+    /// A row on the general path (a −∞ entry) with an element 40 nats more likely under the
+    /// trainer than under the rollout (`u < −30`: summed in log space) against the naive sums.
+    #[test]
+    fn extreme_elements_match_the_naive_sums() {
+        let a = [0.3f32, -35.0, 2.0, 0.7, f32::NEG_INFINITY];
+        let b = [0.1f32, 5.0, 2.5, 0.2, 0.4];
+        let s = stats(&a, &b, 5);
+        let sm = |x: &[f32]| {
+            let z: f64 = x.iter().map(|&e| (e as f64).exp()).sum();
+            x.iter().map(|&e| (e as f64).exp() / z).collect::<Vec<_>>()
+        };
+        let (p, q) = (sm(&a), sm(&b));
+        let kl: f64 = p
+            .iter()
+            .zip(&q)
+            .filter(|(p, _)| **p > 0.0)
+            .map(|(p, q)| p * (p / q).ln())
+            .sum();
+        let tv: f64 = 0.5 * p.iter().zip(&q).map(|(p, q)| (p - q).abs()).sum::<f64>();
+        let hq: f64 = -q.iter().map(|q| q * q.ln()).sum::<f64>();
+        assert!((s.kl[0] - kl).abs() < 1e-14 * kl, "{} {kl}", s.kl[0]);
+        assert!((s.tv[0] - tv).abs() < 1e-14, "{} {tv}", s.tv[0]);
+        assert!((s.training_entropy[0] - hq).abs() < 1e-14);
+        assert_eq!(s.kl_rev[0], f64::INFINITY);
+    }
 }
