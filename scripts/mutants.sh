@@ -8,8 +8,12 @@
 #
 #   scripts/mutants.sh math|grammar|cpu|bounds_sums|bounds|topk|vocab [extra cargo-mutants args]
 #
-# Needs `cargo install cargo-mutants`. Work directory: ${MUTANTS_DIR:-/tmp/trmask-mutants}/NAME
-# (results in its mutants.out/). Set MUTANTS_NICE=19 to run at the lowest CPU priority.
+# Needs `cargo install cargo-mutants` and python3 (scripts/mutants-extract.py copies the CPU
+# halves of tests/topk.rs and tests/vocab_divergence.rs). Work directory:
+# ${MUTANTS_DIR:-/tmp/trmask-mutants}/NAME (results in its mutants.out/). Set MUTANTS_NICE=19 to
+# run at the lowest CPU priority. `vocab` mutates vocab_divergence.rs, vocab_general.rs and
+# vocab_fast.rs; MUTANTS_FILES="vocab_general" (say) limits it to some of them, so that two
+# runs in two MUTANTS_DIRs can share the work. cpu/mod.rs (the Engine glue) is not covered.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 name=${1:?usage: scripts/mutants.sh math|grammar|cpu|bounds_sums|bounds|topk|vocab [cargo-mutants args]}

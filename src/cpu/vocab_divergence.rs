@@ -260,6 +260,8 @@ mod tests {
             (5000, 1.0, 1e-4, 0.0),
             (100, 0.1, 2.0, 0.2),
             (2, 1.0, 0.5, 0.0),
+            // no −∞ and a large mismatch: the modes differ (K ≠ 1) and most |u| ≥ 0.1
+            (600, 1.0, 1.5, 0.0),
         ] {
             let mut sc = Scratch::new(v);
             for i in 0..v {
