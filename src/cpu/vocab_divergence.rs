@@ -461,5 +461,23 @@ mod tests {
         assert!((s.tv[0] - tv).abs() < 1e-14, "{} {tv}", s.tv[0]);
         assert!((s.training_entropy[0] - hq).abs() < 1e-14);
         assert_eq!(s.kl_rev[0], f64::INFINITY);
+        // the rollout's mass where the trainer's logit is −∞ (KL = ∞): TV and the reverse KL
+        let (a, b) = (b, [0.1f32, f32::NEG_INFINITY, 2.5, 0.2, 0.4]);
+        let s = stats(&a, &b, 5);
+        let (p, q) = (sm(&a), sm(&b));
+        let kr: f64 = q
+            .iter()
+            .zip(&p)
+            .filter(|(q, _)| **q > 0.0)
+            .map(|(q, p)| q * (q / p).ln())
+            .sum();
+        let tv: f64 = 0.5 * p.iter().zip(&q).map(|(p, q)| (p - q).abs()).sum::<f64>();
+        assert_eq!(s.kl[0], f64::INFINITY);
+        assert!(
+            (s.kl_rev[0] - kr).abs() < 1e-14 * kr,
+            "{} {kr}",
+            s.kl_rev[0]
+        );
+        assert!((s.tv[0] - tv).abs() < 1e-14, "{} {tv}", s.tv[0]);
     }
 }
