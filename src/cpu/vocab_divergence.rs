@@ -296,6 +296,22 @@ mod tests {
                 }
             }
         }
+        // a 1e-6 mismatch (KL ~ 1e-13): the fast path keeps it to 1e-9 relative (w(u) by its
+        // series, u centred at the mode; the closed form p·e^{−u} − p + p·u would cancel)
+        let v = 1000;
+        let mut sc = Scratch::new(v);
+        for i in 0..v {
+            sc.a[i] = (rnd() - 0.5) * 6.0;
+            sc.b[i] = sc.a[i] + (rnd() - 0.5) * 1e-6 + 0.37;
+        }
+        let fast = row_fast(&mut sc, None).unwrap();
+        let slow = row_general(&mut sc, None).unwrap();
+        for (f, g) in [(fast.0, slow.0), (fast.1, slow.1)] {
+            assert!(
+                g > 1e-15 && (f - g).abs() <= 1e-9 * g,
+                "fast {f:e} general {g:e}"
+            );
+        }
         // exp_neg against std
         for i in 0..9_900 {
             let x = -(i as f64) * 0.0713;
