@@ -495,5 +495,22 @@ mod tests {
             s.kl_rev[0]
         );
         assert!((s.tv[0] - tv).abs() < 1e-14, "{} {tv}", s.tv[0]);
+        // the extreme element off the trainer's mode (its weight ≠ 1), 40 and 700 nats (past
+        // e^600: the log-space branch of λ) likelier under the trainer
+        for lo in [-38.0f32, -700.0] {
+            let a = [0.3f32, lo, 2.0, 0.7, f32::NEG_INFINITY];
+            let b = [0.1f32, 2.0, 2.5, 0.2, 0.4];
+            let s = stats(&a, &b, 5);
+            let (p, q) = (sm(&a), sm(&b));
+            let kl: f64 = p
+                .iter()
+                .zip(&q)
+                .filter(|(p, _)| **p > 0.0)
+                .map(|(p, q)| p * (p / q).ln())
+                .sum();
+            let tv: f64 = 0.5 * p.iter().zip(&q).map(|(p, q)| (p - q).abs()).sum::<f64>();
+            assert!((s.kl[0] - kl).abs() < 1e-13 * kl, "{lo}: {} {kl}", s.kl[0]);
+            assert!((s.tv[0] - tv).abs() < 1e-14, "{lo}: {} {tv}", s.tv[0]);
+        }
     }
 }
