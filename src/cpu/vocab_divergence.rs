@@ -512,5 +512,10 @@ mod tests {
             assert!((s.kl[0] - kl).abs() < 1e-13 * kl, "{lo}: {} {kl}", s.kl[0]);
             assert!((s.tv[0] - tv).abs() < 1e-14, "{lo}: {} {tv}", s.tv[0]);
         }
+        // 1e4-scale logits, the trainer giving the rollout's mode e^−700: a closed form
+        let s = stats(&[0.0, -1e4, f32::NEG_INFINITY], &[-700.0, 0.0, 0.0], 3);
+        let kl = 700.0 + 2f64.ln(); // p = (1, e^−1e4, 0), q = (e^−700/2, 1/2, 1/2)
+        assert!((s.kl[0] - kl).abs() < 1e-13 * kl, "{} {kl}", s.kl[0]);
+        assert!((s.tv[0] - 1.0).abs() < 1e-15, "{}", s.tv[0]);
     }
 }
