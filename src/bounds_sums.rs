@@ -99,3 +99,46 @@ pub(crate) fn constant_profile_sum(
     };
     d * sum([linear, root, (horizon - sat) as f64])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compensated_sum_keeps_what_plain_summation_loses() {
+        // plain left-to-right summation gives 0 for the first two
+        assert_eq!(sum([1.0, 1e100, 1.0, -1e100]), 2.0);
+        assert_eq!(sum([1e-16, 1.0, 1e-16, -1.0]), 2e-16);
+        assert_eq!(sum([0.1; 10]), 1.0);
+        assert_eq!(sum([]), 0.0);
+        assert_eq!(sum([-3.5]), -3.5);
+    }
+
+    #[test]
+    fn an_infinite_eps_saturates_every_weight_in_closed_form() {
+        // 0·∞ is NaN and min(1, NaN) = 1: every weight is 1, there is no linear piece
+        let h = EXACT_TERMS + 3;
+        let lntrm_weight = crate::bounds::lntrm_weight;
+        let got = constant_profile_sum(h, 0.5, Some(f64::INFINITY), None, lntrm_weight);
+        assert_eq!(got, 0.5 * h as f64);
+    }
+
+    #[test]
+    fn sqrt_sum_closed_form_is_exact_to_rounding() {
+        // Euler–Maclaurin past 2^20 against the term-by-term sum; the N^(−1/2)/24 term alone
+        // moves these sums by about 1e-14 relative
+        for (lo, hi) in [
+            (EXACT_TERMS, 2 * EXACT_TERMS + 1),
+            (EXACT_TERMS + 7, 3 * EXACT_TERMS),
+            (3, 2 * EXACT_TERMS + 5),
+        ] {
+            let want = sum((lo..hi).map(|k| (k as f64).sqrt()));
+            let got = sqrt_sum(lo, hi);
+            let rel = ((got - want) / want).abs();
+            assert!(
+                rel < 2e-15,
+                "sqrt_sum({lo}, {hi}) = {got}, want {want}, rel {rel:e}"
+            );
+        }
+    }
+}

@@ -196,6 +196,137 @@ mod tests {
         }
     }
 
+    /// Relative error of `got` against `want` (exact match for zeros).
+    fn rel(got: f64, want: f64) -> f64 {
+        if got == want {
+            0.0
+        } else {
+            ((got - want) / want).abs()
+        }
+    }
+
+    #[test]
+    fn log1p_minus_x_against_an_80_digit_reference() {
+        // (x, ln(1 + x) − x) rounded to f64 from an mpmath evaluation at 60 digits.
+        const REF: [(f64, f64); 12] = [
+            (1e-12, -4.999999999996667e-25),
+            (-1e-12, -5.000000000003333e-25),
+            (1e-06, -4.999996666669166e-13),
+            (-0.0003, -4.500900202548611e-08),
+            (0.005, -1.2458488960926388e-05),
+            (-0.0099, -4.933085366808252e-05),
+            (0.0099, -4.868394962581728e-05),
+            (0.01, -4.966914683191715e-05),
+            (-0.01, -5.0335853501441186e-05),
+            (0.3, -0.03763573553250894),
+            (-0.5, -0.19314718055994531),
+            (2.0, -0.9013877113318903),
+        ];
+        for (x, want) in REF {
+            let got = log1p_minus_x(x);
+            // the series (|x| < 0.01) to a few ulps; ln_1p(x) − x loses log2(x / result) bits
+            let tol = if x.abs() < 0.01 { 2e-15 } else { 1e-13 };
+            assert!(
+                rel(got, want) <= tol,
+                "log1p_minus_x({x:e}) = {got:e}, want {want:e}"
+            );
+        }
+    }
+
+    #[test]
+    fn log1mexp_on_both_sides_of_the_switch() {
+        // (x, ln(1 − eˣ)) from mpmath at 60 digits; the switch is at −ln 2 ≈ −0.693.
+        const REF: [(f64, f64); 8] = [
+            (-1e-10, -23.025850929990458),
+            (-0.01, -4.610166019324897),
+            (-0.5, -0.9327521295671886),
+            (-0.69, -0.6963042971440567),
+            (-0.7, -0.6863410028083852),
+            (-1.0, -0.4586751453870819),
+            (-5.0, -0.006760749449488557),
+            (-40.0, -4.248354255291589e-18),
+        ];
+        for (x, want) in REF {
+            let got = log1mexp(x);
+            assert!(
+                rel(got, want) <= 1e-15,
+                "log1mexp({x:e}) = {got:e}, want {want:e}"
+            );
+        }
+        assert_eq!(log1mexp(0.0), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn neumaier_sum_keeps_what_plain_summation_loses() {
+        // plain left-to-right summation gives 0 for both
+        let big = [1.0, 1e100, 1.0, -1e100];
+        assert_eq!(neumaier_sum(big.iter().copied()), 2.0);
+        let small_first = [1e-16, 1.0, 1e-16, -1.0];
+        assert_eq!(neumaier_sum(small_first.iter().copied()), 2e-16);
+        let tenths = [0.1; 10];
+        assert_eq!(neumaier_sum(tenths.iter().copied()), 1.0);
+        assert_eq!(neumaier_sum(std::iter::empty()), 0.0);
+        assert_eq!(neumaier_sum([-3.5].into_iter()), -3.5);
+    }
+
+    #[test]
+    fn log_sum_exp_against_a_reference() {
+        // ln Σ eˣ from mpmath at 60 digits
+        let cases: [(&[f64], f64); 4] = [
+            (&[0.0, -1.0, -2.0], 0.4076059644443803),
+            (&[-3.0, 1.5, 1.5, -0.25], 2.2815622527365087),
+            (&[2.0, -30.0], 2.000000000000013),
+            (&[-7.25], -7.25),
+        ];
+        for (x, want) in cases {
+            let got = log_sum_exp(x);
+            assert!(
+                rel(got, want) <= 4e-16,
+                "lse({x:?}) = {got:e}, want {want:e}"
+            );
+        }
+        // a lone −∞ (or all −∞) has no maximum above −∞
+        assert_eq!(log_sum_exp(&[f64::NEG_INFINITY]), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn binary_kl_against_a_reference() {
+        // max(D_B(p‖q), D_B(q‖p)) from mpmath at 60 digits: both branches of ln((1−q)/(1−p))
+        // (|t| < 0.5 and the log1mexp difference) and both branches of the KL terms (u > 1).
+        const REF: [(f64, f64, f64); 11] = [
+            // p and q within 1e-7 relative: ln((1−q)/(1−p)) must not be a difference of logs
+            (-0.5, -0.500000001, 7.707469967621045e-19),
+            (-2.0, -2.0000001, 7.825881769345972e-16),
+            (-0.001, -0.0010000001, 4.997500253241786e-18),
+            (-1e-10, -2e-10, 3.862943610812612e-11),
+            (-0.2, -1.7, 0.9568883939085879),
+            (-1.7, -0.2, 0.9568883939085879),
+            (-0.5, -0.52, 0.0003011598719085032),
+            (-3.0, -2.9, 0.00028062380632226696),
+            (-0.001, -5.0, 6.8213095867438325),
+            (-2e-09, -1e-09, 3.862943607335963e-10),
+            (-0.05, -0.04, 0.0011285211281419172),
+        ];
+        for (lp, lq, want) in REF {
+            let got = binary_kl(lp, lq, lp - lq);
+            assert!(
+                rel(got, want) <= 1e-13,
+                "binary_kl({lp:e}, {lq:e}) = {got:e}, want {want:e}"
+            );
+        }
+    }
+
+    #[test]
+    fn inv_fact_is_one_over_n_factorial() {
+        let mut fact = 1.0f64; // n! is exact in f64 up to 22!
+        for (n, &c) in INV_FACT.iter().enumerate() {
+            if n > 0 {
+                fact *= n as f64;
+            }
+            assert_eq!(c, 1.0 / fact, "INV_FACT[{n}]");
+        }
+    }
+
     #[test]
     fn lse_keeps_small_complements() {
         let lp = [-1e-20f64, -50.0];

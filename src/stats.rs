@@ -29,7 +29,8 @@ pub struct TokenStats {
 ///
 /// Empty sequences (no valid token, including all-masked rows) have `count = 0`, `sum = 0`,
 /// `mean = 0`, `max = 0`, `min = 0` and `argmax = -1`. `argmax` is the offset of the first
-/// maximal token from the start of its sequence's slot range (the column `t` in a padded batch).
+/// maximal valid token from the start of its sequence's slot range (the column `t` in a padded
+/// batch); a sequence whose valid values are all −∞ has the offset of its first valid token.
 /// `mean` is the exact mean `sum / count` (verl's `+1e-8` quirk is applied by the verl layer).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SegmentStats {

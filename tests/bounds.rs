@@ -615,3 +615,115 @@ fn closed_forms_match_brute_force_past_2_20() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rules a mutation run (docs/TESTING.md) found untested.
+
+/// `adaptive_kl` / `adaptive_tv` as free functions agree with the term-by-term reference (they
+/// were only checked through `compute`, which has its own path).
+#[test]
+fn adaptive_one_sided_free_functions_match_the_reference() {
+    let dbar = [0.3, 0.05, 0.2, 0.0, 0.11, 0.4, 0.07];
+    for (eps, delta) in [(0.4, 0.02), (0.01, 0.5), (2.0, 3.0)] {
+        let kl = bounds::adaptive_kl(delta, &dbar);
+        let tv = bounds::adaptive_tv(eps, &dbar);
+        assert_rel(kl, ref_adaptive(&dbar, eps, delta, 1), 1e-14, "adaptive_kl");
+        assert_rel(tv, ref_adaptive(&dbar, eps, delta, 2), 1e-14, "adaptive_tv");
+        assert!(kl > 0.0 && tv > 0.0);
+    }
+}
+
+/// The largest value of a `D̄` profile, as the table reports it.
+#[test]
+fn dbar_max_is_the_largest_value() {
+    assert_eq!(Dbar::Constant(0.25).max(), 0.25);
+    assert_eq!(Dbar::Profile(vec![0.1, 0.7, 0.3]).max(), 0.7);
+    assert_eq!(Dbar::Profile(vec![]).max(), 0.0);
+    let inp = BoundInputs {
+        dbar: Some(vec![0.01, 0.375, 0.125]),
+        ..BoundInputs::new(3, 0.01)
+    };
+    let t = compute(&inp).unwrap().table();
+    let line = t
+        .lines()
+        .find(|l| l.trim_start().starts_with("dbar"))
+        .unwrap();
+    assert!(
+        line.contains("0.3750000") && line.contains("(max of 3 values)"),
+        "{t}"
+    );
+}
+
+/// The horizon limit is 2^53 inclusive: 2^53 itself computes (in closed form), 2^53 + 1 is
+/// refused naming `--horizon`.
+#[test]
+fn horizon_of_exactly_2_pow_53_is_accepted() {
+    let top = 1usize << 53;
+    let b = compute(&BoundInputs::new(top, 1e-30)).unwrap();
+    assert!(b.unified.is_finite() && b.unified > 0.0);
+    let err = compute(&BoundInputs::new(top + 1, 1e-30)).unwrap_err();
+    assert_eq!(config_key(err), "--horizon");
+}
+
+/// Past 2^20 positions the Pinsker-Marginal and coupling sums are closed forms, O(1) in time:
+/// a horizon of 2^50 returns at once and matches the integral approximation of the sum.
+#[test]
+fn pm_and_coupling_take_constant_time_at_huge_horizons() {
+    let t = 1usize << 50;
+    let tf = t as f64;
+    // δ tiny enough that no term saturates: Σ_{k<T} √(kδ/2) ≈ √(δ/2)·(2/3)T^{3/2}
+    let delta = 1e-40;
+    let pm = bounds::pm_kl(t, delta);
+    let want = 4.0 * (delta / 2.0f64).sqrt() * (delta / 2.0f64).sqrt() * (2.0 / 3.0) * tf.powf(1.5);
+    assert_rel(pm, want, 1e-6, "pm_kl at 2^50");
+    // ε tiny: Σ_{k<T} kε = εT(T−1)/2
+    let eps = 1e-30;
+    let co = bounds::coupling(t, eps);
+    assert_rel(
+        co,
+        4.0 * eps * eps * tf * (tf - 1.0) / 2.0,
+        1e-12,
+        "coupling at 2^50",
+    );
+}
+
+/// The table writes every value with 7 significant digits: fixed notation in [1e-4, 1e7),
+/// scientific outside it.
+#[test]
+fn table_values_have_seven_significant_digits() {
+    let inp = BoundInputs {
+        horizon: 123_457,
+        delta: 3.3e-3,
+        eps: Some(0.0123),
+        kl_seq: Some(45.678),
+        tv_seq: Some(2.5e-6),
+        dbar: None,
+    };
+    let b = compute(&inp).unwrap();
+    let t = b.table();
+    let mut seen = 0;
+    for (name, v) in b
+        .entries()
+        .into_iter()
+        .chain([("kl_seq", 45.678), ("tv_seq", 2.5e-6)])
+    {
+        let line = t
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap();
+        let s = line.split_whitespace().nth(1).unwrap();
+        let got: f64 = s.parse().unwrap();
+        assert!((got - v).abs() <= 5e-7 * v.abs(), "{name}: {s} vs {v:e}");
+        let (mantissa, exp) = s.split_once('e').unwrap_or((s, ""));
+        let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+        assert_eq!(digits.trim_start_matches('0').len(), 7, "{name}: {s}");
+        assert_eq!(
+            exp.is_empty(),
+            (1e-4..1e7).contains(&v.abs()),
+            "{name}: {s}"
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 13);
+    assert!(t.contains("45.67800") && t.contains("2.500000e-6"), "{t}");
+}

@@ -30,3 +30,24 @@ fn argmax_is_the_first_maximum_on_every_engine() {
         assert_eq!(r[0].max, vec![2.0, 5.0, 3.0], "{}", e.name());
     }
 }
+
+#[test]
+fn argmax_of_a_sequence_of_minus_infinity_is_its_first_valid_token() {
+    // every valid value −∞: the first valid token is the first maximum (it was −1 on the CPU,
+    // the offset of the first valid token on the GPU)
+    let ninf = f64::NEG_INFINITY;
+    let seg = Segments::new(vec![(0, 3), (3, 5)], vec![false, true, true, true, true]).unwrap();
+    let v = [0.0, ninf, ninf, ninf, 1.0];
+    let cpu = trmask::cpu::CpuEngine::new();
+    let gpu = common::gpu();
+    let mut engines: Vec<&dyn Engine> = vec![&cpu];
+    if let Some(g) = &gpu {
+        engines.push(g.as_ref());
+    }
+    for e in engines {
+        let r = e.segment_reduce(&[&v], &seg).unwrap();
+        assert_eq!(r[0].argmax, vec![1, 1], "{}", e.name());
+        assert_eq!(r[0].max, vec![ninf, 1.0], "{}", e.name());
+        assert_eq!(r[0].count, vec![2, 2], "{}", e.name());
+    }
+}

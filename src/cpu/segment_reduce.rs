@@ -20,14 +20,16 @@ pub fn segment_reduce(values: &[f64], segments: &Segments) -> SegmentStats {
         let mut sum = 0.0;
         let mut max = f64::NEG_INFINITY;
         let mut min = f64::INFINITY;
-        let mut arg = -1i64;
+        let mut arg = 0i64; // set by the first valid token
         let mut n = 0u32;
         for (i, (&v, &m)) in values[a..b].iter().zip(&segments.mask()[a..b]).enumerate() {
             if !m {
                 continue;
             }
             sum += v;
-            if v > max {
+            // the first valid token, then a strictly larger one: the first maximum (as the GPU
+            // does, also when every valid value is −∞)
+            if n == 0 || v > max {
                 max = v;
                 arg = i as i64;
             }

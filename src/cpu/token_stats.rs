@@ -86,6 +86,26 @@ mod tests {
     }
 
     #[test]
+    fn every_estimator_at_one_slot() {
+        // log-ratio = train − rollout = 0.25 exactly (and −0.25 the other way round)
+        let c = 0.25f64;
+        let s = token_stats(&[-1.5, -1.25], &[-1.25, -1.5], &[true, true]);
+        assert_eq!(s.log_ratio, vec![c, -c]);
+        assert_eq!(s.rho, vec![c.exp(), (-c).exp()]);
+        assert_eq!(s.k1, vec![-c, c]);
+        assert_eq!(s.k2, vec![0.03125, 0.03125]);
+        assert_eq!(s.k3, vec![k3_from_log_ratio(c), k3_from_log_ratio(-c)]);
+        assert_eq!(s.abs, vec![c, c]);
+        assert_eq!(s.ser, vec![c.exp_m1(), -(-c).exp_m1()]);
+        // below −SAFETY_BOUND: the log-ratio is kept, the estimators use −20
+        let s = token_stats(&[0.0], &[-25.0], &[true]);
+        assert_eq!(s.log_ratio, vec![-25.0]);
+        assert_eq!((s.k1[0], s.abs[0], s.k2[0]), (20.0, 20.0, 200.0));
+        assert_eq!(s.rho, vec![(-20f64).exp()]);
+        assert_eq!(s.k3, vec![k3_from_log_ratio(-20.0)]);
+    }
+
+    #[test]
     fn clamps_like_verl_and_ignores_padding() {
         let s = token_stats(
             &[0.0, f64::NAN, 0.0],

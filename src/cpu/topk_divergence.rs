@@ -234,6 +234,61 @@ mod tests {
         assert!((r.ddot_uniform - ((p[2] - m[2]) + cross)).abs() < 1e-15);
     }
 
+    /// One tail under the 1e-12 floor, the other not: the KL takes the clamped tail term
+    /// `μ̂ ln(μ̂/π̂)` (the unclamped closed form applies only when neither tail is clamped).
+    #[test]
+    fn one_clamped_tail_uses_the_floor() {
+        let naive = |mu: &[f64], pi: &[f64]| {
+            let mt = (1.0 - mu.iter().sum::<f64>()).max(TAIL_FLOOR);
+            let pt = (1.0 - pi.iter().sum::<f64>()).max(TAIL_FLOOR);
+            mu.iter()
+                .zip(pi)
+                .map(|(a, b)| a * (a / b).ln())
+                .sum::<f64>()
+                + mt * (mt / pt).ln()
+        };
+        for (mu, pi) in [([0.6, 0.3], [0.5, 0.5]), ([0.5, 0.5], [0.6, 0.3])] {
+            let ln = |x: [f64; 2]| x.map(f64::ln);
+            let r = topk_row(&ln(mu), &ln(pi), 0, 10);
+            let want = naive(&mu, &pi);
+            assert!(
+                (r.topk_kl - want).abs() < 1e-14 * want,
+                "{} {want}",
+                r.topk_kl
+            );
+        }
+    }
+
+    /// Neither tail clamped and the tails 1e-8 apart: the closed form `μ_t k3(ln π_t − ln μ_t)`
+    /// keeps a KL of 4.5e-16 (the clamped form's `− μ_t + π_t` cancels it away).
+    #[test]
+    fn unclamped_tails_keep_a_tiny_kl() {
+        let (lm, lp) = (-0.10536051565782628f64, -0.10536050565782629f64); // ln 0.9, + 1e-8
+        let r = topk_row(&[lm], &[lp], 0, 4);
+        // μ ln(μ/π) + μ_t ln(μ_t/π_t) at these exact inputs, 60 digits (python3 decimal)
+        let want = 4.500000280262819e-16;
+        assert!((r.topk_kl - want).abs() < 1e-6 * want, "{:e}", r.topk_kl);
+    }
+
+    /// The trainer's log-probs on S from logits divided by the temperature.
+    #[test]
+    fn gather_log_probs_divides_by_the_temperature() {
+        let row = [1.0f32, -2.0, 0.5, 3.0, 3.0];
+        let logits = Logits::from_f32(&row, 1, 5).unwrap();
+        for tau in [0.7f64, 1.0, 2.5] {
+            let x: Vec<f64> = row.iter().map(|&v| v as f64 / tau).collect();
+            let lse = x.iter().map(|v| v.exp()).sum::<f64>().ln();
+            let (mut out, mut buf) = ([0.0; 3], [0.0; 5]);
+            gather_log_probs(&logits, 0, 1.0 / tau, &[3, 1, 4], &mut out, &mut buf).unwrap();
+            for (o, id) in out.iter().zip([3, 1, 4]) {
+                assert!((o - (x[id] - lse)).abs() < 1e-14, "τ={tau} id {id}: {o}");
+            }
+        }
+        let bad = Logits::from_f32(&[f32::NEG_INFINITY; 3], 1, 3).unwrap();
+        let e = gather_log_probs(&bad, 0, 1.0, &[0], &mut [0.0], &mut [0.0; 3]).unwrap_err();
+        assert!(e.contains("-inf"), "{e}");
+    }
+
     #[test]
     fn zero_trainer_probability_gives_infinite_kl() {
         let r = topk_row(&[-0.5, -1.0], &[-0.2, f64::NEG_INFINITY], 0, 5);

@@ -260,6 +260,8 @@ mod tests {
             (5000, 1.0, 1e-4, 0.0),
             (100, 0.1, 2.0, 0.2),
             (2, 1.0, 0.5, 0.0),
+            // no −∞ and a large mismatch: the modes differ (K ≠ 1) and most |u| ≥ 0.1
+            (600, 1.0, 1.5, 0.0),
         ] {
             let mut sc = Scratch::new(v);
             for i in 0..v {
@@ -293,6 +295,22 @@ mod tests {
                     );
                 }
             }
+        }
+        // a 1e-6 mismatch (KL ~ 1e-13): the fast path keeps it to 1e-9 relative (w(u) by its
+        // series, u centred at the mode; the closed form p·e^{−u} − p + p·u would cancel)
+        let v = 1000;
+        let mut sc = Scratch::new(v);
+        for i in 0..v {
+            sc.a[i] = (rnd() - 0.5) * 6.0;
+            sc.b[i] = sc.a[i] + (rnd() - 0.5) * 1e-6 + 0.37;
+        }
+        let fast = row_fast(&mut sc, None).unwrap();
+        let slow = row_general(&mut sc, None).unwrap();
+        for (f, g) in [(fast.0, slow.0), (fast.1, slow.1)] {
+            assert!(
+                g > 1e-15 && (f - g).abs() <= 1e-9 * g,
+                "fast {f:e} general {g:e}"
+            );
         }
         // exp_neg against std
         for i in 0..9_900 {
@@ -378,5 +396,126 @@ mod tests {
             e.to_string(),
             "invalid input `rollout_logits`: value NaN at row 0, column 33"
         );
+    }
+
+    /// The tensor or key each bad input is named by (`check_inputs`, shared with the GPU).
+    #[test]
+    fn bad_inputs_name_the_tensor() {
+        let l = |rows: usize, v: usize| Logits::from_f32(&vec![0.5; rows * v], rows, v).unwrap();
+        let who = |e: Error| match e {
+            Error::InvalidInput { tensor, .. } => tensor,
+            Error::InvalidConfig { key, .. } => key,
+            other => panic!("{other:?}"),
+        };
+        let (a, b) = (l(2, 3), l(2, 3));
+        let m = [true, false];
+        for t in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let e = vocab_divergence(&a, &b, None, &m, t).unwrap_err();
+            assert_eq!(who(e), "temperature", "τ = {t}");
+        }
+        assert!(vocab_divergence(&a, &b, None, &m, 1e-3).is_ok());
+        for (x, y, mask) in [
+            (l(2, 3), l(2, 4), &m[..]),
+            (l(2, 3), l(3, 3), &m[..]),
+            (l(3, 3), l(2, 3), &m[..]),
+            (l(2, 3), l(2, 3), &[true][..]),
+        ] {
+            let e = vocab_divergence(&x, &y, None, mask, 1.0).unwrap_err();
+            assert_eq!(who(e), "old_logits");
+        }
+        // responses: one id per slot, inside the vocabulary at valid slots (any id at masked
+        // ones), and not at a rollout logit of −∞
+        let ok = |ids: &[i64]| vocab_divergence(&a, &b, Some(ids), &m, 1.0);
+        assert!(ok(&[2, -5]).is_ok());
+        for ids in [&[0][..], &[0, 0, 0], &[3, 0], &[-1, 0]] {
+            assert_eq!(who(ok(ids).unwrap_err()), "responses", "{ids:?}");
+        }
+        let ninf = Logits::from_f32(&[0.0, f32::NEG_INFINITY, 0.0, 0.0, 0.0, 0.0], 2, 3).unwrap();
+        let e = vocab_divergence(&ninf, &b, Some(&[1, 0]), &m, 1.0).unwrap_err();
+        assert_eq!(who(e), "responses");
+    }
+
+    /// Logits are divided by the temperature: τ = 2 on x equals τ = 1 on x/2 (exact halves).
+    #[test]
+    fn the_temperature_divides_the_logits() {
+        let a = [0.3f32, -1.2, 2.0, 0.7, 0.0];
+        let b = [0.1f32, -1.0, 2.5, 0.2, 0.4];
+        let half = |x: &[f32]| x.iter().map(|v| v / 2.0).collect::<Vec<f32>>();
+        let run = |x: &[f32], y: &[f32], t: f64| {
+            let (lx, ly) = (
+                Logits::from_f32(x, 1, 5).unwrap(),
+                Logits::from_f32(y, 1, 5).unwrap(),
+            );
+            vocab_divergence(&lx, &ly, Some(&[2]), &[true], t).unwrap()
+        };
+        let (hot, cold) = (run(&a, &b, 2.0), run(&half(&a), &half(&b), 1.0));
+        assert_eq!(format!("{hot:?}"), format!("{cold:?}"));
+        assert!(hot.kl[0] < run(&a, &b, 1.0).kl[0]);
+    }
+
+    /// A row on the general path (a −∞ entry) with an element 40 nats more likely under the
+    /// trainer than under the rollout (`u < −30`: summed in log space) against the naive sums.
+    #[test]
+    fn extreme_elements_match_the_naive_sums() {
+        let a = [0.3f32, -35.0, 2.0, 0.7, f32::NEG_INFINITY];
+        let b = [0.1f32, 5.0, 2.5, 0.2, 0.4];
+        let s = stats(&a, &b, 5);
+        let sm = |x: &[f32]| {
+            let z: f64 = x.iter().map(|&e| (e as f64).exp()).sum();
+            x.iter().map(|&e| (e as f64).exp() / z).collect::<Vec<_>>()
+        };
+        let (p, q) = (sm(&a), sm(&b));
+        let kl: f64 = p
+            .iter()
+            .zip(&q)
+            .filter(|(p, _)| **p > 0.0)
+            .map(|(p, q)| p * (p / q).ln())
+            .sum();
+        let tv: f64 = 0.5 * p.iter().zip(&q).map(|(p, q)| (p - q).abs()).sum::<f64>();
+        let hq: f64 = -q.iter().map(|q| q * q.ln()).sum::<f64>();
+        assert!((s.kl[0] - kl).abs() < 1e-14 * kl, "{} {kl}", s.kl[0]);
+        assert!((s.tv[0] - tv).abs() < 1e-14, "{} {tv}", s.tv[0]);
+        assert!((s.training_entropy[0] - hq).abs() < 1e-14);
+        assert_eq!(s.kl_rev[0], f64::INFINITY);
+        // the rollout's mass where the trainer's logit is −∞ (KL = ∞): TV and the reverse KL
+        let (a, b) = (b, [0.1f32, f32::NEG_INFINITY, 2.5, 0.2, 0.4]);
+        let s = stats(&a, &b, 5);
+        let (p, q) = (sm(&a), sm(&b));
+        let kr: f64 = q
+            .iter()
+            .zip(&p)
+            .filter(|(q, _)| **q > 0.0)
+            .map(|(q, p)| q * (q / p).ln())
+            .sum();
+        let tv: f64 = 0.5 * p.iter().zip(&q).map(|(p, q)| (p - q).abs()).sum::<f64>();
+        assert_eq!(s.kl[0], f64::INFINITY);
+        assert!(
+            (s.kl_rev[0] - kr).abs() < 1e-14 * kr,
+            "{} {kr}",
+            s.kl_rev[0]
+        );
+        assert!((s.tv[0] - tv).abs() < 1e-14, "{} {tv}", s.tv[0]);
+        // the extreme element off the trainer's mode (its weight ≠ 1), 40 and 700 nats (past
+        // e^600: the log-space branch of λ) likelier under the trainer
+        for lo in [-38.0f32, -700.0] {
+            let a = [0.3f32, lo, 2.0, 0.7, f32::NEG_INFINITY];
+            let b = [0.1f32, 2.0, 2.5, 0.2, 0.4];
+            let s = stats(&a, &b, 5);
+            let (p, q) = (sm(&a), sm(&b));
+            let kl: f64 = p
+                .iter()
+                .zip(&q)
+                .filter(|(p, _)| **p > 0.0)
+                .map(|(p, q)| p * (p / q).ln())
+                .sum();
+            let tv: f64 = 0.5 * p.iter().zip(&q).map(|(p, q)| (p - q).abs()).sum::<f64>();
+            assert!((s.kl[0] - kl).abs() < 1e-13 * kl, "{lo}: {} {kl}", s.kl[0]);
+            assert!((s.tv[0] - tv).abs() < 1e-14, "{lo}: {} {tv}", s.tv[0]);
+        }
+        // 1e4-scale logits, the trainer giving the rollout's mode e^−700: a closed form
+        let s = stats(&[0.0, -1e4, f32::NEG_INFINITY], &[-700.0, 0.0, 0.0], 3);
+        let kl = 700.0 + 2f64.ln(); // p = (1, e^−1e4, 0), q = (e^−700/2, 1/2, 1/2)
+        assert!((s.kl[0] - kl).abs() < 1e-13 * kl, "{} {kl}", s.kl[0]);
+        assert!((s.tv[0] - 1.0).abs() < 1e-15, "{}", s.tv[0]);
     }
 }

@@ -285,3 +285,44 @@ fn row_fast_impl<const FMA: bool>(sc: &mut Scratch, y: Option<usize>) -> Option<
     };
     Some((kl, kl_rev, tv, dp.entropy, dq.entropy, lp, lq))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lane-wise extremes equal a plain fold for every length (empty, under one lane set,
+    /// with a tail) and every position of the extremes (each lane, the tail, the lane merge).
+    #[test]
+    fn min_max_is_the_fold() {
+        for n in 0..14usize {
+            for at in 0..n.max(1) {
+                for far in [1.0, 1e300] {
+                    let mut v: Vec<f64> = (0..n).map(|i| ((i * 7 + 3) % 11) as f64 - 5.0).collect();
+                    if n > 0 {
+                        v[at] = far;
+                        v[n - 1 - at] = -far;
+                    }
+                    let want = v
+                        .iter()
+                        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| {
+                            (l.min(x), h.max(x))
+                        });
+                    assert_eq!(min_max(&v), want, "n={n} at={at} {v:?}");
+                }
+            }
+        }
+        let v = [0.5, f64::NEG_INFINITY, 2.0, -1.0, 7.0];
+        assert_eq!(min_max(&v), (f64::NEG_INFINITY, 7.0));
+    }
+
+    /// `exp_neg` at the underflow cut: e^−708 is still a normal number, below it 0.
+    #[test]
+    fn exp_neg_at_the_cut() {
+        for x in [-708.0, -707.9, -700.0] {
+            let (e, r) = (exp_neg::<false>(x), f64::exp(x));
+            assert!((e - r).abs() <= 1e-14 * r, "{x}: {e:e} vs {r:e}");
+        }
+        assert_eq!(exp_neg::<false>(-708.000_000_1), 0.0);
+        assert_eq!(exp_neg::<false>(-1e10), 0.0);
+    }
+}

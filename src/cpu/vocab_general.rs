@@ -453,3 +453,54 @@ pub(super) fn row_general_src(
     let tv = (0.5 * (tv + dp.out + dq.out)).clamp(0.0, 1.0);
     Ok((kl, kl_rev, tv, dp.entropy, dq.entropy, lp, lq))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every dtype: NaN and +∞ make the row bad, −∞ and the largest finite value do not, and
+    /// the values come out scaled by `inv_t`.
+    #[test]
+    fn decode_flags_nan_and_plus_infinity_in_every_dtype() {
+        // bit patterns: (largest finite, +inf, a quiet NaN, a NaN with the sign bit, −inf, 1.5)
+        let f32s: [u32; 6] = [
+            0x7f7f_ffff,
+            0x7f80_0000,
+            0x7fc0_0000,
+            0xffc0_0001,
+            0xff80_0000,
+            0x3fc0_0000,
+        ];
+        let f16s: [u16; 6] = [0x7bff, 0x7c00, 0x7e00, 0xfe01, 0xfc00, 0x3e00];
+        let bf16s: [u16; 6] = [0x7f7f, 0x7f80, 0x7fc0, 0xffc1, 0xff80, 0x3fc0];
+        let cases: [(DType, Vec<Vec<u8>>); 3] = [
+            (
+                DType::F32,
+                f32s.iter().map(|w| w.to_le_bytes().to_vec()).collect(),
+            ),
+            (
+                DType::F16,
+                f16s.iter().map(|w| w.to_le_bytes().to_vec()).collect(),
+            ),
+            (
+                DType::BF16,
+                bf16s.iter().map(|w| w.to_le_bytes().to_vec()).collect(),
+            ),
+        ];
+        for (dt, words) in cases {
+            let row = |ks: &[usize]| {
+                let bytes: Vec<u8> = ks.iter().flat_map(|&k| words[k].clone()).collect();
+                Logits::from_bytes(bytes, dt, 1, ks.len()).unwrap()
+            };
+            let good = row(&[0, 4, 5]);
+            let mut out = [0.0; 3];
+            assert!(decode_scaled(&good, 0, &mut out, 0.5), "{dt:?}");
+            let max = dt.decode(good.row_bytes(0), 0) as f64;
+            assert_eq!(out, [max * 0.5, f64::NEG_INFINITY, 0.75], "{dt:?}");
+            for bad in [1, 2, 3] {
+                let l = row(&[5, bad, 0]);
+                assert!(!decode_scaled(&l, 0, &mut out, 1.0), "{dt:?} word {bad}");
+            }
+        }
+    }
+}
