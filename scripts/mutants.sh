@@ -73,7 +73,7 @@ RS
     args=(--file src/config/grammar.rs -- --lib)
     ;;
 cpu)
-    manifest mh_cpu
+    manifest mh_cpu "$(printf '[dependencies]\nrayon = "1"\n')"
     mkdir -p "$dir/src/cpu"
     cp "$root/src/math.rs" "$dir/src/math.rs"
     cp "$root/src/cpu/segment_reduce.rs" "$root/src/cpu/token_stats.rs" "$dir/src/cpu/"
