@@ -518,4 +518,45 @@ mod tests {
         assert!((s.kl[0] - kl).abs() < 1e-13 * kl, "{} {kl}", s.kl[0]);
         assert!((s.tv[0] - 1.0).abs() < 1e-15, "{}", s.tv[0]);
     }
+
+    #[test]
+    fn a_small_extreme_mass_takes_the_second_order_form_with_its_extreme_sums() {
+        // the trainer puts ~10 % of its mass on an element the rollout gives e^-40: that
+        // element is "extreme" (u < -30) but E_p[e^-u] - 1 stays below 1/2, so the KL is
+        // W + (log1p(x) - x) with the extreme sums inside x (their signs matter at 1e-1); a
+        // column that is -inf on both sides sends the row to the general path
+        let sm = |x: &[f32]| {
+            let m = x.iter().fold(f64::NEG_INFINITY, |m, &e| m.max(e as f64));
+            let z: f64 = x.iter().map(|&e| (e as f64 - m).exp()).sum();
+            x.iter()
+                .map(|&e| (e as f64 - m) - z.ln())
+                .collect::<Vec<_>>()
+        };
+        let ni = f32::NEG_INFINITY;
+        for (a, b) in [
+            ([0.0f32, 0.0, -40.0, ni], [0.0f32, 0.0, -1.5, ni]),
+            ([0.3f32, -0.2, -45.0, ni], [0.1f32, 0.0, -2.5, ni]),
+            ([1.0f32, 0.5, -60.0, ni], [1.2f32, 0.4, -1.0, ni]),
+        ] {
+            let s = stats(&a, &b, 4);
+            let (lp, lq) = (sm(&a), sm(&b));
+            let kl: f64 = (0..3).map(|i| lp[i].exp() * (lp[i] - lq[i])).sum();
+            let kr: f64 = (0..3).map(|i| lq[i].exp() * (lq[i] - lp[i])).sum();
+            let mut sc = Scratch::new(4);
+            for i in 0..4 {
+                (sc.a[i], sc.b[i]) = (a[i] as f64, b[i] as f64);
+            }
+            assert!(row_fast(&mut sc, None).is_none(), "the general path");
+            assert!(
+                (s.kl[0] - kl).abs() <= 1e-13 * kl,
+                "{a:?}: {} vs {kl}",
+                s.kl[0]
+            );
+            assert!(
+                (s.kl_rev[0] - kr).abs() <= 1e-13 * kr,
+                "{a:?}: {} vs {kr}",
+                s.kl_rev[0]
+            );
+        }
+    }
 }
