@@ -537,6 +537,10 @@ mod tests {
             ([0.0f32, 0.0, -40.0, ni], [0.0f32, 0.0, -1.5, ni]),
             ([0.3f32, -0.2, -45.0, ni], [0.1f32, 0.0, -2.5, ni]),
             ([1.0f32, 0.5, -60.0, ni], [1.2f32, 0.4, -1.0, ni]),
+            // the first finite entries 800 below the modes: the shift must be the maximum
+            // (e^{800} overflows), found wherever it is
+            ([-800.0f32, 0.5, 1.0, ni], [-790.0f32, 0.4, 1.2, ni]),
+            ([-800.0f32, 1.0, 0.5, ni], [-805.0f32, 1.2, 0.4, ni]),
         ] {
             let s = stats(&a, &b, 4);
             let (lp, lq) = (sm(&a), sm(&b));
