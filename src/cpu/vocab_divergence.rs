@@ -561,6 +561,52 @@ mod tests {
                 "{a:?}: {} vs {kr}",
                 s.kl_rev[0]
             );
+            let hp: f64 = -(0..3).map(|i| lp[i].exp() * lp[i]).sum::<f64>();
+            let hq: f64 = -(0..3).map(|i| lq[i].exp() * lq[i]).sum::<f64>();
+            assert!(
+                (s.rollout_entropy[0] - hp).abs() <= 1e-13 * hp,
+                "{a:?}: entropy"
+            );
+            assert!(
+                (s.training_entropy[0] - hq).abs() <= 1e-13 * hq,
+                "{a:?}: entropy"
+            );
         }
+    }
+
+    #[test]
+    fn general_path_shifts_keep_a_tiny_kl_next_to_an_offset_and_an_outlier() {
+        // the trainer's logits are the rollout's + 50 (+ 1e-6 noise): KL ~ 1e-13, resolvable
+        // only if u is centred at d's value at p's mode over the common support (not at the
+        // first entry, an outlier 10 nats off, nor at a + b); a -inf column on both sides
+        // sends the row to the general path
+        let ni = f32::NEG_INFINITY;
+        let v = 64;
+        let mut a = vec![0f32; v];
+        let mut b = vec![0f32; v];
+        for i in 0..v {
+            a[i] = ((i * 37) % 17) as f32 * 0.25 - 2.0;
+            b[i] = a[i] + 50.0 + if i % 3 == 0 { 4e-6 } else { -4e-6 };
+        }
+        (a[0], b[0]) = (-30.0, 30.0); // d = -60 (the others: -50)
+        (a[v - 1], b[v - 1]) = (ni, ni);
+        let s = stats(&a, &b, v);
+        // reference: u = d + 50 is exact in f64, KL = E_p[u] + log1p(E_p[expm1(-u)])
+        let m = a.iter().fold(f64::NEG_INFINITY, |m, &e| m.max(e as f64));
+        let za = m
+            + (0..v - 1)
+                .map(|i| (a[i] as f64 - m).exp())
+                .sum::<f64>()
+                .ln();
+        let (mut uu, mut xx) = (0.0, 0.0);
+        for i in 0..v - 1 {
+            let p = (a[i] as f64 - za).exp();
+            let u = (a[i] as f64 - b[i] as f64) + 50.0;
+            uu += p * u;
+            xx += p * (-u).exp_m1();
+        }
+        let kl = uu + xx.ln_1p();
+        assert!(kl > 0.0 && kl < 1e-9, "{kl}");
+        assert!((s.kl[0] - kl).abs() <= 1e-6 * kl, "{} vs {kl}", s.kl[0]);
     }
 }
