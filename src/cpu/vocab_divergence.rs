@@ -175,22 +175,17 @@ fn row_of(
         *sc = Scratch::new(block);
     }
     for (name, l) in [("rollout_logits", rollout), ("old_logits", train)] {
-        let ok = if block == l.vocab() {
-            decode_scaled(
-                l,
-                r,
-                if name == "old_logits" {
-                    &mut sc.b
-                } else {
-                    &mut sc.a
-                },
-                inv_t,
-            )
+        let bad = if block == l.vocab() {
+            let out = if name == "old_logits" {
+                &mut sc.b
+            } else {
+                &mut sc.a
+            };
+            (!decode_scaled(l, r, out, inv_t)).then(|| first_bad(l, r).unwrap_or((0, f32::NAN)))
         } else {
-            first_bad(l, r).is_none()
+            first_bad(l, r) // a row read in blocks: one scan, which also gives the message
         };
-        if !ok {
-            let (i, e) = first_bad(l, r).unwrap_or((0, f32::NAN));
+        if let Some((i, e)) = bad {
             return Err(Error::input(
                 name,
                 format!("value {e} at row {r}, column {i}"),
@@ -244,15 +239,19 @@ mod tests {
         assert_eq!(s.kl_rev[0], f64::INFINITY);
     }
 
-    #[test]
-    fn fast_path_matches_general_path() {
-        let mut seed = 0x1234_5678_9abc_def1u64;
-        let mut rnd = || {
+    /// Uniform in [0, 1) from an xorshift state.
+    fn uniform(mut seed: u64) -> impl FnMut() -> f64 {
+        move || {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
             (seed >> 11) as f64 / (1u64 << 53) as f64
-        };
+        }
+    }
+
+    #[test]
+    fn fast_path_matches_general_path() {
+        let mut rnd = uniform(0x1234_5678_9abc_def1);
         for (v, scale, noise, ninf) in [
             (1000usize, 1.0, 0.05, 0.0),
             (4099, 3.0, 0.01, 0.05),
@@ -346,13 +345,7 @@ mod tests {
     fn rows_read_in_blocks_give_the_whole_row_results_bit_for_bit() {
         // the general path over blocks of any length equals the whole-row general path exactly
         // (same operations, same order), −∞ entries, scale and temperature included
-        let mut seed = 0x0dd_ba11_5eed_u64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut rnd = uniform(0x0dd_ba11_5eed);
         for (v, scale, ninf, t) in [
             (1000usize, 1.0, 0.0, 1.0),
             (777, 30.0, 0.2, 0.7),
