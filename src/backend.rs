@@ -16,6 +16,9 @@ pub enum Backend {
     Gpu,
     /// The f64 CPU reference.
     Cpu,
+    /// The CPU engine with the vocabulary divergences in f32 (`cpu-fast`): faster, at the GPU
+    /// engine's tolerance instead of the reference's (everything else as [`Backend::Cpu`]).
+    CpuFast,
 }
 
 impl std::str::FromStr for Backend {
@@ -25,9 +28,10 @@ impl std::str::FromStr for Backend {
             "auto" => Ok(Backend::Auto),
             "gpu" => Ok(Backend::Gpu),
             "cpu" => Ok(Backend::Cpu),
+            "cpu-fast" => Ok(Backend::CpuFast),
             other => Err(Error::config(
                 "--backend",
-                format!("{other:?} is not one of auto, gpu, cpu"),
+                format!("{other:?} is not one of auto, gpu, cpu, cpu-fast"),
             )),
         }
     }
@@ -37,6 +41,7 @@ impl std::str::FromStr for Backend {
 pub fn open_engine(backend: Backend, notes: &mut Vec<String>) -> Result<Box<dyn Engine>> {
     match backend {
         Backend::Cpu => Ok(Box::new(CpuEngine::new())),
+        Backend::CpuFast => Ok(Box::new(CpuEngine::fast())),
         Backend::Gpu => Ok(Box::new(GpuEngine::new()?)),
         Backend::Auto => match GpuEngine::new() {
             // A software rasterizer (Mesa lavapipe / llvmpipe, WARP) runs on the same CPU cores

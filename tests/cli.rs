@@ -251,6 +251,17 @@ fn analyze_gpu_matches_cpu_through_the_binary() {
     if common::gpu().is_none() {
         return;
     }
+    matches_cpu_through_the_binary("gpu");
+}
+
+#[test]
+fn analyze_cpu_fast_matches_cpu_through_the_binary() {
+    matches_cpu_through_the_binary("cpu-fast");
+}
+
+/// `trmask analyze --backend BACKEND` on the real sample against `--backend cpu`, at the GPU
+/// engine's tolerance; the same decisions.
+fn matches_cpu_through_the_binary(backend: &str) {
     let read = |backend: &str| -> serde_json::Value {
         let out = tmp(&format!("sample_{backend}.json"));
         let (code, _, err) = run(&[
@@ -266,7 +277,8 @@ fn analyze_gpu_matches_cpu_through_the_binary() {
         assert_eq!(code, 0, "{err}");
         serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
     };
-    let (g, c) = (read("gpu"), read("cpu"));
+    let (g, c) = (read(backend), read("cpu"));
+    assert_ne!(g["kl"], c["kl"], "{backend}: its own precision ran");
     for (k, rtol, atol) in [
         ("kl", 2e-3, 1e-7),
         ("kl_rev", 2e-3, 1e-7),
@@ -281,7 +293,7 @@ fn analyze_gpu_matches_cpu_through_the_binary() {
             let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
             assert!(
                 (a - b).abs() <= atol + rtol * b.abs(),
-                "{k}[{i}]: gpu {a} cpu {b}"
+                "{k}[{i}]: {backend} {a} cpu {b}"
             );
         }
     }

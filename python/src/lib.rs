@@ -36,7 +36,7 @@ static ENGINES: Mutex<Engines> = Mutex::new(Vec::new());
 fn engine(py: Python<'_>, backend: &str) -> PyResult<(Arc<dyn Engine>, Vec<String>)> {
     let b: Backend = backend.parse().map_err(|_| {
         PyValueError::new_err(format!(
-            "invalid config `backend`: {backend:?} is not one of auto, gpu, cpu"
+            "invalid config `backend`: {backend:?} is not one of auto, gpu, cpu, cpu-fast"
         ))
     })?;
     let mut cache = ENGINES

@@ -61,6 +61,19 @@ def test_vocab_divergence_torch_dtypes():
         np.testing.assert_array_equal(d["kl"].numpy(), ref["kl"])
 
 
+def test_vocab_divergence_cpu_fast_is_within_the_gpu_tolerance():
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(3, 5, 32000, generator=g) * 3
+    b = a + 0.05 * torch.randn(3, 5, 32000, generator=g)
+    for dt in (torch.float32, torch.bfloat16):
+        fast = trmask.vocab_divergence(a.to(dt), b.to(dt), backend="cpu-fast")
+        ref = trmask.vocab_divergence(a.to(dt), b.to(dt), backend="cpu")
+        for k, (rtol, atol) in {"kl": (2e-3, 1e-7), "kl_rev": (2e-3, 1e-7), "tv": (2e-3, 1e-7)}.items():
+            np.testing.assert_allclose(fast[k].numpy(), ref[k].numpy(), rtol=rtol, atol=atol)
+        assert not np.array_equal(fast["kl"].numpy(), ref["kl"].numpy()), "the f32 path ran"
+    assert "f32" in trmask.backend_name("cpu-fast")
+
+
 def test_cuda_tensor_is_a_value_error():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")

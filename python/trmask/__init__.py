@@ -82,7 +82,7 @@ def preset_names() -> List[str]:
 
 
 def backend_name(backend: str = "auto") -> str:
-    """The engine ``backend`` (``"auto"``, ``"gpu"``, ``"cpu"``) runs on, e.g.
+    """The engine ``backend`` (``"auto"``, ``"gpu"``, ``"cpu"``, ``"cpu-fast"``) runs on, e.g.
     ``"cpu (2 threads, f64)"``; opening a GPU the first time takes a moment. Raises
     ``RuntimeError`` for ``"gpu"`` without an adapter, ``ValueError`` for an unknown name."""
     return _native.engine_name(backend)[0]
@@ -153,7 +153,7 @@ def compute_rollout_correction_and_rejection_mask(
     Keyword-only extras:
 
     * ``backend``: ``"auto"`` (a hardware GPU if any, else the f64 CPU reference), ``"gpu"``,
-      ``"cpu"``.
+      ``"cpu"``, ``"cpu-fast"`` (the CPU with f32 vocabulary divergences, the GPU's tolerance).
     * ``preset``: a preset name (:func:`preset_names`); ``config``: a dict of config keys. The
       verl arguments above override them where they differ from verl's defaults.
     * ``log_prob``, ``advantages``, ``responses``, ``rollout_logits``, ``old_logits``

@@ -31,7 +31,8 @@ struct Cli {
 /// Options shared by `analyze` and `report`.
 #[derive(clap::Args)]
 struct Common {
-    /// auto (GPU when an adapter exists), gpu or cpu.
+    /// auto (GPU when an adapter exists), gpu, cpu (the f64 reference) or cpu-fast (the CPU
+    /// with the vocabulary divergences in f32, at the GPU's tolerance).
     #[arg(long, default_value = "auto")]
     backend: String,
     /// Correction config: JSON or YAML (.yaml/.yml) with verl's `rollout_correction` keys
@@ -568,7 +569,8 @@ fn main() -> ExitCode {
     };
     let gpu = match &cli.command {
         Command::Analyze { common, .. } | Command::Report { common, .. } => {
-            !common.backend.eq_ignore_ascii_case("cpu")
+            !(common.backend.eq_ignore_ascii_case("cpu")
+                || common.backend.eq_ignore_ascii_case("cpu-fast"))
         }
         Command::Devices => true,
         Command::Bounds { .. } => false,

@@ -6,6 +6,7 @@ mod segment_reduce;
 mod token_stats;
 mod topk_divergence;
 mod vocab_divergence;
+mod vocab_f32;
 mod vocab_fast;
 mod vocab_general;
 
@@ -19,11 +20,11 @@ pub use token_stats::token_stats;
 pub use topk_divergence::topk_divergence_batch;
 #[doc(hidden)]
 pub use topk_divergence::{topk_divergence, topk_row, TopkRow};
-#[doc(hidden)]
-pub use vocab_divergence::vocab_divergence;
 pub(crate) use vocab_divergence::{
     check_inputs as check_vocab_inputs, first_bad as first_bad_logit,
 };
+#[doc(hidden)]
+pub use vocab_divergence::{vocab_divergence, vocab_divergence_f32};
 
 use crate::batch::{Batch, Segments};
 use crate::engine::Engine;
@@ -33,14 +34,22 @@ use crate::plan::{CorrectionsRaw, MaskPlan};
 use crate::stats::{SegmentStats, TokenStats, TopkStats, TopkSupport, VocabStats};
 use crate::support::TrainerTopk;
 
-/// The CPU reference engine.
+/// The CPU engine: the f64 reference, or the `cpu-fast` precision (vocabulary divergences in
+/// f32, the GPU engine's tolerance; everything else in f64 as in the reference).
 #[derive(Clone, Debug, Default)]
-pub struct CpuEngine;
+pub struct CpuEngine {
+    fast: bool,
+}
 
 impl CpuEngine {
-    /// A new CPU engine (uses rayon's global pool).
+    /// The f64 reference engine (uses rayon's global pool).
     pub fn new() -> Self {
-        CpuEngine
+        CpuEngine { fast: false }
+    }
+
+    /// The `cpu-fast` engine ([`crate::Backend::CpuFast`]).
+    pub fn fast() -> Self {
+        CpuEngine { fast: true }
     }
 }
 
@@ -57,7 +66,15 @@ pub(crate) fn check_len(name: &str, values: usize, slots: usize) -> Result<()> {
 
 impl Engine for CpuEngine {
     fn name(&self) -> String {
-        format!("cpu ({} threads, f64)", rayon::current_num_threads())
+        let precision = if self.fast {
+            "f32 vocabulary divergences"
+        } else {
+            "f64"
+        };
+        format!(
+            "cpu ({} threads, {precision})",
+            rayon::current_num_threads()
+        )
     }
 
     fn token_stats(
@@ -98,7 +115,11 @@ impl Engine for CpuEngine {
         // device-resident logits (Logits::device) are for the GPU engine only
         rollout.host_bytes("rollout_logits")?;
         train.host_bytes("old_logits")?;
-        vocab_divergence(rollout, train, responses, mask, temperature)
+        if self.fast {
+            vocab_divergence_f32(rollout, train, responses, mask, temperature)
+        } else {
+            vocab_divergence(rollout, train, responses, mask, temperature)
+        }
     }
 
     fn topk_divergence(

@@ -25,6 +25,7 @@
 //! the general path: four streaming passes, log-space extremes, LSE fallbacks. The GPU kernel
 //! (`shaders/vocab_divergence.wgsl`) uses the same decomposition in f32.
 
+use super::vocab_f32::{row_fast32, Scratch32};
 use super::vocab_fast::row_fast;
 use super::vocab_general::{decode_scaled, row_general, row_general_src, Row, RowSrc, Scratch};
 use crate::error::{Error, Result};
@@ -109,6 +110,29 @@ pub fn vocab_divergence(
     mask: &[bool],
     temperature: f64,
 ) -> Result<VocabStats> {
+    vocab_divergence_at(rollout, train, responses, mask, temperature, false)
+}
+
+/// [`vocab_divergence`] at the `cpu-fast` precision: rows without −∞ entries in f32
+/// (`vocab_f32.rs`, the GPU engine's tolerance), the others on the f64 path.
+pub fn vocab_divergence_f32(
+    rollout: &Logits,
+    train: &Logits,
+    responses: Option<&[i64]>,
+    mask: &[bool],
+    temperature: f64,
+) -> Result<VocabStats> {
+    vocab_divergence_at(rollout, train, responses, mask, temperature, true)
+}
+
+fn vocab_divergence_at(
+    rollout: &Logits,
+    train: &Logits,
+    responses: Option<&[i64]>,
+    mask: &[bool],
+    temperature: f64,
+    fast: bool,
+) -> Result<VocabStats> {
     check_inputs(rollout, train, responses, mask, temperature)?;
     let v = rollout.vocab();
     let inv_t = 1.0 / temperature;
@@ -119,6 +143,11 @@ pub fn vocab_divergence(
                 return Ok((0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
             }
             let y = responses.map(|ids| ids[r] as usize);
+            if fast && v <= ROW_BLOCK {
+                if let Some(row) = row_f32(rollout, train, r, inv_t, y)? {
+                    return Ok(row);
+                }
+            }
             SCRATCH.with(|cell| {
                 let sc = &mut *cell.borrow_mut();
                 row_of(sc, rollout, train, r, inv_t, y, ROW_BLOCK.min(v))
@@ -158,6 +187,35 @@ thread_local! {
     /// Per-thread row buffers, reused across rows and calls (no allocation or page faults per
     /// row; 4 f64 rows of at most [`ROW_BLOCK`] elements per thread stay allocated).
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::new(0));
+    /// The same for the `cpu-fast` precision (4 f32 rows of at most [`ROW_BLOCK`] elements).
+    static SCRATCH32: std::cell::RefCell<Scratch32> = std::cell::RefCell::new(Scratch32::new(0));
+}
+
+/// One row at the `cpu-fast` precision; `Ok(None)` when the row needs the f64 path.
+fn row_f32(
+    rollout: &Logits,
+    train: &Logits,
+    r: usize,
+    inv_t: f64,
+    y: Option<usize>,
+) -> Result<Option<Row>> {
+    SCRATCH32.with(|cell| {
+        let sc = &mut *cell.borrow_mut();
+        if sc.len() != rollout.vocab() {
+            *sc = Scratch32::new(rollout.vocab());
+        }
+        if let Err(name) = sc.decode(rollout, train, r) {
+            let l = if name == "old_logits" { train } else { rollout };
+            return Err(bad_value(name, l, r));
+        }
+        Ok(row_fast32(sc, inv_t, y))
+    })
+}
+
+/// The one-line error for a row of `l` that holds NaN or +∞.
+fn bad_value(name: &str, l: &Logits, r: usize) -> Error {
+    let (i, e) = first_bad(l, r).unwrap_or((0, f32::NAN));
+    Error::input(name, format!("value {e} at row {r}, column {i}"))
 }
 
 /// One row's results, with the scratch sized to `block` elements: the whole row decoded and
