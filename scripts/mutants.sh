@@ -11,9 +11,9 @@
 # Needs `cargo install cargo-mutants` and python3 (scripts/mutants-extract.py copies the CPU
 # halves of tests/topk.rs and tests/vocab_divergence.rs). Work directory:
 # ${MUTANTS_DIR:-/tmp/trmask-mutants}/NAME (results in its mutants.out/). Set MUTANTS_NICE=19 to
-# run at the lowest CPU priority. `vocab` mutates vocab_divergence.rs, vocab_general.rs and
-# vocab_fast.rs; MUTANTS_FILES="vocab_general" (say) limits it to some of them, so that two
-# runs in two MUTANTS_DIRs can share the work. cpu/mod.rs (the Engine glue) is not covered.
+# run at the lowest CPU priority. `vocab` mutates vocab_divergence.rs, vocab_general.rs,
+# vocab_fast.rs and vocab_f32.rs; MUTANTS_FILES="vocab_general" (say) limits it to some of
+# them, so that two runs in two MUTANTS_DIRs can share the work. cpu/mod.rs (the Engine glue) is not covered.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 name=${1:?usage: scripts/mutants.sh math|grammar|cpu|bounds_sums|bounds|topk|vocab [cargo-mutants args]}
@@ -218,7 +218,8 @@ vocab)
     mkdir -p "$dir/src/cpu" "$dir/tests/common"
     ln -sfn "$root/data" "$dir/data"
     for f in error math stats; do cp "$root/src/$f.rs" "$dir/src/"; done
-    cp "$root/src/cpu/vocab_divergence.rs" "$root/src/cpu/vocab_general.rs" "$root/src/cpu/vocab_fast.rs" "$dir/src/cpu/"
+    cp "$root/src/cpu/vocab_divergence.rs" "$root/src/cpu/vocab_general.rs" "$root/src/cpu/vocab_fast.rs" \
+        "$root/src/cpu/vocab_f32.rs" "$dir/src/cpu/"
     cat >"$dir/src/lib.rs" <<'RS'
 #![allow(dead_code, unused_imports)]
 mod error;
@@ -242,14 +243,20 @@ pub trait Engine {
 }
 pub mod cpu {
     mod vocab_divergence;
+    mod vocab_f32;
     mod vocab_fast;
     mod vocab_general;
-    pub use vocab_divergence::vocab_divergence;
+    pub use vocab_divergence::{vocab_divergence, vocab_divergence_f32};
     use crate::{Logits, Result, VocabStats};
-    pub struct CpuEngine;
+    pub struct CpuEngine {
+        fast: bool,
+    }
     impl CpuEngine {
         pub fn new() -> Self {
-            CpuEngine
+            CpuEngine { fast: false }
+        }
+        pub fn fast() -> Self {
+            CpuEngine { fast: true }
         }
     }
     impl crate::Engine for CpuEngine {
@@ -264,7 +271,11 @@ pub mod cpu {
             mask: &[bool],
             temperature: f64,
         ) -> Result<VocabStats> {
-            vocab_divergence(rollout, train, responses, mask, temperature)
+            if self.fast {
+                vocab_divergence_f32(rollout, train, responses, mask, temperature)
+            } else {
+                vocab_divergence(rollout, train, responses, mask, temperature)
+            }
         }
     }
 }
@@ -274,9 +285,16 @@ RS
         --keep Rng --keep seed --keep close --keep assert_close >"$dir/tests/common/mod.rs"
     python3 "$root/scripts/mutants-extract.py" "$root/tests/vocab_divergence.rs" --keep DATA --keep Real --keep f64s \
         --keep i32s --keep logits --keep real --keep fields --keep check_real \
-        --keep cpu_matches_float64_references --replace "use common::Rng;" "" \
-        >"$dir/tests/vocab_divergence.rs"
-    files=(vocab_divergence vocab_general vocab_fast)
+        --keep cpu_matches_float64_references --keep gpu_tol --keep normal --keep encode --keep Case \
+        --keep case --keep compare --keep run_case --keep DTYPES --keep half_ulp \
+        --keep cpu_fast_matches_float64_references_at_the_gpu_tolerance \
+        --keep cpu_fast_matches_cpu_on_random_batches_every_dtype_pair \
+        --keep random_batches_every_dtype_pair --keep cpu_fast_matches_cpu_on_large_vocabularies \
+        --keep large_vocabularies --keep cpu_fast_handles_extreme_magnitudes_temperature_and_identical_inputs \
+        --keep extreme_magnitudes_temperature_and_identical_inputs \
+        --keep cpu_fast_infinite_divergences_and_errors_match_cpu --keep infinite_divergences_and_errors \
+        --keep cpu_fast_resolves_a_1e_7_kl_next_to_logits_of_100 >"$dir/tests/vocab_divergence.rs"
+    files=(vocab_divergence vocab_general vocab_fast vocab_f32)
     [ -n "${MUTANTS_FILES:-}" ] && read -ra files <<<"$MUTANTS_FILES"
     args=()
     for f in "${files[@]}"; do args+=(--file "src/cpu/$f.rs"); done
