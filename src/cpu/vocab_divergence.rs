@@ -570,6 +570,53 @@ mod tests {
         assert!((s.tv[0] - 1.0).abs() < 1e-15, "{}", s.tv[0]);
     }
 
+    /// Elements just past the log-space cut (`u` a little below −30): their sums `Σ p·u` and
+    /// `Σ p` move the KL by ~1e-12 relative, so they are checked against a reference accurate
+    /// to ~1e-15 (log-probabilities from log-sum-exps, the log-ratio from the logit
+    /// differences) at 2e-14 relative, in both directions.
+    #[test]
+    fn elements_just_past_the_cut_keep_their_sums() {
+        let lse = |x: &[f64]| {
+            let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            m + x.iter().map(|&e| (e - m).exp()).sum::<f64>().ln()
+        };
+        // KL(p‖q) from logits, skipping p = 0
+        let kl = |a: &[f64], b: &[f64]| {
+            let (za, zb) = (lse(a), lse(b));
+            let mut t: Vec<f64> = a
+                .iter()
+                .zip(b)
+                .filter(|(x, _)| x.is_finite())
+                .map(|(&x, &z)| (x - za).exp() * ((x - z) - (za - zb)))
+                .collect();
+            t.sort_by(|x, y| x.abs().total_cmp(&y.abs()));
+            t.iter().sum::<f64>()
+        };
+        for k in 0..12 {
+            let lo = -27.0 - 0.4 * k as f64;
+            let a = [0.3f32, lo as f32, 2.0, 0.7, f32::NEG_INFINITY];
+            let b = [0.1f32, 2.0, 2.5, 0.2, 0.4];
+            let (a64, b64) = (a.map(|x| x as f64), b.map(|x| x as f64));
+            let s = stats(&a, &b, 5);
+            let want = kl(&a64, &b64);
+            assert!(
+                (s.kl[0] - want).abs() <= 2e-14 * want,
+                "lo {lo}: kl {:e} vs {want:e} ({:e} relative)",
+                s.kl[0],
+                (s.kl[0] - want) / want
+            );
+            // the reverse direction: the trainer's extreme element
+            let s = stats(&b, &a, 5);
+            assert_eq!(s.kl[0], f64::INFINITY);
+            let want = kl(&a64, &b64);
+            assert!(
+                (s.kl_rev[0] - want).abs() <= 2e-14 * want,
+                "lo {lo}: kl_rev {:e} vs {want:e}",
+                s.kl_rev[0]
+            );
+        }
+    }
+
     #[test]
     fn a_small_extreme_mass_takes_the_second_order_form_with_its_extreme_sums() {
         // the trainer puts ~10 % of its mass on an element the rollout gives e^-40: that

@@ -85,21 +85,21 @@ fn decode_f32_impl(dt: DType, bytes: &[u8], out: &mut [f32]) -> bool {
         DType::F32 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
                 let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                bad |= ((w & 0x7fff_ffff) > 0x7f80_0000) | (w == 0x7f80_0000);
+                bad |= (w & 0x7fff_ffff) > 0x7f80_0000 || w == 0x7f80_0000;
                 *o = f32::from_bits(w);
             }
         }
         DType::F16 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
                 let h = u16::from_le_bytes([c[0], c[1]]);
-                bad |= ((h & 0x7fff) > 0x7c00) | (h == 0x7c00);
+                bad |= (h & 0x7fff) > 0x7c00 || h == 0x7c00;
                 *o = half::f16::from_bits(h).to_f32();
             }
         }
         DType::BF16 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
                 let h = u16::from_le_bytes([c[0], c[1]]);
-                bad |= ((h & 0x7fff) > 0x7f80) | (h == 0x7f80);
+                bad |= (h & 0x7fff) > 0x7f80 || h == 0x7f80;
                 *o = f32::from_bits((h as u32) << 16);
             }
         }

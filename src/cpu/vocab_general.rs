@@ -68,21 +68,21 @@ fn decode_scaled_impl(dt: DType, bytes: &[u8], out: &mut [f64], inv_t: f64) -> b
         DType::F32 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
                 let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                bad |= ((w & 0x7fff_ffff) > 0x7f80_0000) | (w == 0x7f80_0000);
+                bad |= (w & 0x7fff_ffff) > 0x7f80_0000 || w == 0x7f80_0000;
                 *o = f32::from_bits(w) as f64;
             }
         }
         DType::F16 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
                 let h = u16::from_le_bytes([c[0], c[1]]);
-                bad |= ((h & 0x7fff) > 0x7c00) | (h == 0x7c00);
+                bad |= (h & 0x7fff) > 0x7c00 || h == 0x7c00;
                 *o = half::f16::from_bits(h).to_f64();
             }
         }
         DType::BF16 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
                 let h = u16::from_le_bytes([c[0], c[1]]);
-                bad |= ((h & 0x7fff) > 0x7f80) | (h == 0x7f80);
+                bad |= (h & 0x7fff) > 0x7f80 || h == 0x7f80;
                 *o = f32::from_bits((h as u32) << 16) as f64;
             }
         }
@@ -162,7 +162,10 @@ impl Sums {
                 ext = lk.exp();
                 x = base + ext;
             } else {
-                big = Some(lk + ((1.0 + base).max(0.0) * (-lk).exp()).ln_1p());
+                // log(1 + base + e^lk) = lk + log1p((1 + base)·e^−lk), and 1 + base ≤ e^30
+                // (w(u) ≤ e^30 where u ≥ −30): the log1p term is below e^−570, far under
+                // lk's last bit
+                big = Some(lk);
             }
         }
         let lam = match big {
