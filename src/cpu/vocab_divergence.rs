@@ -201,9 +201,6 @@ fn row_f32(
 ) -> Result<Option<Row>> {
     SCRATCH32.with(|cell| {
         let sc = &mut *cell.borrow_mut();
-        if sc.len() != rollout.vocab() {
-            *sc = Scratch32::new(rollout.vocab());
-        }
         if let Err(name) = sc.decode(rollout, train, r) {
             let l = if name == "old_logits" { train } else { rollout };
             return Err(bad_value(name, l, r));

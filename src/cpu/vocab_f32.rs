@@ -39,18 +39,17 @@ impl Scratch32 {
         }
     }
 
-    pub(super) fn len(&self) -> usize {
-        self.a.len()
-    }
-
-    /// Decodes row `r` of `rollout` / `train` (unscaled); `Err(tensor)` naming the first that
-    /// holds NaN or +∞.
+    /// Decodes row `r` of `rollout` / `train` (unscaled), first resizing the buffers to the
+    /// vocabulary when it differs; `Err(tensor)` naming the first that holds NaN or +∞.
     pub(super) fn decode(
         &mut self,
         rollout: &Logits,
         train: &Logits,
         r: usize,
     ) -> std::result::Result<(), &'static str> {
+        if self.a.len() != rollout.vocab() {
+            *self = Scratch32::new(rollout.vocab());
+        }
         if !decode_f32(rollout, r, &mut self.a) {
             return Err("rollout_logits");
         }
@@ -406,6 +405,129 @@ fn row_fast32_impl<const FMA: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// xorshift64* in [0, 1).
+    fn uniform(mut seed: u64) -> impl FnMut() -> f64 {
+        move || {
+            seed ^= seed >> 12;
+            seed ^= seed << 25;
+            seed ^= seed >> 27;
+            (seed.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    #[test]
+    fn min_max_is_the_fold() {
+        let mut u = uniform(7);
+        for n in 1..80 {
+            // coarse values: ties between lanes and with the tail
+            let v: Vec<f32> = (0..n).map(|_| (u() * 16.0).floor() as f32 - 8.0).collect();
+            let lo = v.iter().cloned().fold(f32::INFINITY, f32::min);
+            let hi = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(min_max(&v), (lo, hi), "n = {n}");
+            // the extremes in the tail only
+            let mut w = v.clone();
+            w[n - 1] = -100.0;
+            if n > 1 {
+                w[n - 2] = 100.0;
+            }
+            let lo = w.iter().cloned().fold(f32::INFINITY, f32::min);
+            let hi = w.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(min_max(&w), (lo, hi), "n = {n}, extremes last");
+        }
+    }
+
+    #[test]
+    fn decode_flags_nan_and_plus_infinity_in_every_dtype() {
+        let mut sc = Scratch32::new(0);
+        let vals = [1.5f32, -2.25, f32::NEG_INFINITY, 0.0, 96.0];
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let enc = |v: &[f32]| -> Logits {
+                let bytes: Vec<u8> = match dt {
+                    DType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    DType::F16 => v
+                        .iter()
+                        .flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes())
+                        .collect(),
+                    DType::BF16 => v
+                        .iter()
+                        .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
+                        .collect(),
+                };
+                Logits::from_bytes(bytes, dt, 1, v.len()).unwrap()
+            };
+            let good = enc(&vals);
+            assert_eq!(sc.decode(&good, &good, 0), Ok(()), "{dt:?}");
+            assert_eq!(sc.a, vals, "{dt:?}: decoded exactly");
+            for (k, bad) in [f32::NAN, f32::INFINITY].into_iter().enumerate() {
+                for at in [0, 4] {
+                    let mut v = vals;
+                    v[at] = bad;
+                    let l = enc(&v);
+                    assert_eq!(sc.decode(&l, &good, 0), Err("rollout_logits"), "{dt:?} {k}");
+                    assert_eq!(sc.decode(&good, &l, 0), Err("old_logits"), "{dt:?} {k}");
+                }
+            }
+        }
+        // a vocabulary change resizes the buffers
+        let l = Logits::from_f32(&[0.5; 3], 1, 3).unwrap();
+        assert_eq!(sc.decode(&l, &l, 0), Ok(()));
+        assert_eq!((sc.a.len(), sc.wb.len()), (3, 3));
+    }
+
+    /// Every row length (lanes, the tail, blocks of 512) takes the f32 path, with the maxima
+    /// anywhere, and agrees with the f64 reference at the GPU tolerance; −∞ entries do not.
+    #[test]
+    fn the_f32_path_takes_every_row_length() {
+        use crate::cpu::vocab_divergence;
+        let mut u = uniform(11);
+        for n in [1usize, 2, 7, 15, 16, 17, 33, 511, 512, 513, 1100] {
+            for place in [0, n / 2, n - 1] {
+                let mut a: Vec<f32> = (0..n).map(|_| (3.0 * u()) as f32).collect();
+                let mut b: Vec<f32> = a.iter().map(|&x| x + (0.3 * u()) as f32).collect();
+                a[place] = 9.0;
+                b[n - 1 - place] = 8.0;
+                let (la, lb) = (
+                    Logits::from_f32(&a, 1, n).unwrap(),
+                    Logits::from_f32(&b, 1, n).unwrap(),
+                );
+                let y = n / 3;
+                let mut sc = Scratch32::new(n);
+                sc.decode(&la, &lb, 0).unwrap();
+                for t in [1.0, 0.8] {
+                    let got = row_fast32(&mut sc, 1.0 / t, Some(y))
+                        .unwrap_or_else(|| panic!("n {n} at {place}: the f32 path"));
+                    let w = vocab_divergence(&la, &lb, Some(&[y as i64]), &[true], t).unwrap();
+                    let want = [
+                        w.kl[0],
+                        w.kl_rev[0],
+                        w.tv[0],
+                        w.rollout_entropy[0],
+                        w.training_entropy[0],
+                        w.rollout_logp[0],
+                        w.train_logp[0],
+                    ];
+                    let got = [got.0, got.1, got.2, got.3, got.4, got.5, got.6];
+                    let tol = [2e-3, 2e-3, 2e-3, 1e-5, 1e-5, 1e-5, 1e-5];
+                    for k in 0..7 {
+                        let err = (got[k] - want[k]).abs();
+                        assert!(
+                            err <= tol[k] * want[k].abs() + 1e-7,
+                            "n {n} at {place} τ {t} field {k}: {} vs {}",
+                            got[k],
+                            want[k]
+                        );
+                    }
+                }
+                a[(place + 1) % n] = f32::NEG_INFINITY;
+                if n > 1 {
+                    let la = Logits::from_f32(&a, 1, n).unwrap();
+                    sc.decode(&la, &lb, 0).unwrap();
+                    assert!(row_fast32(&mut sc, 1.0, None).is_none(), "n {n}: −∞");
+                }
+            }
+        }
+    }
 
     /// `exp_neg32` against f64's `exp`, on a grid over its domain and at the cut.
     #[test]
