@@ -134,3 +134,18 @@ impl Engine for CpuEngine {
         topk_divergence_batch(batch, support, trainer)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engine_names_its_precision() {
+        let threads = format!("{} threads", rayon::current_num_threads());
+        let (exact, fast) = (CpuEngine::new().name(), CpuEngine::fast().name());
+        assert!(
+            exact.starts_with("cpu (") && exact.contains(&threads) && exact.ends_with(", f64)")
+        );
+        assert!(fast.contains(&threads) && fast.ends_with("f32 vocabulary divergences)"));
+    }
+}
