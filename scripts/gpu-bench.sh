@@ -62,15 +62,16 @@ if [ "$mode" = run ]; then
   "$bin/trmask" devices
 } 2>&1 | tee "$out/machine.txt"
 
-echo "== GPU vs f64 CPU on the real sample (SPEC §9 tolerance)" | tee "$out/check.txt"
+echo "== GPU and cpu-fast vs the f64 CPU on the real sample (SPEC §9 tolerance)" | tee "$out/check.txt"
 for s in data/sample/real-small.safetensors data/causal-sample/logits.safetensors; do
   [ -f "$s" ] || continue
-  for b in gpu cpu; do
+  for b in gpu cpu cpu-fast; do
     "$bin/trmask" analyze "$s" --all-valid --backend "$b" --output "$tmp/$b.json" >/dev/null 2>"$tmp/$b.err" \
       || "$bin/trmask" analyze "$s" --backend "$b" --output "$tmp/$b.json" >/dev/null 2>"$tmp/$b.err" \
       || { echo "$s $b: $(tail -1 "$tmp/$b.err")" | tee -a "$out/check.txt"; }
   done
-  "$py" - "$tmp/gpu.json" "$tmp/cpu.json" "$s" <<'EOF' 2>&1 | tee -a "$out/check.txt"
+  for other in gpu cpu-fast; do
+  "$py" - "$tmp/$other.json" "$tmp/cpu.json" "$s ($other)" <<'EOF' 2>&1 | tee -a "$out/check.txt"
 import json, math, sys
 g, c = (json.load(open(p)) for p in sys.argv[1:3])
 def flat(x):
@@ -90,6 +91,7 @@ for keys in (("kl", "kl_rev", "tv"), ("rollout_entropy", "training_entropy")):
     print(f"{sys.argv[3]} {'/'.join(keys)}: {n} values, worst |gpu-cpu|/(2e-3|cpu|+1e-7) = "
           f"{worst:.3f} at {at}", "PASS" if n and worst <= 1 else "FAIL")
 EOF
+  done
 done
 
 echo "== bench (gpu_bench)"
@@ -117,7 +119,7 @@ f="$tmp/whole.safetensors"
 sz=$(stat -c %s "$f")
 now() { date +%s.%N; }
 for i in 1 2 3; do
-  for b in gpu cpu; do
+  for b in gpu cpu cpu-fast; do
     s=$(now); "$bin/trmask" analyze "$f" --backend "$b" --output "$tmp/w.safetensors" >/dev/null 2>&1 || echo "analyze $b failed"
     e=$(now); echo "trmask_$b $(awk "BEGIN{print $e - $s}")" >>"$tmp/whole.txt"
   done
@@ -146,7 +148,7 @@ echo "== peak RSS on a 1 GiB logits file" | tee -a "$out/whole.md"
 if [ -n "$quick" ]; then rows=64; else rows=1766; fi
 "$bin/synth_batch" "$f" $rows 151936 bf16 2>&1 | tail -1
 sz=$(stat -c %s "$f")
-for b in cpu gpu; do
+for b in cpu cpu-fast gpu; do
   "$py" - "$b" "$sz" "$bin/trmask" analyze "$f" --backend "$b" --output "$tmp/r.safetensors" <<'EOF' 2>&1 | tee -a "$out/whole.md"
 import resource, subprocess, sys
 b, sz = sys.argv[1], int(sys.argv[2])

@@ -712,6 +712,11 @@ fn cpu_fast_resolves_a_1e_7_kl_next_to_logits_of_100() {
                     (g - w).abs() <= 2e-3 * w,
                     "{dt:?} τ {temperature} row {r}: cpu-fast kl {g:e} vs {w:e}"
                 );
+                let (g, w) = (got.kl_rev[r], want.kl_rev[r]);
+                assert!(
+                    (g - w).abs() <= 2e-3 * w,
+                    "{dt:?} τ {temperature} row {r}: cpu-fast kl_rev {g:e} vs {w:e}"
+                );
                 assert!(g != w || got.tv[r] != want.tv[r], "the f32 path ran");
             }
             // −∞ entries: the f64 path, bit for bit
