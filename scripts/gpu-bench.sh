@@ -71,7 +71,7 @@ for s in data/sample/real-small.safetensors data/causal-sample/logits.safetensor
       || { echo "$s $b: $(tail -1 "$tmp/$b.err")" | tee -a "$out/check.txt"; }
   done
   for other in gpu cpu-fast; do
-  "$py" - "$tmp/$other.json" "$tmp/cpu.json" "$s ($other)" <<'EOF' 2>&1 | tee -a "$out/check.txt"
+  "$py" - "$tmp/$other.json" "$tmp/cpu.json" "$s ($other)" "$other" <<'EOF' 2>&1 | tee -a "$out/check.txt"
 import json, math, sys
 g, c = (json.load(open(p)) for p in sys.argv[1:3])
 def flat(x):
@@ -87,8 +87,8 @@ for keys in (("kl", "kl_rev", "tv"), ("rollout_entropy", "training_entropy")):
             n += 1
             r = abs(a - b) / (2e-3 * abs(b) + 1e-7)
             if r > worst:
-                worst, at = r, f"{k}[{i}] gpu {a:.9g} cpu {b:.9g}"
-    print(f"{sys.argv[3]} {'/'.join(keys)}: {n} values, worst |gpu-cpu|/(2e-3|cpu|+1e-7) = "
+                worst, at = r, f"{k}[{i}] {sys.argv[4]} {a:.9g} cpu {b:.9g}"
+    print(f"{sys.argv[3]} {'/'.join(keys)}: {n} values, worst |x-cpu|/(2e-3|cpu|+1e-7) = "
           f"{worst:.3f} at {at}", "PASS" if n and worst <= 1 else "FAIL")
 EOF
   done
