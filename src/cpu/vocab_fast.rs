@@ -227,7 +227,6 @@ fn row_fast_impl<const FMA: bool>(sc: &mut Scratch, y: Option<usize>) -> Option<
         wp: sum(5),
         uq: sum(6),
         wq: sum(7),
-        ..FastSums::default()
     };
     // no −∞ entries here: no mass outside the other side's support
     let dp = Dir::new(ma, t.ra, 0.0, t.ha, c1p, 0.0);
