@@ -614,6 +614,56 @@ mod tests {
         }
     }
 
+    /// More than half of one side's mass outside the other's support takes `−log(mass inside)`
+    /// from a log-sum-exp over the common support pivoted at its maximum; a common support
+    /// spanning 1000 nats overflows around any other pivot. Both directions.
+    #[test]
+    fn the_common_support_pivot_is_its_maximum() {
+        let lse = |x: &[f64]| {
+            let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            m + x.iter().map(|&e| (e - m).exp()).sum::<f64>().ln()
+        };
+        // KL(q‖p) from logits a (p) and b (q), skipping q = 0
+        let kl = |b: &[f64], a: &[f64]| -> f64 {
+            let (za, zb) = (lse(a), lse(b));
+            b.iter()
+                .zip(a)
+                .filter(|(z, _)| z.is_finite())
+                .map(|(&z, &x)| (z - zb).exp() * ((z - zb) - (x - za)))
+                .sum()
+        };
+        let ninf = f32::NEG_INFINITY;
+        for (a, b) in [
+            // the common support's first and last elements 1000 nats below its maximum
+            (
+                [-1000.0f32, 5.0, 1.0, -999.0],
+                [-1000.0, ninf, 0.5, -1000.0],
+            ),
+            (
+                [-998.0f32, 0.3, -1000.0, 5.0],
+                [-1000.0, -0.4, -1000.0, ninf],
+            ),
+        ] {
+            let (a64, b64) = (a.map(|x| x as f64), b.map(|x| x as f64));
+            let s = stats(&a, &b, 4);
+            assert_eq!(s.kl[0], f64::INFINITY);
+            let want = kl(&b64, &a64);
+            assert!(
+                (s.kl_rev[0] - want).abs() <= 1e-13 * want,
+                "{a:?} {b:?}: kl_rev {:e} vs {want:e}",
+                s.kl_rev[0]
+            );
+            // the roles swapped: the trainer's mass outside the rollout's support
+            let s = stats(&b, &a, 4);
+            assert_eq!(s.kl_rev[0], f64::INFINITY);
+            assert!(
+                (s.kl[0] - want).abs() <= 1e-13 * want,
+                "{b:?} {a:?}: kl {:e} vs {want:e}",
+                s.kl[0]
+            );
+        }
+    }
+
     #[test]
     fn a_small_extreme_mass_takes_the_second_order_form_with_its_extreme_sums() {
         // the trainer puts ~10 % of its mass on an element the rollout gives e^-40: that
