@@ -481,6 +481,54 @@ mod tests {
         let ninf = Logits::from_f32(&[0.0, f32::NEG_INFINITY, 0.0, 0.0, 0.0, 0.0], 2, 3).unwrap();
         let e = vocab_divergence(&ninf, &b, Some(&[1, 0]), &m, 1.0).unwrap_err();
         assert_eq!(who(e), "responses");
+        // a row that is −∞ everywhere, with −∞ first or not
+        for row in [
+            [f32::NEG_INFINITY; 3],
+            [0.5, f32::NEG_INFINITY, f32::NEG_INFINITY],
+        ] {
+            let all = [row[0], row[1], row[2], 0.0, 0.0, 0.0];
+            let none = Logits::from_f32(&[f32::NEG_INFINITY; 6], 2, 3).unwrap();
+            let l = Logits::from_f32(&all, 2, 3).unwrap();
+            let e = vocab_divergence(&none, &l, None, &m, 1.0).unwrap_err();
+            assert_eq!(who(e.clone()), "rollout_logits", "{e}");
+            assert!(e.to_string().contains("every entry is -inf"), "{e}");
+            let e = vocab_divergence(&l, &none, None, &m, 1.0).unwrap_err();
+            let first = if row[0].is_finite() {
+                "old_logits"
+            } else {
+                "rollout_logits"
+            };
+            assert_eq!(who(e), first);
+        }
+    }
+
+    /// Disjoint supports (no token finite on both sides): both KLs ∞ and TV 1, whichever side
+    /// has its −∞ entries first.
+    #[test]
+    fn disjoint_supports_are_infinitely_apart() {
+        let ninf = f32::NEG_INFINITY;
+        for (a, b) in [
+            ([ninf, 0.0, 1.0, ninf], [2.0, ninf, ninf, 0.5]),
+            ([0.0, ninf, ninf, 1.0], [ninf, 2.0, 0.5, ninf]),
+        ] {
+            let s = stats(&a, &b, 4);
+            assert_eq!(
+                (s.kl[0], s.kl_rev[0], s.tv[0]),
+                (f64::INFINITY, f64::INFINITY, 1.0)
+            );
+            let sm = |x: &[f32]| {
+                let z: f64 = x.iter().map(|&e| (e as f64).exp()).sum();
+                x.iter()
+                    .filter(|e| e.is_finite())
+                    .map(|&e| {
+                        let p = (e as f64).exp() / z;
+                        -p * p.ln()
+                    })
+                    .sum::<f64>()
+            };
+            assert!((s.rollout_entropy[0] - sm(&a)).abs() < 1e-15);
+            assert!((s.training_entropy[0] - sm(&b)).abs() < 1e-15);
+        }
     }
 
     /// Logits are divided by the temperature: τ = 2 on x equals τ = 1 on x/2 (exact halves).
