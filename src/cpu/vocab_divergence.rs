@@ -691,6 +691,12 @@ mod tests {
                 [-998.0f32, 0.3, -1000.0, 5.0],
                 [-1000.0, -0.4, -1000.0, ninf],
             ),
+            // the maximum outside the common support, 1000 nats above it: a pivot taken
+            // outside the common support underflows every term
+            (
+                [-1000.0f32, 5.0, -998.0, -999.0],
+                [-1000.0, ninf, 0.5, -1000.0],
+            ),
         ] {
             let (a64, b64) = (a.map(|x| x as f64), b.map(|x| x as f64));
             let s = stats(&a, &b, 4);

@@ -359,8 +359,8 @@ fn row_fast32_impl<const FMA: bool>(
         w: acc[5],
         ..Sums::default()
     };
-    let (klp, lam) = fp.finish(&dp, &dq);
-    let (klq, lam_q) = fq.finish(&dq, &dp);
+    let (klp, lam) = fp.finish(&dp);
+    let (klq, lam_q) = fq.finish(&dq);
     if !(lam.is_finite() && lam_q.is_finite() && (lkp - lam).abs() <= MAX_LOG_K) {
         return None;
     }

@@ -241,8 +241,8 @@ fn row_fast_impl<const FMA: bool>(sc: &mut Scratch, y: Option<usize>) -> Option<
         w: t.wq,
         ..Sums::default()
     };
-    let (klp, lam) = fp.finish(&dp, &dq);
-    let (klq, lam_q) = fq.finish(&dq, &dp);
+    let (klp, lam) = fp.finish(&dp);
+    let (klq, lam_q) = fq.finish(&dq);
     if !(lam.is_finite() && lam_q.is_finite()) {
         return None;
     }

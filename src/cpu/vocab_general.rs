@@ -113,7 +113,11 @@ pub(super) struct Sums {
     pub(super) w: f64,
     pub(super) ue: f64,
     pub(super) pe: f64,
+    /// `Σ_ext e^{y − top}`: the other side's weights of the extreme elements, relative to
+    /// `top` (the other side's maximum over the common support, so that a common support far
+    /// below the other side's maximum does not underflow them all)
     pub(super) ee: f64,
+    pub(super) top: f64,
 }
 
 impl Dir {
@@ -136,19 +140,19 @@ impl Dir {
 
 impl Sums {
     #[inline]
-    fn push(&mut self, u: f64, wx: f64, wy: f64) {
+    fn push(&mut self, u: f64, wx: f64, y: f64) {
         if u >= -T_EXT {
             self.u += wx * u;
             self.w += wx * w_of(u);
         } else {
             self.ue += wx * u;
             self.pe += wx;
-            self.ee += wy;
+            self.ee += (y - self.top).exp();
         }
     }
 
     /// `(KL before the −log1p(−other_out) term, log E_x[e^{−u}])`.
-    pub(super) fn finish(&self, dx: &Dir, dy: &Dir) -> (f64, f64) {
+    pub(super) fn finish(&self, dx: &Dir) -> (f64, f64) {
         let inv = 1.0 / dx.s;
         let (uu, ww, ue, pe) = (self.u * inv, self.w * inv, self.ue * inv, self.pe * inv);
         let base = ww - uu - dx.out - pe;
@@ -157,7 +161,7 @@ impl Sums {
         let mut big = None;
         if self.ee > 0.0 {
             // Σ_ext p e^{−u} = ee·e^K
-            let lk = ((dy.m - dx.m) + dx.c1 + dx.c2) - dx.ln_s + self.ee.ln();
+            let lk = ((self.top - dx.m) + dx.c1 + dx.c2) - dx.ln_s + self.ee.ln();
             if lk < 600.0 {
                 ext = lk.exp();
                 x = base + ext;
@@ -397,14 +401,22 @@ pub(super) fn row_general_src(
     }
     // pass 3: second-order sums around the shifts; with it, the common-support sums of
     // e^{x − top} that −log(mass on the other side's support) needs when that mass is < ½
-    let (mut fp, mut fq) = (Sums::default(), Sums::default());
+    let fp_top = Sums {
+        top: cb_v.1,
+        ..Sums::default()
+    };
+    let fq_top = Sums {
+        top: ca_v.0,
+        ..Sums::default()
+    };
+    let (mut fp, mut fq) = (fp_top, fq_top);
     let (need_a, need_b) = (dp.out > 0.5, dq.out > 0.5);
     let (mut lse_a, mut lse_b) = (0.0, 0.0);
     src.visit(Some((ma, mb)), |_, x, z, ex, ez| {
         if x > ninf && z > ninf {
             let d = x - z;
-            fp.push((d - c1p) - dp.c2, ex, ez);
-            fq.push((-d - c1q) - dq.c2, ez, ex);
+            fp.push((d - c1p) - dp.c2, ex, z);
+            fq.push((-d - c1q) - dq.c2, ez, x);
             if need_a {
                 lse_a += (x - ca_v.0).exp();
             }
@@ -414,8 +426,8 @@ pub(super) fn row_general_src(
         }
     })
     .map_err(changed)?;
-    let (klp, lam_p) = fp.finish(&dp, &dq);
-    let (klq, _) = fq.finish(&dq, &dp);
+    let (klp, lam_p) = fp.finish(&dp);
+    let (klq, _) = fq.finish(&dq);
     // −log(mass on the other side's support): log1p while that mass is ≥ ½, else a log-sum-exp
     // over the common support around its own maximum (the plain sums may underflow there).
     let neg_log_in = |top: f64, s: f64, m: f64, d: &Dir| -> f64 {
