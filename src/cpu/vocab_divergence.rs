@@ -615,35 +615,39 @@ mod tests {
         assert!((s.tv[0] - 1.0).abs() < 1e-15, "{}", s.tv[0]);
     }
 
+    /// `ln Σ e^x` around the maximum, f64.
+    fn lse(x: &[f64]) -> f64 {
+        let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        m + x.iter().map(|&e| (e - m).exp()).sum::<f64>().ln()
+    }
+
+    /// `KL(softmax a ‖ softmax b)` from logits (log-probabilities from log-sum-exps, the
+    /// log-ratio from the logit differences; terms summed smallest first), skipping a = −∞.
+    fn kl_logits(a: &[f64], b: &[f64]) -> f64 {
+        let (za, zb) = (lse(a), lse(b));
+        let mut t: Vec<f64> = a
+            .iter()
+            .zip(b)
+            .filter(|(x, _)| x.is_finite())
+            .map(|(&x, &z)| (x - za).exp() * ((x - z) - (za - zb)))
+            .collect();
+        t.sort_by(|x, y| x.abs().total_cmp(&y.abs()));
+        t.iter().sum()
+    }
+
     /// Elements just past the log-space cut (`u` a little below −30): their sums `Σ p·u` and
     /// `Σ p` move the KL by ~1e-12 relative, so they are checked against a reference accurate
     /// to ~1e-15 (log-probabilities from log-sum-exps, the log-ratio from the logit
     /// differences) at 2e-14 relative, in both directions.
     #[test]
     fn elements_just_past_the_cut_keep_their_sums() {
-        let lse = |x: &[f64]| {
-            let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            m + x.iter().map(|&e| (e - m).exp()).sum::<f64>().ln()
-        };
-        // KL(p‖q) from logits, skipping p = 0
-        let kl = |a: &[f64], b: &[f64]| {
-            let (za, zb) = (lse(a), lse(b));
-            let mut t: Vec<f64> = a
-                .iter()
-                .zip(b)
-                .filter(|(x, _)| x.is_finite())
-                .map(|(&x, &z)| (x - za).exp() * ((x - z) - (za - zb)))
-                .collect();
-            t.sort_by(|x, y| x.abs().total_cmp(&y.abs()));
-            t.iter().sum::<f64>()
-        };
         for k in 0..12 {
             let lo = -27.0 - 0.4 * k as f64;
             let a = [0.3f32, lo as f32, 2.0, 0.7, f32::NEG_INFINITY];
             let b = [0.1f32, 2.0, 2.5, 0.2, 0.4];
             let (a64, b64) = (a.map(|x| x as f64), b.map(|x| x as f64));
             let s = stats(&a, &b, 5);
-            let want = kl(&a64, &b64);
+            let want = kl_logits(&a64, &b64);
             assert!(
                 (s.kl[0] - want).abs() <= 2e-14 * want,
                 "lo {lo}: kl {:e} vs {want:e} ({:e} relative)",
@@ -653,7 +657,7 @@ mod tests {
             // the reverse direction: the trainer's extreme element
             let s = stats(&b, &a, 5);
             assert_eq!(s.kl[0], f64::INFINITY);
-            let want = kl(&a64, &b64);
+            let want = kl_logits(&a64, &b64);
             assert!(
                 (s.kl_rev[0] - want).abs() <= 2e-14 * want,
                 "lo {lo}: kl_rev {:e} vs {want:e}",
@@ -667,19 +671,6 @@ mod tests {
     /// spanning 1000 nats overflows around any other pivot. Both directions.
     #[test]
     fn the_common_support_pivot_is_its_maximum() {
-        let lse = |x: &[f64]| {
-            let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            m + x.iter().map(|&e| (e - m).exp()).sum::<f64>().ln()
-        };
-        // KL(q‖p) from logits a (p) and b (q), skipping q = 0
-        let kl = |b: &[f64], a: &[f64]| -> f64 {
-            let (za, zb) = (lse(a), lse(b));
-            b.iter()
-                .zip(a)
-                .filter(|(z, _)| z.is_finite())
-                .map(|(&z, &x)| (z - zb).exp() * ((z - zb) - (x - za)))
-                .sum()
-        };
         let ninf = f32::NEG_INFINITY;
         for (a, b) in [
             // the common support's first and last elements 1000 nats below its maximum
@@ -701,7 +692,7 @@ mod tests {
             let (a64, b64) = (a.map(|x| x as f64), b.map(|x| x as f64));
             let s = stats(&a, &b, 4);
             assert_eq!(s.kl[0], f64::INFINITY);
-            let want = kl(&b64, &a64);
+            let want = kl_logits(&b64, &a64);
             assert!(
                 (s.kl_rev[0] - want).abs() <= 1e-13 * want,
                 "{a:?} {b:?}: kl_rev {:e} vs {want:e}",

@@ -8,8 +8,10 @@
 //! entries, an extreme mismatch between the modes, f32 over- or underflow of the constants)
 //! return `None` and take the f64 path.
 
+use super::vocab_fast::min_max;
 use super::vocab_general::{Dir, Row, Sums};
 use crate::logits::{DType, Logits};
+use crate::math::INV_FACT;
 
 /// Lanes of the sums (two AVX2 registers, one AVX-512 register).
 const LANES: usize = 16;
@@ -116,17 +118,16 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// `1/n!` for n = 0..=7 in f32.
-const INV_FACT32: [f32; 8] = [
-    1.0,
-    1.0,
-    0.5,
-    1.0 / 6.0,
-    1.0 / 24.0,
-    1.0 / 120.0,
-    1.0 / 720.0,
-    1.0 / 5040.0,
-];
+/// `1/n!` for n = 0..=7 in f32 (from [`INV_FACT`]).
+const INV_FACT32: [f32; 8] = {
+    let mut t = [0.0f32; 8];
+    let mut n = 0;
+    while n < 8 {
+        t[n] = INV_FACT[n] as f32;
+        n += 1;
+    }
+    t
+};
 
 /// `e^x` in f32 for `x ≤ 0` (0 below −87 and for −∞), within 2 ulp: branch-free (round to
 /// nearest by the 1.5·2²³ trick, Cephes' two-part ln 2, Taylor polynomial to r⁷ on
@@ -163,30 +164,6 @@ fn w_series32<const FMA: bool>(u: f32) -> f32 {
         acc = madd::<FMA>(acc, x, c);
     }
     x * x * acc
-}
-
-/// `(min, max)` of a NaN-free slice in LANES independent lanes.
-#[inline(always)]
-fn min_max(v: &[f32]) -> (f32, f32) {
-    let mut lo = [f32::INFINITY; LANES];
-    let mut hi = [f32::NEG_INFINITY; LANES];
-    let body = v.len() / LANES * LANES;
-    for c in v[..body].chunks_exact(LANES) {
-        for l in 0..LANES {
-            lo[l] = if c[l] < lo[l] { c[l] } else { lo[l] };
-            hi[l] = if c[l] > hi[l] { c[l] } else { hi[l] };
-        }
-    }
-    for &x in &v[body..] {
-        lo[0] = if x < lo[0] { x } else { lo[0] };
-        hi[0] = if x > hi[0] { x } else { hi[0] };
-    }
-    let (mut l, mut h) = (lo[0], hi[0]);
-    for k in 1..LANES {
-        l = if lo[k] < l { lo[k] } else { l };
-        h = if hi[k] > h { hi[k] } else { h };
-    }
-    (l, h)
 }
 
 /// The row constants of the fused pass, in f32 (scaled units unless said).
@@ -289,8 +266,8 @@ fn row_fast32_impl<const FMA: bool>(
 ) -> Option<Row> {
     let Scratch32 { a, b, wa, wb } = sc;
     let n = a.len();
-    let (lo_a, ma) = min_max(a);
-    let (lo_b, mb) = min_max(b);
+    let (lo_a, ma) = min_max::<f32, LANES>(a);
+    let (lo_b, mb) = min_max::<f32, LANES>(b);
     if lo_a == f32::NEG_INFINITY || lo_b == f32::NEG_INFINITY || n == 0 {
         return None; // −∞ entries (or every entry): the general f64 path
     }
@@ -424,7 +401,7 @@ mod tests {
             let v: Vec<f32> = (0..n).map(|_| (u() * 16.0).floor() as f32 - 8.0).collect();
             let lo = v.iter().cloned().fold(f32::INFINITY, f32::min);
             let hi = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            assert_eq!(min_max(&v), (lo, hi), "n = {n}");
+            assert_eq!(min_max::<f32, LANES>(&v), (lo, hi), "n = {n}");
             // the extremes in the tail only
             let mut w = v.clone();
             w[n - 1] = -100.0;
@@ -433,7 +410,11 @@ mod tests {
             }
             let lo = w.iter().cloned().fold(f32::INFINITY, f32::min);
             let hi = w.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            assert_eq!(min_max(&w), (lo, hi), "n = {n}, extremes last");
+            assert_eq!(
+                min_max::<f32, LANES>(&w),
+                (lo, hi),
+                "n = {n}, extremes last"
+            );
         }
     }
 

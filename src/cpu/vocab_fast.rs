@@ -66,15 +66,29 @@ struct FastSums {
     wq: f64,
 }
 
-/// `(min, max)` of a NaN-free slice in LANES independent lanes (vectorises, unlike
-/// `f64::min`/`max` folds).
+/// The infinities of a float type, for [`min_max`].
+pub(super) trait Float: Copy + PartialOrd {
+    const INF: Self;
+    const NEG_INF: Self;
+}
+impl Float for f64 {
+    const INF: f64 = f64::INFINITY;
+    const NEG_INF: f64 = f64::NEG_INFINITY;
+}
+impl Float for f32 {
+    const INF: f32 = f32::INFINITY;
+    const NEG_INF: f32 = f32::NEG_INFINITY;
+}
+
+/// `(min, max)` of a NaN-free slice in `L` independent lanes (vectorises, unlike
+/// `min`/`max` folds); both precisions' fast paths use it.
 #[inline(always)]
-fn min_max(v: &[f64]) -> (f64, f64) {
-    let mut lo = [f64::INFINITY; LANES];
-    let mut hi = [f64::NEG_INFINITY; LANES];
-    let body = v.len() / LANES * LANES;
-    for c in v[..body].chunks_exact(LANES) {
-        for l in 0..LANES {
+pub(super) fn min_max<T: Float, const L: usize>(v: &[T]) -> (T, T) {
+    let mut lo = [T::INF; L];
+    let mut hi = [T::NEG_INF; L];
+    let body = v.len() / L * L;
+    for c in v[..body].chunks_exact(L) {
+        for l in 0..L {
             lo[l] = if c[l] < lo[l] { c[l] } else { lo[l] };
             hi[l] = if c[l] > hi[l] { c[l] } else { hi[l] };
         }
@@ -84,7 +98,7 @@ fn min_max(v: &[f64]) -> (f64, f64) {
         hi[0] = if x > hi[0] { x } else { hi[0] };
     }
     let (mut l, mut h) = (lo[0], hi[0]);
-    for k in 1..LANES {
+    for k in 1..L {
         l = if lo[k] < l { lo[k] } else { l };
         h = if hi[k] > h { hi[k] } else { h };
     }
@@ -151,8 +165,8 @@ unsafe fn row_fast_avx2(sc: &mut Scratch, y: Option<usize>) -> Option<Row> {
 fn row_fast_impl<const FMA: bool>(sc: &mut Scratch, y: Option<usize>) -> Option<Row> {
     let Scratch { a, b, wa, wb } = sc;
     let n = a.len();
-    let (lo_a, ma) = min_max(a);
-    let (lo_b, mb) = min_max(b);
+    let (lo_a, ma) = min_max::<f64, LANES>(a);
+    let (lo_b, mb) = min_max::<f64, LANES>(b);
     if lo_a.min(lo_b) == f64::NEG_INFINITY {
         return None; // −∞ entries: the general path
     }
@@ -292,12 +306,12 @@ mod tests {
                         .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| {
                             (l.min(x), h.max(x))
                         });
-                    assert_eq!(min_max(&v), want, "n={n} at={at} {v:?}");
+                    assert_eq!(min_max::<f64, LANES>(&v), want, "n={n} at={at} {v:?}");
                 }
             }
         }
         let v = [0.5, f64::NEG_INFINITY, 2.0, -1.0, 7.0];
-        assert_eq!(min_max(&v), (f64::NEG_INFINITY, 7.0));
+        assert_eq!(min_max::<f64, LANES>(&v), (f64::NEG_INFINITY, 7.0));
     }
 
     /// `exp_neg` at the underflow cut: e^−708 is still a normal number, below it 0.
