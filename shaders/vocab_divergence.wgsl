@@ -173,17 +173,21 @@ struct Dir2 {
     w: f32, // Σ e^{..}·w(u) where u >= −T_EXT
     ue: f32, // Σ e^{..}·u where u < −T_EXT
     pe: f32, // Σ e^{..} where u < −T_EXT
-    ee: f32, // Σ e^{(y−m_y)it} where u < −T_EXT (the other side's weights)
+    // Σ e^{(y−t_y)it} where u < −T_EXT: the other side's weights, relative to t_y, the other
+    // side's maximum over the common support (relative to its overall maximum they all
+    // underflow once the common support lies ~90 nats below it)
+    ee: f32,
 }
 
-fn dir2_push(st: ptr<function, Dir2>, u: f32, wx: f32, wy: f32) {
+// `yr`: the other side's raw logit minus its common-support maximum (≤ 0).
+fn dir2_push(st: ptr<function, Dir2>, u: f32, wx: f32, yr: f32, it: f32) {
     if (u >= -T_EXT) {
         (*st).u = (*st).u + wx * u;
         (*st).w = (*st).w + wx * w_of(u);
     } else {
         (*st).ue = (*st).ue + wx * u;
         (*st).pe = (*st).pe + wx;
-        (*st).ee = (*st).ee + wy;
+        (*st).ee = (*st).ee + exp(yr * it);
     }
 }
 
@@ -242,8 +246,9 @@ fn finish_dir(st: Dir2, dx: Dir, dy: Dir, it: f32) -> Kl {
     var big = false;
     var ext = 0.0; // Σ_ext p·e^{−u}
     if (st.ee > 0.0) {
-        // Σ_ext p e^{−u} = ee · e^{K},  K = (m_y − y_c) + (x_c − m_x) ... in scaled units
-        let kk = ((dy.m - dx.yc) + (dx.mc - dx.m) + dx.c2) * it - dx.log_s;
+        // Σ_ext p e^{−u} = ee · e^{K},  K = ((t_y − y_c) + (x_c − m_x) + c2)·it − log s_x, with
+        // t_y = dy.mc the other side's common-support maximum that ee is relative to
+        let kk = ((dy.mc - dx.yc) + (dx.mc - dx.m) + dx.c2) * it - dx.log_s;
         let lk = kk + log(st.ee);
         if (lk < 60.0) {
             ext = exp(lk);
@@ -408,9 +413,9 @@ fn main(
         } else {
             fp.ue = fp.ue + wx * u;
             fp.pe = fp.pe + wx;
-            fp.ee = fp.ee + wy;
+            fp.ee = fp.ee + exp((y - dq.mc) * it);
         }
-        dir2_push(&fq, ur, wy, wx);
+        dir2_push(&fq, ur, wy, x - dp.mc, it);
         let p_i = wx * dp.inv_s;
         let vv = -u - lam0; // log(q_i / p_i) at λ0
         if (abs(vv) <= 1.0) {
