@@ -7,6 +7,13 @@ use std::ops::Range;
 /// Alignment of chunk byte offsets (the strictest `min_storage_buffer_offset_alignment`).
 pub const OFFSET_ALIGN: u64 = 256;
 
+/// Largest upload of host logits per tensor per chunk (bytes, including the 4-byte pad). Host
+/// logits stream through two alternating slots per tensor and at most two chunks are in flight
+/// (the vocabulary and top-K kernels alike), so a GPU call holds about `4 · HOST_CHUNK_BYTES`
+/// of logits (slots) plus as much in wgpu's upload staging, whatever the input size (one row is
+/// always allowed, even if larger).
+pub const HOST_CHUNK_BYTES: u64 = 8 << 20;
+
 /// A binding window `[offset, offset + size)` covering bytes `[first, end)` with an
 /// [`OFFSET_ALIGN`]-aligned offset, and the index (in `elem`-byte units) of `first` inside it.
 pub fn window(first: u64, end: u64, elem: u64) -> (u64, u64, u32) {

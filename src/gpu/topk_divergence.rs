@@ -9,8 +9,10 @@
 //! NaN or garbage there cannot leak. The kernel runs one workgroup per row: one streaming pass
 //! over V computes the trainer's log-sum-exp (online max, compensated sum, deterministic tree),
 //! then thread 0 gathers the trainer logits on S and forms `topk_kl`, `topk_tv`, both `ddot`s
-//! and `π_y − μ_y` in f32. Rows are processed in chunks under the device's binding limit, one
-//! submission per chunk.
+//! and `π_y − μ_y` in f32. Host rows stream in chunks of at most [`HOST_CHUNK_BYTES`] through
+//! two reused buffers (at most two chunks in flight: host memory stays bounded), one submission
+//! per chunk and no wait but for a slot's previous chunk; every chunk's results come back in
+//! one readback at the end.
 //!
 //! Accuracy: the row normaliser is a compensated (TwoSum) sum whose shift starts at the largest
 //! trainer logit on S, so the terms on S recomputed by thread 0 are bitwise those of the stream
@@ -26,9 +28,10 @@
 //! Trainer log-probs given on S directly ([`TrainerTopk::LogProbs`]) leave nothing to stream:
 //! that case runs the CPU reference.
 
+use super::buffers::GpuBuffer;
 use super::capabilities::check_loops;
-use super::chunking::{dispatch_grid, plan_rows, window, OFFSET_ALIGN};
-use super::context::Context;
+use super::chunking::{dispatch_grid, plan_rows, window, HOST_CHUNK_BYTES, OFFSET_ALIGN};
+use super::context::{Context, Submission};
 use super::pass::{Bind, Pass};
 use super::pipeline::Op;
 use crate::batch::Batch;
@@ -115,14 +118,24 @@ pub fn topk_divergence(
     let row_bytes = row_logits.max((w * 4) as u64).max((OUTPUTS * 4) as u64);
     // Element indices inside a chunk must fit in u32.
     let max_rows = (u32::MAX as usize / v.max(1)).max(1);
-    // Host logits: chunks of valid rows, packed. Device logits: chunks of consecutive slots
-    // (a window of the caller's buffer, with room for its aligned start), valid rows picked.
-    let (total, slack) = match device {
-        None => (rows.len(), 0),
-        Some(_) => (n, OFFSET_ALIGN + 4),
+    // Host logits: chunks of valid rows, packed, each at most `HOST_CHUNK_BYTES` of logits (one
+    // row at least), streamed through two reused slots with at most two chunks in flight, so
+    // host memory stays bounded whatever the batch (the vocabulary path's scheme). Device
+    // logits: chunks of consecutive slots (a window of the caller's buffer, with room for its
+    // aligned start), valid rows picked. Every chunk is submitted without a wait; the results
+    // of all chunks come back in one readback at the end.
+    let (total, limit) = match device {
+        None => (
+            rows.len(),
+            limits
+                .max_binding_bytes
+                .min(HOST_CHUNK_BYTES.max(row_bytes))
+                .saturating_sub(4),
+        ),
+        Some(_) => (n, limits.max_binding_bytes.saturating_sub(OFFSET_ALIGN + 4)),
     };
     let reduced = super::chunking::ChunkLimits {
-        max_binding_bytes: limits.max_binding_bytes.saturating_sub(slack),
+        max_binding_bytes: limit,
         ..limits
     };
     let mut chunks = plan_rows(total, row_bytes, &reduced)?;
@@ -132,7 +145,17 @@ pub fn topk_divergence(
             .map(|a| a..(a + max_rows).min(total))
             .collect();
     }
-    for c in chunks {
+    let most = chunks.iter().map(|c| c.len()).max().unwrap_or(0) as u64;
+    let slots: Vec<GpuBuffer> = match device {
+        None => (0..2.min(chunks.len()))
+            .map(|_| ctx.output((most * row_logits).div_ceil(4) * 4))
+            .collect::<Result<_>>()?,
+        Some(_) => Vec::new(),
+    };
+    let mut in_flight: [Option<Submission>; 2] = [None, None];
+    let mut packed: Vec<u8> = Vec::new(); // one host chunk, reused
+    let mut done: Vec<(Vec<usize>, GpuBuffer)> = Vec::with_capacity(chunks.len());
+    for (ci, c) in chunks.iter().enumerate() {
         let (chunk_rows, r0): (Vec<usize>, usize) = match device {
             None => (rows[c.clone()].to_vec(), 0),
             Some(_) => (c.clone().filter(|&r| mask[r]).collect(), c.start),
@@ -141,14 +164,10 @@ pub fn topk_divergence(
         if m == 0 {
             continue;
         }
-        let mut bytes = Vec::new();
         let mut ids = vec![-1i32; m * w];
         let mut roll = vec![0f32; m * w];
         let mut info = vec![0u32; m * 4];
         for (k, &r) in chunk_rows.iter().enumerate() {
-            if device.is_none() {
-                bytes.extend_from_slice(logits.row_bytes(r));
-            }
             let len = prepared.len[r] as usize;
             let o = r * w;
             for j in 0..len {
@@ -165,11 +184,20 @@ pub fn topk_divergence(
                 Some(_) => (r - r0) as u32,
             };
         }
-        let b_logits;
         let (logits_bind, first) = match device {
             None => {
-                b_logits = ctx.upload(&bytes)?;
-                (Bind::Whole(&b_logits), 0)
+                let slot = ci % 2;
+                // bounded memory: the slot's previous chunk (two back) has finished
+                if let Some(sub) = in_flight[slot].take() {
+                    ctx.wait(&sub)?;
+                }
+                packed.clear();
+                for &r in &chunk_rows {
+                    packed.extend_from_slice(logits.row_bytes(r));
+                }
+                packed.resize(packed.len().div_ceil(4) * 4, 0);
+                ctx.write(&slots[slot], 0, &packed)?;
+                (Bind::Whole(&slots[slot]), 0)
             }
             Some(d) => {
                 let start = d.offset() + r0 as u64 * row_logits;
@@ -206,9 +234,17 @@ pub fn topk_divergence(
             (&b_out).into(),
         ];
         let grid = dispatch_grid(m as u64, limits.max_workgroups_per_dim)?;
-        let pass = Pass::new(kernel.clone(), &params, bindings, grid);
-        let results = ctx.run(&[pass], &[&b_out])?;
-        let vals: &[f32] = bytemuck::try_cast_slice(&results[0][..m * OUTPUTS * 4])
+        let sub = ctx.submit(&[Pass::new(kernel.clone(), &params, bindings, grid)])?;
+        if device.is_none() {
+            in_flight[ci % 2] = Some(sub);
+        }
+        done.push((chunk_rows, b_out));
+    }
+    let outputs: Vec<&GpuBuffer> = done.iter().map(|(_, b)| b).collect();
+    let results = ctx.run(&[], &outputs)?;
+    for ((chunk_rows, _), bytes) in done.iter().zip(&results) {
+        let m = chunk_rows.len();
+        let vals: &[f32] = bytemuck::try_cast_slice(&bytes[..m * OUTPUTS * 4])
             .map_err(|e| Error::Gpu(format!("bad result buffer: {e}")))?;
         for (k, &r) in chunk_rows.iter().enumerate() {
             let o = &vals[k * OUTPUTS..(k + 1) * OUTPUTS];

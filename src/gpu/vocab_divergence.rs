@@ -14,7 +14,9 @@
 
 use super::buffers::GpuBuffer;
 use super::capabilities::check_loops;
-use super::chunking::{dispatch_grid, plan_rows, window, ChunkLimits, OFFSET_ALIGN};
+use super::chunking::{
+    dispatch_grid, plan_rows, window, ChunkLimits, HOST_CHUNK_BYTES, OFFSET_ALIGN,
+};
 use super::context::Context;
 use super::pass::{Bind, Pass};
 use super::pipeline::{Op, VOCAB_RESULTS_PER_ROW};
@@ -63,12 +65,6 @@ const F_B_EMPTY: u32 = 128;
 fn ceil4(x: u64) -> u64 {
     x.div_ceil(4) * 4
 }
-
-/// Largest upload of host logits per tensor per chunk (bytes, including the 4-byte pad). Host
-/// logits stream through two alternating slots per tensor and at most two chunks are in flight,
-/// so the GPU path holds about `4 · HOST_CHUNK_BYTES` of logits (slots) plus as much in wgpu's
-/// upload staging, whatever the input size (one row is always allowed, even if larger).
-pub const HOST_CHUNK_BYTES: u64 = 8 << 20;
 
 /// Chunks of host rows: `plan` with every logits chunk at most [`HOST_CHUNK_BYTES`] per
 /// tensor (or one row, if a row is larger). Per-row results do not depend on the chunking.
