@@ -202,6 +202,43 @@ fn main() -> anyhow::Result<()> {
         dev_stats = Some(s);
     }
     let dev_stats = dev_stats.expect("ran");
+    if let Some(p) = ctx.last_vocab_passes() {
+        println!(
+            "\nvocabulary kernel passes: {} rows, {} on the lean loop, {} read a third time: {:.3} reads per logit",
+            p.rows,
+            p.lean_rows,
+            p.third_pass_rows,
+            p.reads_per_logit()
+        );
+    }
+    // reads per logit on the embedded real samples too (run from the repository root)
+    for path in [
+        "data/causal-sample/batch.safetensors",
+        "data/sample/real-small.safetensors",
+    ] {
+        let batch = match trmask::io::read_batch(std::path::Path::new(path)) {
+            Ok(b) => b,
+            Err(e) => {
+                println!("(no reads-per-logit row for {path}: {e})");
+                continue;
+            }
+        };
+        let (Some(r), Some(o)) = (&batch.rollout_logits, &batch.old_logits) else {
+            println!("(no reads-per-logit row for {path}: it has no logits)");
+            continue;
+        };
+        let m = batch.segments().mask();
+        gpu.vocab_divergence(r, o, batch.responses.as_deref(), m, 1.0)?;
+        if let Some(p) = ctx.last_vocab_passes() {
+            println!(
+                "vocabulary kernel passes on {path}: {} rows, {} on the lean loop, {} read a third time: {:.3} reads per logit",
+                p.rows,
+                p.lean_rows,
+                p.third_pass_rows,
+                p.reads_per_logit()
+            );
+        }
+    }
     // accuracy on the first rows against the f64 reference (same rounded inputs)
     let check = rows.min(if quick { 64 } else { 128 });
     let ha = Logits::from_bytes(a[..check * vocab * 2].to_vec(), DType::BF16, check, vocab)?;

@@ -18,7 +18,8 @@
 //   KL(p‖q) = W + (log1p(x) − x) − log1p(−Q_out): every term is second order, nothing cancels.
 //   The same for KL(q‖p) with the roles swapped. TV = ½Σ|p−q| with p_i|expm1(−u_i − λ0)| is
 //   accumulated in the same pass together with its derivative in λ, and corrected to first
-//   order to the exact λ = log(1 + x) − log1p(−Q_out) found by pass 2.
+//   order to the exact λ = log(1 + x) − log1p(−Q_out) found by pass 2. Rows with small λ0
+//   and moderate cross factors take a lean loop with the same sums (see `lean` below).
 // Pass 3 (only rows where the first-order correction is not provably negligible, i.e. much
 //   p-mass sits within |λ − λ0| of TV's kink): TV again with the exact λ.
 // Raw logit differences are formed before scaling by `it`, so temperature costs no accuracy.
@@ -28,6 +29,9 @@
 const RED_SLOTS: u32 = 15u;
 const T_EXT: f32 = 30.0; // u < −T_EXT: e^{−u} handled in log space
 const TAU_KINK: f32 = 1.0e-5; // |log(q/p)| window around TV's kink (see pass 3)
+const P1_STEP: u32 = 4u; // pass 1: elements per thread and step (see `p1_step`)
+const LEAN_LAMBDA: f32 = 0.25; // pass 2's lean loop: |λ0| at most this
+const LEAN_K: f32 = 40.0; // ... and both cross factors |k| at most this (w_y·e^{k} ≤ e^{40})
 
 // flags written to out[8·row + 7] (as an exact small float)
 const F_KL_INF: u32 = 1u;
@@ -38,6 +42,8 @@ const F_A_BAD: u32 = 16u;
 const F_B_BAD: u32 = 32u;
 const F_A_EMPTY: u32 = 64u;
 const F_B_EMPTY: u32 = 128u;
+const F_LEAN: u32 = 256u; // pass 2 took the lean loop
+const F_THIRD_PASS: u32 = 512u; // the row was read a third time (pass 3)
 
 // The kernel's uniform; Rust twin `VocabDivergenceParams` in src/gpu/vocab_divergence.rs.
 struct VocabDivergenceParams {
@@ -77,16 +83,21 @@ fn acc1_empty() -> Acc1 {
     return Acc1(EMPTY_MAX, 0.0, 0.0, 0.0, EMPTY_MAX, 0.0, 0.0);
 }
 
-fn acc1_push(st: ptr<function, Acc1>, x: f32, y: f32, y_fin: bool, it: f32) {
-    if (x > (*st).m) {
-        let k = exp(((*st).m - x) * it);
+// Rescales a state to the running maximum `mx` when that is larger (no-op otherwise).
+fn acc1_rescale(st: ptr<function, Acc1>, mx: f32, it: f32) {
+    if (mx > (*st).m) {
+        let k = exp(((*st).m - mx) * it);
         let s = (*st).s_in + (*st).s_out;
-        (*st).h = k * ((*st).h + ((*st).m - x) * it * s);
+        (*st).h = k * ((*st).h + ((*st).m - mx) * it * s);
         (*st).s_in = k * (*st).s_in;
         (*st).s_out = k * (*st).s_out;
         (*st).su = k * (*st).su;
-        (*st).m = x;
+        (*st).m = mx;
     }
+}
+
+// Adds an element x <= the state's maximum (`y_fin`: the other side is finite there).
+fn acc1_add(st: ptr<function, Acc1>, x: f32, y: f32, y_fin: bool, it: f32) {
     let lx = (x - (*st).m) * it;
     let e = exp(lx);
     (*st).h = (*st).h + e * lx;
@@ -102,6 +113,66 @@ fn acc1_push(st: ptr<function, Acc1>, x: f32, y: f32, y_fin: bool, it: f32) {
         (*st).su = (*st).su + e * (d - ((*st).mc - (*st).yc));
     } else {
         (*st).s_out = (*st).s_out + e;
+    }
+}
+
+// Pass 1's flags of one element.
+fn p1_flags(x: f32, y: f32) -> u32 {
+    let x_ok = !is_neg_inf(x);
+    let y_ok = !is_neg_inf(y);
+    var f = 0u;
+    if (is_bad(x)) {
+        f |= F_A_BAD;
+    }
+    if (is_bad(y)) {
+        f |= F_B_BAD;
+    }
+    if (x_ok && !y_ok) {
+        f |= F_KL_INF; // p > 0 where q = 0
+    }
+    if (y_ok && !x_ok) {
+        f |= F_KLR_INF;
+    }
+    return f;
+}
+
+// A value that enters a state: finite (not −inf, not NaN / +inf).
+fn usable(x: f32) -> bool {
+    return !is_neg_inf(x) && !is_bad(x);
+}
+
+// Pass 1's four elements of one step (`P1_STEP`): both states rescaled once to the step's
+// maxima, then the elements added in index order.
+fn p1_step(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xs: vec4<f32>, ys: vec4<f32>, it: f32) {
+    let ux = vec4<bool>(usable(xs.x), usable(xs.y), usable(xs.z), usable(xs.w));
+    let uy = vec4<bool>(usable(ys.x), usable(ys.y), usable(ys.z), usable(ys.w));
+    let mxs = select(vec4<f32>(EMPTY_MAX), xs, ux);
+    let mys = select(vec4<f32>(EMPTY_MAX), ys, uy);
+    acc1_rescale(sp, max(max(mxs.x, mxs.y), max(mxs.z, mxs.w)), it);
+    acc1_rescale(sq, max(max(mys.x, mys.y), max(mys.z, mys.w)), it);
+    if (ux.x) {
+        acc1_add(sp, xs.x, ys.x, uy.x, it);
+    }
+    if (uy.x) {
+        acc1_add(sq, ys.x, xs.x, ux.x, it);
+    }
+    if (ux.y) {
+        acc1_add(sp, xs.y, ys.y, uy.y, it);
+    }
+    if (uy.y) {
+        acc1_add(sq, ys.y, xs.y, ux.y, it);
+    }
+    if (ux.z) {
+        acc1_add(sp, xs.z, ys.z, uy.z, it);
+    }
+    if (uy.z) {
+        acc1_add(sq, ys.z, xs.z, ux.z, it);
+    }
+    if (ux.w) {
+        acc1_add(sp, xs.w, ys.w, uy.w, it);
+    }
+    if (uy.w) {
+        acc1_add(sq, ys.w, xs.w, ux.w, it);
     }
 }
 
@@ -329,29 +400,20 @@ fn main(
     var sp = acc1_empty();
     var sq = acc1_empty();
     var flags = 0u;
-    for (var i = t; i < v; i += WG) {
-        let x = load_a(abase + i);
-        let y = load_b(bbase + i);
-        let x_ok = !is_neg_inf(x);
-        let y_ok = !is_neg_inf(y);
-        if (is_bad(x)) {
-            flags |= F_A_BAD;
-        }
-        if (is_bad(y)) {
-            flags |= F_B_BAD;
-        }
-        if (x_ok && !y_ok) {
-            flags |= F_KL_INF; // p > 0 where q = 0
-        }
-        if (y_ok && !x_ok) {
-            flags |= F_KLR_INF;
-        }
-        if (x_ok && !is_bad(x)) {
-            acc1_push(&sp, x, y, y_ok && !is_bad(y), it);
-        }
-        if (y_ok && !is_bad(y)) {
-            acc1_push(&sq, y, x, x_ok && !is_bad(x), it);
-        }
+    // Four elements per thread and step (i, i + WG, i + 2·WG, i + 3·WG: the same order as one
+    // at a time), so each state is rescaled once per four elements: software rasterizers run
+    // the rescale's branch, exponential included, for every element. Indices past the row
+    // read its last element and count as −inf on both sides (no flag, no sum).
+    for (var i = t; i < v; i += P1_STEP * WG) {
+        var xs = vec4<f32>(NEG_SENTINEL);
+        var ys = vec4<f32>(NEG_SENTINEL);
+        let j = vec4<u32>(i, i + WG, i + 2u * WG, i + 3u * WG);
+        let inr = j < vec4<u32>(v);
+        let jj = min(j, vec4<u32>(v - 1u));
+        xs = select(xs, vec4<f32>(load_a(abase + jj.x), load_a(abase + jj.y), load_a(abase + jj.z), load_a(abase + jj.w)), inr);
+        ys = select(ys, vec4<f32>(load_b(bbase + jj.x), load_b(bbase + jj.y), load_b(bbase + jj.z), load_b(bbase + jj.w)), inr);
+        flags |= p1_flags(xs.x, ys.x) | p1_flags(xs.y, ys.y) | p1_flags(xs.z, ys.z) | p1_flags(xs.w, ys.w);
+        p1_step(&sp, &sq, xs, ys, it);
     }
     acc1_store(0u, t, sp);
     acc1_store(7u, t, sq);
@@ -393,47 +455,95 @@ fn main(
     var tv0 = 0.0;
     var g = 0.0;
     var near = 0.0; // p-mass with |v| <= TAU_KINK (whose |·| may flip sign between λ0 and λ)
-    for (var i = t; i < v; i += WG) {
-        let x = load_a(abase + i);
-        let y = load_b(bbase + i);
-        if (is_neg_inf(x) || is_neg_inf(y)) {
-            continue;
-        }
-        let wx = exp((x - dp.m) * it);
-        let wy = exp((y - dq.m) * it);
-        let d = x - y;
-        let u = ((d - dp.c1) - dp.c2) * it;
-        let ur = ((-d - dq.c1) - dq.c2) * it;
-        // w(u) once, shared by KL(p‖q) and TV: expm1(−u) = w(u) − u
-        var wu = 0.0;
-        if (u >= -T_EXT) {
-            wu = w_of(u);
-            fp.u = fp.u + wx * u;
-            fp.w = fp.w + wx * wu;
-        } else {
-            fp.ue = fp.ue + wx * u;
-            fp.pe = fp.pe + wx;
-            fp.ee = fp.ee + exp((y - dq.mc) * it);
-        }
-        dir2_push(&fq, ur, wy, x - dp.mc, it);
-        let p_i = wx * dp.inv_s;
-        let vv = -u - lam0; // log(q_i / p_i) at λ0
-        if (abs(vv) <= 1.0) {
-            // expm1(−u − λ0) = e^{−λ0}·expm1(−u) + expm1(−λ0): no series per element; the
-            // rounding is ~eps·|u|·p_i per element, negligible beside TV's tolerance
-            var em = ek0 * (wu - u) + em0;
-            if (u < -T_EXT || !tv_fast) {
-                em = expm1_acc(vv);
+    // The lean loop (row-uniform choice): when λ0 is small and both directions' cross factors
+    // k = log(w_x·e^{−u} / w_y) are moderate, p·e^{−u} = w_y·e^{k} needs no exponential of
+    // its own and nothing can overflow, so the elements with u < −T_EXT need no separate sums
+    // (they are folded into U and W exactly as `finish_dir` adds them back) and TV's
+    // expm1(v) comes from the same terms. Two exponentials and two branch-free series per
+    // element instead of seven and three; software rasterizers evaluate both sides of every
+    // `if`, so the general loop below is for the rows that need it.
+    let kx = ((dq.m - dp.yc) + (dp.mc - dp.m) + dp.c2) * it;
+    let ky = ((dp.m - dq.yc) + (dq.mc - dq.m) + dq.c2) * it;
+    let lean = abs(lam0) <= LEAN_LAMBDA && abs(kx) <= LEAN_K && abs(ky) <= LEAN_K;
+    if (lean) {
+        let ekx = exp(kx);
+        let eky = exp(ky);
+        for (var i = t; i < v; i += WG) {
+            let x = load_a(abase + i);
+            let y = load_b(bbase + i);
+            if (is_neg_inf(x) || is_neg_inf(y)) {
+                continue;
             }
-            tv0 += p_i * abs(em);
-            g += sign(vv) * (p_i + p_i * em);
-            if (abs(vv) <= TAU_KINK) {
-                near += p_i;
-            }
-        } else {
+            let wx = exp((x - dp.m) * it);
+            let wy = exp((y - dq.m) * it);
+            let d = x - y;
+            let u = ((d - dp.c1) - dp.c2) * it;
+            let ur = ((-d - dq.c1) - dq.c2) * it;
+            let sx = k3_series(-u); // w(u) for |u| <= ½
+            let sy = k3_series(-ur);
+            let bx = abs(u) > 0.5;
+            let by = abs(ur) > 0.5;
+            // w_x·expm1(−u): the series, or w_y·e^{k} − w_x (|expm1| ≥ 0.39 there: no cancellation)
+            let ex = select(wx * (sx - u), wy * ekx - wx, bx);
+            let ey = select(wy * (sy - ur), wx * eky - wy, by);
+            fp.u += wx * u;
+            fp.w += select(wx * sx, ex + wx * u, bx);
+            fq.u += wy * ur;
+            fq.w += select(wy * sy, ey + wy * ur, by);
+            let p_i = wx * dp.inv_s;
             let q_i = wy * dq.inv_s;
-            tv0 += abs(p_i - q_i);
-            g += sign(q_i - p_i) * q_i;
+            let vv = -u - lam0; // log(q_i / p_i) at λ0
+            // p_i·expm1(−u − λ0) = e^{−λ0}·p_i·expm1(−u) + p_i·expm1(−λ0); with |λ0| ≤ ¼ and
+            // |u| > ½ it is at least 0.22·p_i in magnitude, so the closed form is exact enough
+            let pm = (ek0 * ex + em0 * wx) * dp.inv_s;
+            let kink = abs(vv) <= 1.0;
+            tv0 += select(abs(p_i - q_i), abs(pm), kink);
+            g += select(sign(q_i - p_i) * q_i, sign(vv) * (p_i + pm), kink);
+            near += select(0.0, p_i, abs(vv) <= TAU_KINK);
+        }
+    } else {
+        for (var i = t; i < v; i += WG) {
+            let x = load_a(abase + i);
+            let y = load_b(bbase + i);
+            if (is_neg_inf(x) || is_neg_inf(y)) {
+                continue;
+            }
+            let wx = exp((x - dp.m) * it);
+            let wy = exp((y - dq.m) * it);
+            let d = x - y;
+            let u = ((d - dp.c1) - dp.c2) * it;
+            let ur = ((-d - dq.c1) - dq.c2) * it;
+            // w(u) once, shared by KL(p‖q) and TV: expm1(−u) = w(u) − u
+            var wu = 0.0;
+            if (u >= -T_EXT) {
+                wu = w_of(u);
+                fp.u = fp.u + wx * u;
+                fp.w = fp.w + wx * wu;
+            } else {
+                fp.ue = fp.ue + wx * u;
+                fp.pe = fp.pe + wx;
+                fp.ee = fp.ee + exp((y - dq.mc) * it);
+            }
+            dir2_push(&fq, ur, wy, x - dp.mc, it);
+            let p_i = wx * dp.inv_s;
+            let vv = -u - lam0; // log(q_i / p_i) at λ0
+            if (abs(vv) <= 1.0) {
+                // expm1(−u − λ0) = e^{−λ0}·expm1(−u) + expm1(−λ0): no series per element; the
+                // rounding is ~eps·|u|·p_i per element, negligible beside TV's tolerance
+                var em = ek0 * (wu - u) + em0;
+                if (u < -T_EXT || !tv_fast) {
+                    em = expm1_acc(vv);
+                }
+                tv0 += p_i * abs(em);
+                g += sign(vv) * (p_i + p_i * em);
+                if (abs(vv) <= TAU_KINK) {
+                    near += p_i;
+                }
+            } else {
+                let q_i = wy * dq.inv_s;
+                tv0 += abs(p_i - q_i);
+                g += sign(q_i - p_i) * q_i;
+            }
         }
     }
     red_sh[0u * MAX_WG + t] = fp.u;
@@ -544,6 +654,12 @@ fn main(
         } else {
             lq = (xb - dq.m) * it - dq.log_s;
         }
+    }
+    if (lean) {
+        flags |= F_LEAN;
+    }
+    if (again != 0u) {
+        flags |= F_THIRD_PASS;
     }
     results[ob + 0u] = kl;
     results[ob + 1u] = klr;

@@ -7,6 +7,7 @@ use super::capabilities::Capabilities;
 use super::pass::{Bind, Pass};
 use super::pipeline::{Flavour, PipelineCache};
 use crate::error::{Error, Result};
+use crate::stats::VocabPasses;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -111,6 +112,7 @@ pub struct Context {
     pool: BufferPool,
     uncaptured: Arc<Mutex<Vec<String>>>,
     last_device_ns: AtomicU64,
+    last_vocab: Mutex<Option<VocabPasses>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -240,6 +242,7 @@ impl Context {
             pipelines: PipelineCache::default(),
             uncaptured,
             last_device_ns: AtomicU64::new(NOT_TIMED),
+            last_vocab: Mutex::new(None),
         }
     }
 
@@ -319,6 +322,17 @@ impl Context {
             NOT_TIMED => None,
             ns => Some(ns),
         }
+    }
+
+    /// How the vocabulary kernel read the rows of the last exact-divergence call on this context
+    /// (`None` before any); with several threads sharing the context, the call that finished
+    /// last.
+    pub fn last_vocab_passes(&self) -> Option<VocabPasses> {
+        *self.last_vocab.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn record_vocab_passes(&self, passes: VocabPasses) {
+        *self.last_vocab.lock().unwrap_or_else(|e| e.into_inner()) = Some(passes);
     }
 
     /// A write of `data` into `buf` at byte `offset`, ordered before the next submission

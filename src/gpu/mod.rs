@@ -43,6 +43,7 @@ mod token_stats;
 mod topk_divergence;
 mod vocab_divergence;
 
+pub use crate::stats::VocabPasses;
 pub use capabilities::Capabilities;
 #[doc(hidden)]
 pub use context::Submission;

@@ -23,7 +23,7 @@ use super::pipeline::{Op, VOCAB_RESULTS_PER_ROW};
 use crate::cpu::{check_vocab_inputs, first_bad_logit};
 use crate::error::{Error, Result};
 use crate::logits::{DType, Logits};
-use crate::stats::VocabStats;
+use crate::stats::{VocabPasses, VocabStats};
 
 /// `row_info` value of an invalid (masked) slot.
 pub const ROW_MASKED: u32 = u32::MAX;
@@ -61,6 +61,8 @@ const F_A_BAD: u32 = 16;
 const F_B_BAD: u32 = 32;
 const F_A_EMPTY: u32 = 64;
 const F_B_EMPTY: u32 = 128;
+const F_LEAN: u32 = 256;
+const F_THIRD_PASS: u32 = 512;
 
 fn ceil4(x: u64) -> u64 {
     x.div_ceil(4) * 4
@@ -345,7 +347,24 @@ pub fn vocab_divergence(
     )?;
     let host =
         (rollout.on_device().is_none() && train.on_device().is_none()).then_some((rollout, train));
+    ctx.record_vocab_passes(vocab_passes(&raw, mask));
     finish_vocab_stats(&raw, mask.len(), host)
+}
+
+/// How the kernel read the valid rows of one call (from the flags of its raw results).
+fn vocab_passes(raw: &[f32], mask: &[bool]) -> VocabPasses {
+    let mut p = VocabPasses::default();
+    for (o, _) in raw
+        .chunks_exact(RESULTS_PER_ROW)
+        .zip(mask)
+        .filter(|(_, &m)| m)
+    {
+        let flags = o[7] as u32;
+        p.rows += 1;
+        p.lean_rows += u64::from(flags & F_LEAN != 0);
+        p.third_pass_rows += u64::from(flags & F_THIRD_PASS != 0);
+    }
+    p
 }
 
 #[cfg(test)]
