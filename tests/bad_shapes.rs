@@ -80,3 +80,51 @@ fn corrections_pass_and_vocab_mismatches_are_errors_on_both_engines() {
         assert_ne!(v, "ok", "{name}: mask longer than the rows accepted");
     }
 }
+
+/// The engine's `topk_divergence` passes its inputs' errors on and, on the CPU, gives the
+/// free function's statistics (the `Engine` glue of `cpu/mod.rs`; no other CPU-engine test
+/// reaches it outside the CLI).
+#[test]
+fn topk_divergence_errors_on_both_engines_and_the_cpu_engine_is_the_reference() {
+    use trmask::topk::{topk_divergence, TopkSupport, TrainerTopk};
+    let logits: Vec<f32> = (0..3 * 6).map(|i| ((i * 7) % 11) as f32 * 0.3).collect();
+    let batch = |lps: Vec<f64>| {
+        Batch::padded(1, 3, &[1.0; 3])
+            .unwrap()
+            .with_responses(vec![0, 1, 5])
+            .unwrap()
+            .with_log_probs("rollout_log_prob", vec![-1.0, -1.0, -3.0])
+            .unwrap()
+            .with_topk(vec![0, 1, 1, 2, 3, 4], lps, 2)
+            .unwrap()
+            .with_logits("old_logits", Logits::from_f32(&logits, 3, 6).unwrap())
+            .unwrap()
+    };
+    let good = batch(vec![-0.5, -1.5, -0.9, -1.1, -0.2, -2.5]);
+    let bad = batch(vec![-0.5, f64::NAN, -0.9, -1.1, -0.2, -2.5]);
+    let run = |e: &dyn Engine, b: &Batch| {
+        e.topk_divergence(
+            b,
+            TopkSupport::Union,
+            TrainerTopk::from_batch(b, 1.0).unwrap(),
+        )
+    };
+    let want = topk_divergence(
+        &good,
+        TopkSupport::Union,
+        TrainerTopk::from_batch(&good, 1.0).unwrap(),
+    )
+    .unwrap();
+    assert!(want.topk_kl.iter().all(|&v| v > 0.0), "{want:?}");
+    for (name, e) in engines() {
+        let v = verdict(&name, || run(&*e, &bad));
+        assert!(
+            v.contains("rollout_topk_log_prob") && v.contains("[0, 0]"),
+            "{name}: {v}"
+        );
+        let got = verdict(&name, || run(&*e, &good));
+        assert_eq!(got, "ok", "{name}");
+    }
+    assert_eq!(run(&CpuEngine::new(), &good).unwrap(), want);
+    assert_eq!(run(&CpuEngine::fast(), &good).unwrap(), want);
+}
