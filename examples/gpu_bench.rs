@@ -1,7 +1,8 @@
 //! One-shot device benchmark for `scripts/gpu-bench.sh`: everything a lent GPU should measure in
 //! one process, printed as BENCHMARKS.md-ready Markdown tables.
 //!
-//! `cargo run --release --example gpu_bench -- [--quick]`
+//! `cargo run --release --example gpu_bench -- [--quick]` (`GPU_BENCH_FILES=a.safetensors:b.safetensors`:
+//! reads per logit of the vocabulary kernel on those batches too)
 //!
 //! 1. the adapter's buffer-copy bandwidth (`copy_buffer_to_buffer`, bytes read + written);
 //! 2. the vocabulary kernel on device-resident logits (timestamp queries: kernel time only),
@@ -211,11 +212,16 @@ fn main() -> anyhow::Result<()> {
             p.reads_per_logit()
         );
     }
-    // reads per logit on the embedded real samples too (run from the repository root)
-    for path in [
-        "data/causal-sample/batch.safetensors",
+    // reads per logit on the embedded real samples too (run from the repository root), and on
+    // the files listed in GPU_BENCH_FILES (colon-separated)
+    let extra = std::env::var("GPU_BENCH_FILES").unwrap_or_default();
+    let files = [
+        "data/causal-sample/logits.safetensors",
         "data/sample/real-small.safetensors",
-    ] {
+    ]
+    .into_iter()
+    .chain(extra.split(':').filter(|p| !p.is_empty()));
+    for path in files {
         let batch = match trmask::io::read_batch(std::path::Path::new(path)) {
             Ok(b) => b,
             Err(e) => {

@@ -632,6 +632,21 @@ fn multi_chunk_runs_equal_single_chunk_runs_bit_for_bit() {
             "V={v} rows={rows} {da:?}/{db:?} seed {s}"
         );
     }
+    // host logits through wgpu's staging copies instead of mapped slots: the same bits
+    let staged = GpuEngine::with_options(&ContextOptions {
+        max_binding_size: Some(8192),
+        workgroup_size: Some(wg),
+        mapped_uploads: Some(false),
+        ..Default::default()
+    })
+    .expect("third engine on the same adapter");
+    assert!(!staged.capabilities().mapped_uploads);
+    let c = case(seed, 40, 257, DType::BF16, DType::F32, 3.0, 0.05, 0.05);
+    let (a, b) = (
+        small.vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.9),
+        staged.vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.9),
+    );
+    assert_eq!(bits(&a.unwrap()), bits(&b.unwrap()), "mapped vs staged");
     // and the forced 1 KiB limit of the shared small-chunk engine
     if let Some(tiny) = common::gpu_small_chunks() {
         let c = case(seed, 50, 33, DType::BF16, DType::F16, 2.0, 0.1, 0.1);

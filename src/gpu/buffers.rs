@@ -5,7 +5,7 @@
 //! owned by one caller at a time (staging buffers included), so concurrent ops never share one.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 
 /// What a pooled buffer is for (each kind has its own usages and free lists).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -14,6 +14,8 @@ pub enum BufferKind {
     Storage,
     /// Host-readable staging buffer (map for reading, copy destination).
     Staging,
+    /// Storage buffer the host maps for writing (`MAPPABLE_PRIMARY_BUFFERS`, unified memory).
+    MappedStorage,
     /// Uniform buffer holding `Meta` structs.
     Uniform,
     /// Destination of resolved timestamp queries (copied to a staging buffer).
@@ -21,6 +23,15 @@ pub enum BufferKind {
 }
 
 impl BufferKind {
+    /// The kind of a buffer streaming host data to kernels: mapped or written by the queue.
+    pub fn upload(mapped: bool) -> Self {
+        if mapped {
+            BufferKind::MappedStorage
+        } else {
+            BufferKind::Storage
+        }
+    }
+
     fn usages(self) -> wgpu::BufferUsages {
         match self {
             BufferKind::Storage => {
@@ -29,6 +40,11 @@ impl BufferKind {
                     | wgpu::BufferUsages::COPY_DST
             }
             BufferKind::Staging => wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            BufferKind::MappedStorage => {
+                wgpu::BufferUsages::MAP_WRITE
+                    | wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+            }
             BufferKind::Uniform => wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             BufferKind::QueryResolve => {
                 wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC
@@ -167,6 +183,89 @@ impl BufferPool {
     pub fn idle_bytes(&self) -> u64 {
         self.free.lock().map(|f| f.bytes).unwrap_or(0)
     }
+}
+
+/// CPU and integrated adapters share the host's memory: a mapped storage buffer is the
+/// memory the kernel reads (on a discrete GPU it would be slow host-visible memory).
+pub(crate) fn unified_memory(info: &wgpu::AdapterInfo) -> bool {
+    matches!(
+        info.device_type,
+        wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
+    )
+}
+
+/// Maps `buf` (a [`BufferKind::MappedStorage`] slot) for writing once the GPU has finished
+/// every submission that used it, writes `parts` back to back from byte 0 (their total a
+/// multiple of 4) in place and unmaps it.
+pub(crate) fn write_mapped(
+    device: &wgpu::Device,
+    buf: &GpuBuffer,
+    parts: &[&[u8]],
+) -> crate::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    if total == 0 {
+        return Ok(());
+    }
+    let slice = buf.raw().slice(0..total as u64);
+    let (tx, rx) = mpsc::channel();
+    slice.map_async(wgpu::MapMode::Write, move |r| {
+        let _ = tx.send(r);
+    });
+    if let Err(e) = await_callbacks(device, &rx, 1, None) {
+        buf.raw().unmap(); // cancels a map still pending
+        return Err(e);
+    }
+    match slice.get_mapped_range_mut() {
+        Ok(mut view) => {
+            let mut at = 0;
+            for p in parts {
+                view.slice(at..at + p.len()).copy_from_slice(p);
+                at += p.len();
+            }
+        }
+        Err(e) => {
+            buf.raw().unmap();
+            return Err(crate::Error::Gpu(format!("writing a mapped upload: {e}")));
+        }
+    }
+    buf.raw().unmap();
+    Ok(())
+}
+
+/// Polls `device` until `pending` map callbacks have reported on `rx` (the first poll waits for
+/// `index`, or for every submission). Another thread polling the same device (a shared
+/// `Context` or the caller's own device) may run the callbacks on its thread after our own
+/// `poll` has returned, so the callbacks — not the poll — say when we are done.
+pub(crate) fn await_callbacks(
+    device: &wgpu::Device,
+    rx: &mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+    mut pending: usize,
+    index: Option<wgpu::SubmissionIndex>,
+) -> crate::Result<()> {
+    let poll = |p: wgpu::PollType| {
+        device
+            .poll(p)
+            .map(|_| ())
+            .map_err(|e| crate::Error::Gpu(format!("waiting for the device: {e}")))
+    };
+    let mut polled = poll(wgpu::PollType::Wait {
+        submission_index: index,
+        timeout: None,
+    });
+    while pending > 0 {
+        std::mem::replace(&mut polled, Ok(()))?;
+        match rx.recv_timeout(std::time::Duration::from_millis(1)) {
+            Ok(Ok(())) => pending -= 1,
+            Ok(Err(e)) => return Err(crate::Error::Gpu(format!("mapping a buffer failed: {e}"))),
+            Err(mpsc::RecvTimeoutError::Timeout) => polled = poll(wgpu::PollType::Poll),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(crate::Error::Gpu(
+                    "mapping a buffer: callback dropped".into(),
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -42,6 +42,10 @@ pub struct Capabilities {
     /// never reset, and ends all loops after 65,535 iterations. Work that would need more is
     /// refused ([`crate::Error::Limit`]) or split; `None` on other drivers.
     pub loop_iterations: Option<u64>,
+    /// Host logits are written straight into mapped storage buffers (one copy, no staging):
+    /// `Features::MAPPABLE_PRIMARY_BUFFERS` on a unified-memory adapter (CPU or integrated
+    /// GPU: lavapipe, Apple silicon); elsewhere uploads go through wgpu's staging copies.
+    pub mapped_uploads: bool,
 }
 
 /// llvmpipe's `LP_MAX_TGSI_LOOP_ITERATIONS`.
@@ -82,7 +86,7 @@ impl Capabilities {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
         let yn = |b: bool| if b { "yes" } else { "no" };
         format!(
-            "{} ({}, {})\n  driver: {}{}\n  max storage binding: {:.0} MiB, max buffer: {:.0} MiB, chunk limit: {:.2} MiB\n  workgroups: {} threads max, {} per dimension, {} KiB shared memory\n  subgroups: {}{}\n  shader-f16: {}, timestamps: {}",
+            "{} ({}, {})\n  driver: {}{}\n  max storage binding: {:.0} MiB, max buffer: {:.0} MiB, chunk limit: {:.2} MiB\n  workgroups: {} threads max, {} per dimension, {} KiB shared memory\n  subgroups: {}{}\n  shader-f16: {}, timestamps: {}, mapped uploads: {}",
             self.adapter_name,
             self.backend,
             self.device_type,
@@ -105,6 +109,7 @@ impl Capabilities {
             },
             yn(self.shader_f16),
             yn(self.timestamp_query),
+            yn(self.mapped_uploads),
         )
     }
 }

@@ -2,7 +2,9 @@
 //! submit / wait / read-back path every op goes through ([`Context::run`], [`Context::submit`],
 //! [`Context::wait`]).
 
-use super::buffers::{BufferKind, BufferPool, GpuBuffer};
+use super::buffers::{
+    await_callbacks, unified_memory, write_mapped, BufferKind, BufferPool, GpuBuffer,
+};
 use super::capabilities::Capabilities;
 use super::pass::{Bind, Pass};
 use super::pipeline::{Flavour, PipelineCache};
@@ -37,6 +39,9 @@ pub struct ContextOptions {
     /// `Some(wgpu::Limits::default())` gives WebGPU's minimums (16 KiB of workgroup memory,
     /// 128 MiB bindings, …), which every kernel stays within.
     pub limits: Option<wgpu::Limits>,
+    /// Host logits into mapped storage buffers ([`Capabilities::mapped_uploads`]): `None` on
+    /// CPU / integrated adapters, `Some(false)` never, `Some(true)` wherever offered.
+    pub mapped_uploads: Option<bool>,
 }
 
 fn capabilities_of(
@@ -44,6 +49,7 @@ fn capabilities_of(
     limits: &wgpu::Limits,
     features: wgpu::Features,
     forced: Option<u64>,
+    mapped: Option<bool>,
 ) -> Capabilities {
     // Kernels index 32-bit words with u32: keep every binding below 4 GiB.
     let natural = limits
@@ -73,6 +79,8 @@ fn capabilities_of(
         loop_iterations: (info.name.to_ascii_lowercase().contains("llvmpipe")
             || info.driver.to_ascii_lowercase().contains("llvmpipe"))
         .then_some(super::capabilities::LLVMPIPE_LOOP_ITERATIONS),
+        mapped_uploads: features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+            && mapped.unwrap_or_else(|| unified_memory(info)),
     }
 }
 
@@ -163,8 +171,13 @@ impl Context {
             )
             .map_err(|e| Error::NoAdapter(e.to_string()))?,
         };
-        let optional =
-            wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
+        let mapped = (options.mapped_uploads)
+            .unwrap_or_else(|| unified_memory(&adapter.get_info()))
+            .then_some(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
+        let optional = wgpu::Features::SUBGROUP
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::TIMESTAMP_QUERY
+            | mapped.unwrap_or(wgpu::Features::empty());
         let features = adapter.features() & optional;
         let limits = match &options.limits {
             Some(l) => {
@@ -209,8 +222,9 @@ impl Context {
         Self::assemble(device, queue, &ContextOptions::default(), Arc::default())
     }
 
-    /// Like [`Context::from_wgpu`] with options (only `max_binding_size` and `workgroup_size`
-    /// apply).
+    /// Like [`Context::from_wgpu`] with options (only `max_binding_size`, `workgroup_size`,
+    /// `flavour` and `mapped_uploads` apply; mapped uploads need the caller's device to have
+    /// `MAPPABLE_PRIMARY_BUFFERS`).
     pub fn from_wgpu_with(
         device: wgpu::Device,
         queue: wgpu::Queue,
@@ -231,6 +245,7 @@ impl Context {
             &limits,
             device.features(),
             options.max_binding_size,
+            options.mapped_uploads,
         );
         Context {
             pool: BufferPool::new(limits.max_buffer_size),
@@ -344,6 +359,29 @@ impl Context {
         })
     }
 
+    /// A reusable storage buffer of `bytes` bytes for streaming host data to kernels with
+    /// [`Context::write_slot`]: mapped for writing where the adapter shares the host's memory
+    /// ([`Capabilities::mapped_uploads`]), a plain storage buffer elsewhere.
+    pub fn upload_slot(&self, bytes: u64) -> Result<GpuBuffer> {
+        let kind = BufferKind::upload(self.caps.mapped_uploads);
+        self.scoped(|| self.pool.get(&self.device, kind, bytes.div_ceil(4) * 4))
+    }
+
+    /// Writes `parts` back to back from byte 0 of an [`Context::upload_slot`] (total a multiple
+    /// of 4) before the next submission: in place once the GPU is done with a mapped slot (the
+    /// only copy of the bytes), else through `write_buffer`'s staging copy.
+    pub fn write_slot(&self, buf: &GpuBuffer, parts: &[&[u8]]) -> Result<()> {
+        if buf.kind() == BufferKind::MappedStorage {
+            return write_mapped(&self.device, buf, parts);
+        }
+        let mut at = 0u64;
+        for p in parts {
+            self.write(buf, at, p)?;
+            at += p.len() as u64;
+        }
+        Ok(())
+    }
+
     /// Records `passes` into one command buffer and submits it without waiting (e.g. to
     /// overlap the upload of the next chunk with this compute); errors are checked before
     /// this returns. See [`Context::wait`].
@@ -385,55 +423,24 @@ impl Context {
         Ok(out)
     }
 
-    /// Maps every staging buffer of submission `index` and returns its bytes. Polls until
-    /// every map callback has run: another thread polling the same device (a shared
-    /// [`Context`] or the caller's own device) may run our callbacks on its thread after our
-    /// own `poll` has returned, so the callbacks — not the poll — say when we are done.
+    /// Maps every staging buffer of submission `index` and returns its bytes (polling until
+    /// every map callback has run: see `buffers::await_callbacks`).
     fn read_back(
         &self,
         index: wgpu::SubmissionIndex,
         staging: Vec<GpuBuffer>,
     ) -> Result<Vec<Vec<u8>>> {
         let (tx, rx) = mpsc::channel();
-        for (i, st) in staging.iter().enumerate() {
+        for st in &staging {
             let tx = tx.clone();
             st.raw()
                 .slice(0..st.len())
                 .map_async(wgpu::MapMode::Read, move |r| {
-                    let _ = tx.send((i, r));
+                    let _ = tx.send(r);
                 });
         }
         drop(tx);
-        let poll = |p: wgpu::PollType| {
-            self.device
-                .poll(p)
-                .map(|_| ())
-                .map_err(|e| Error::Gpu(format!("waiting for the device: {e}")))
-        };
-        let mut polled = poll(wgpu::PollType::Wait {
-            submission_index: Some(index),
-            timeout: None,
-        });
-        let mut pending = staging.len();
-        let mut failure = None;
-        while pending > 0 {
-            if let Err(e) = polled {
-                failure = Some(e);
-                break;
-            }
-            match rx.recv_timeout(std::time::Duration::from_millis(1)) {
-                Ok((_, Ok(()))) => pending -= 1,
-                Ok((_, Err(e))) => {
-                    failure = Some(Error::Gpu(format!("mapping results failed: {e}")));
-                    break;
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => polled = poll(wgpu::PollType::Poll),
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    failure = Some(Error::Gpu("mapping results: callback dropped".into()));
-                    break;
-                }
-            }
-        }
+        let failure = await_callbacks(&self.device, &rx, staging.len(), Some(index)).err();
         if let Some(e) = failure {
             // possibly still mapped or in use: never back into the pool
             staging.into_iter().for_each(GpuBuffer::discard);

@@ -148,7 +148,7 @@ pub fn topk_divergence(
     let most = chunks.iter().map(|c| c.len()).max().unwrap_or(0) as u64;
     let slots: Vec<GpuBuffer> = match device {
         None => (0..2.min(chunks.len()))
-            .map(|_| ctx.output((most * row_logits).div_ceil(4) * 4))
+            .map(|_| ctx.upload_slot((most * row_logits).div_ceil(4) * 4))
             .collect::<Result<_>>()?,
         Some(_) => Vec::new(),
     };
@@ -196,7 +196,7 @@ pub fn topk_divergence(
                     packed.extend_from_slice(logits.row_bytes(r));
                 }
                 packed.resize(packed.len().div_ceil(4) * 4, 0);
-                ctx.write(&slots[slot], 0, &packed)?;
+                ctx.write_slot(&slots[slot], &[&packed])?;
                 (Bind::Whole(&slots[slot]), 0)
             }
             Some(d) => {

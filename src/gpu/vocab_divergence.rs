@@ -172,8 +172,8 @@ fn run(
         (0..2.min(chunks.len()))
             .map(|_| -> Result<[GpuBuffer; 2]> {
                 Ok([
-                    ctx.output(ceil4(max_rows * v * sa) + 4)?,
-                    ctx.output(ceil4(max_rows * v * sb) + 4)?,
+                    ctx.upload_slot(ceil4(max_rows * v * sa) + 4)?,
+                    ctx.upload_slot(ceil4(max_rows * v * sb) + 4)?,
                 ])
             })
             .collect::<Result<_>>()?
@@ -207,12 +207,11 @@ fn run(
                 let bytes = l.host_bytes("logits")?;
                 let start = (first / 4 * 4) as usize;
                 let (end, full) = (end as usize, ((end - first / 4 * 4) / 4 * 4) as usize);
-                ctx.write(buf, 0, &bytes[start..start + full])?;
-                if start + full < end {
-                    let mut tail = [0u8; 4];
-                    tail[..end - start - full].copy_from_slice(&bytes[start + full..end]);
-                    ctx.write(buf, full as u64, &tail)?;
-                }
+                let mut tail = [0u8; 4];
+                let rest = end - start - full; // 0–3 bytes past the last whole word
+                tail[..rest].copy_from_slice(&bytes[start + full..end]);
+                let tail = &tail[..if rest > 0 { 4 } else { 0 }];
+                ctx.write_slot(buf, &[&bytes[start..start + full], tail])?;
                 tensors[k] = Bind::Whole(buf);
                 firsts[k] = ((first - first / 4 * 4) / s) as u32;
             }
