@@ -306,4 +306,12 @@ RS
     ;;
 esac
 cd "$dir"
+# With the kernel's autogroup scheduling (sched_autogroup_enabled = 1, the default on many
+# distributions) a nice value only ranks processes within one session: a niced run in its own
+# session still takes half the cores from a benchmark in another. So a niced run gets a
+# session of its own whose autogroup is niced too (Ctrl-C then does not reach it: use kill).
+if [ -n "${MUTANTS_NICE:-}" ] && [ "$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null)" = 1 ]; then
+    exec setsid bash -c 'echo "$0" >/proc/self/autogroup 2>/dev/null; exec nice -n "$0" "$@"' \
+        "$MUTANTS_NICE" cargo mutants --in-place --timeout 60 "$@" "${args[@]}"
+fi
 exec nice -n "${MUTANTS_NICE:-0}" cargo mutants --in-place --timeout 60 "$@" "${args[@]}"
