@@ -141,6 +141,16 @@ fn usable(x: f32) -> bool {
     return !is_neg_inf(x) && !is_bad(x);
 }
 
+// One element of pass 1 into both states (each already rescaled to a maximum at least x, y).
+fn p1_elem(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, x: f32, y: f32, ux: bool, uy: bool, it: f32) {
+    if (ux) {
+        acc1_add(sp, x, y, uy, it);
+    }
+    if (uy) {
+        acc1_add(sq, y, x, ux, it);
+    }
+}
+
 // Pass 1's four elements of one step (`P1_STEP`): both states rescaled once to the step's
 // maxima, then the elements added in index order.
 fn p1_step(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xs: vec4<f32>, ys: vec4<f32>, it: f32) {
@@ -150,30 +160,10 @@ fn p1_step(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xs: vec4<f32>, ys: 
     let mys = select(vec4<f32>(EMPTY_MAX), ys, uy);
     acc1_rescale(sp, max(max(mxs.x, mxs.y), max(mxs.z, mxs.w)), it);
     acc1_rescale(sq, max(max(mys.x, mys.y), max(mys.z, mys.w)), it);
-    if (ux.x) {
-        acc1_add(sp, xs.x, ys.x, uy.x, it);
-    }
-    if (uy.x) {
-        acc1_add(sq, ys.x, xs.x, ux.x, it);
-    }
-    if (ux.y) {
-        acc1_add(sp, xs.y, ys.y, uy.y, it);
-    }
-    if (uy.y) {
-        acc1_add(sq, ys.y, xs.y, ux.y, it);
-    }
-    if (ux.z) {
-        acc1_add(sp, xs.z, ys.z, uy.z, it);
-    }
-    if (uy.z) {
-        acc1_add(sq, ys.z, xs.z, ux.z, it);
-    }
-    if (ux.w) {
-        acc1_add(sp, xs.w, ys.w, uy.w, it);
-    }
-    if (uy.w) {
-        acc1_add(sq, ys.w, xs.w, ux.w, it);
-    }
+    p1_elem(sp, sq, xs.x, ys.x, ux.x, uy.x, it);
+    p1_elem(sp, sq, xs.y, ys.y, ux.y, uy.y, it);
+    p1_elem(sp, sq, xs.z, ys.z, ux.z, uy.z, it);
+    p1_elem(sp, sq, xs.w, ys.w, ux.w, uy.w, it);
 }
 
 fn acc1_merge(p: Acc1, q: Acc1, it: f32) -> Acc1 {
@@ -369,6 +359,31 @@ fn neg_log_in(d: Dir) -> NegLogIn {
     return NegLogIn(d.log_s - log(1.0e-30), false);
 }
 
+// One element of pass 2: the weights and both directions' centred log-ratios (`finite`:
+// both sides finite; the loops skip the element otherwise).
+struct P2Element {
+    finite: bool,
+    x: f32,
+    y: f32,
+    wx: f32, // e^{(x − m_p)·it}
+    wy: f32, // e^{(y − m_q)·it}
+    u: f32, // ((x − y) − c_p)·it
+    ur: f32, // ((y − x) − c_q)·it
+}
+
+fn p2_element(ia: u32, ib: u32, dp: Dir, dq: Dir, it: f32) -> P2Element {
+    var e: P2Element;
+    e.x = load_a(ia);
+    e.y = load_b(ib);
+    e.finite = !is_neg_inf(e.x) && !is_neg_inf(e.y);
+    e.wx = exp((e.x - dp.m) * it);
+    e.wy = exp((e.y - dq.m) * it);
+    let d = e.x - e.y;
+    e.u = ((d - dp.c1) - dp.c2) * it;
+    e.ur = ((-d - dq.c1) - dq.c2) * it;
+    return e;
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -469,16 +484,14 @@ fn main(
         let ekx = exp(kx);
         let eky = exp(ky);
         for (var i = t; i < v; i += WG) {
-            let x = load_a(abase + i);
-            let y = load_b(bbase + i);
-            if (is_neg_inf(x) || is_neg_inf(y)) {
+            let e = p2_element(abase + i, bbase + i, dp, dq, it);
+            if (!e.finite) {
                 continue;
             }
-            let wx = exp((x - dp.m) * it);
-            let wy = exp((y - dq.m) * it);
-            let d = x - y;
-            let u = ((d - dp.c1) - dp.c2) * it;
-            let ur = ((-d - dq.c1) - dq.c2) * it;
+            let wx = e.wx;
+            let wy = e.wy;
+            let u = e.u;
+            let ur = e.ur;
             let sx = k3_series(-u); // w(u) for |u| <= ½
             let sy = k3_series(-ur);
             let bx = abs(u) > 0.5;
@@ -503,16 +516,16 @@ fn main(
         }
     } else {
         for (var i = t; i < v; i += WG) {
-            let x = load_a(abase + i);
-            let y = load_b(bbase + i);
-            if (is_neg_inf(x) || is_neg_inf(y)) {
+            let e = p2_element(abase + i, bbase + i, dp, dq, it);
+            if (!e.finite) {
                 continue;
             }
-            let wx = exp((x - dp.m) * it);
-            let wy = exp((y - dq.m) * it);
-            let d = x - y;
-            let u = ((d - dp.c1) - dp.c2) * it;
-            let ur = ((-d - dq.c1) - dq.c2) * it;
+            let x = e.x;
+            let y = e.y;
+            let wx = e.wx;
+            let wy = e.wy;
+            let u = e.u;
+            let ur = e.ur;
             // w(u) once, shared by KL(p‖q) and TV: expm1(−u) = w(u) − u
             var wu = 0.0;
             if (u >= -T_EXT) {
