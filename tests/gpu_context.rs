@@ -217,3 +217,42 @@ fn context_opens_with_webgpu_default_limits() {
     let s = e.token_stats(&[-1.0], &[-1.5], &[true]).unwrap();
     assert!(s.k3[0] > 0.0);
 }
+
+/// The number of submissions of a whole analysis does not depend on how the tokens are split
+/// into sequences (issue 13: no per-sequence round trips), with and without a correction.
+#[test]
+fn submissions_do_not_grow_with_the_sequence_count() {
+    if gpu().is_none() {
+        return;
+    }
+    // an engine of its own: the counter is per context, and other tests share `gpu()`'s
+    let engine = GpuEngine::new().expect("adapter");
+    let n = 8192usize;
+    let mut rng = Rng::new(seed(0x5eed_0031));
+    let roll: Vec<f64> = (0..n).map(|_| -0.1 - 3.0 * rng.f64()).collect();
+    let old: Vec<f64> = roll.iter().map(|r| r + 0.1 * (rng.f64() - 0.5)).collect();
+    for config in [
+        trmask::CorrectionConfig::default(),
+        trmask::CorrectionConfig::preset("decoupled_k3_rs").unwrap(),
+    ] {
+        let mut counts = Vec::new();
+        for seqs in [1usize, 100, 4000] {
+            let cu: Vec<i64> = (0..=seqs).map(|s| (s * n / seqs) as i64).collect();
+            let batch = trmask::Batch::packed(&cu)
+                .unwrap()
+                .with_log_probs("rollout_log_prob", roll.clone())
+                .unwrap()
+                .with_log_probs("old_log_prob", old.clone())
+                .unwrap();
+            let before = engine.context().submissions();
+            trmask::analysis::analyze(&engine, &batch, &config).unwrap();
+            counts.push(engine.context().submissions() - before);
+        }
+        assert!(counts[0] > 0, "{counts:?}");
+        assert!(
+            counts.iter().all(|&c| c == counts[0]),
+            "submissions for 1 / 100 / 4000 sequences: {counts:?}"
+        );
+        println!("submissions per analysis: {counts:?}");
+    }
+}

@@ -232,6 +232,46 @@ pub(crate) fn write_mapped(
     Ok(())
 }
 
+/// Maps every staging buffer of submission `index` and returns its bytes (polling until every
+/// map callback has run: see [`await_callbacks`]); on failure none goes back into the pool.
+pub(crate) fn read_mapped(
+    device: &wgpu::Device,
+    index: wgpu::SubmissionIndex,
+    staging: Vec<GpuBuffer>,
+) -> crate::Result<Vec<Vec<u8>>> {
+    let (tx, rx) = mpsc::channel();
+    for st in &staging {
+        let tx = tx.clone();
+        st.raw()
+            .slice(0..st.len())
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+    }
+    drop(tx);
+    if let Err(e) = await_callbacks(device, &rx, staging.len(), Some(index)) {
+        // possibly still mapped or in use: never back into the pool
+        staging.into_iter().for_each(GpuBuffer::discard);
+        return Err(e);
+    }
+    let mut out = Vec::with_capacity(staging.len());
+    let mut read_error = None;
+    for st in &staging {
+        match st.raw().slice(0..st.len()).get_mapped_range() {
+            Ok(view) => out.push(view.to_vec()),
+            Err(e) => read_error = Some(crate::Error::Gpu(format!("reading results: {e}"))),
+        }
+        st.raw().unmap();
+    }
+    match read_error {
+        Some(e) => {
+            staging.into_iter().for_each(GpuBuffer::discard);
+            Err(e)
+        }
+        None => Ok(out),
+    }
+}
+
 /// Polls `device` until `pending` map callbacks have reported on `rx` (the first poll waits for
 /// `index`, or for every submission). Another thread polling the same device (a shared
 /// `Context` or the caller's own device) may run the callbacks on its thread after our own

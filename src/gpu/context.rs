@@ -3,7 +3,7 @@
 //! [`Context::wait`]).
 
 use super::buffers::{
-    await_callbacks, unified_memory, write_mapped, BufferKind, BufferPool, GpuBuffer,
+    read_mapped, unified_memory, write_mapped, BufferKind, BufferPool, GpuBuffer,
 };
 use super::capabilities::Capabilities;
 use super::pass::{Bind, Pass};
@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::stats::VocabPasses;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 
 /// `last_device_ns` when no run has been timed.
 const NOT_TIMED: u64 = u64::MAX;
@@ -121,6 +121,7 @@ pub struct Context {
     uncaptured: Arc<Mutex<Vec<String>>>,
     last_device_ns: AtomicU64,
     last_vocab: Mutex<Option<VocabPasses>>,
+    submissions: AtomicU64,
 }
 
 impl std::fmt::Debug for Context {
@@ -258,6 +259,7 @@ impl Context {
             uncaptured,
             last_device_ns: AtomicU64::new(NOT_TIMED),
             last_vocab: Mutex::new(None),
+            submissions: AtomicU64::new(0),
         }
     }
 
@@ -339,6 +341,12 @@ impl Context {
         }
     }
 
+    /// Command buffers this context has submitted so far (each op makes one per call, or one
+    /// per host chunk of logits: never one per sequence).
+    pub fn submissions(&self) -> u64 {
+        self.submissions.load(Ordering::Relaxed)
+    }
+
     /// How the vocabulary kernel read the rows of the last exact-divergence call on this context
     /// (`None` before any); with several threads sharing the context, the call that finished
     /// last.
@@ -407,7 +415,7 @@ impl Context {
     /// Safe with other threads submitting to and polling the same device (see `read_back`).
     pub fn run(&self, passes: &[Pass<'_>], readbacks: &[&GpuBuffer]) -> Result<Vec<Vec<u8>>> {
         let (index, staging) = self.submit_with(passes, readbacks, self.caps.timestamp_query)?;
-        let mut out = self.read_back(index, staging)?;
+        let mut out = read_mapped(&self.device, index, staging)?;
         if out.len() > readbacks.len() {
             let ticks = out.pop().and_then(|b| {
                 let t: &[u64] = bytemuck::try_cast_slice(b.get(..16)?).ok()?;
@@ -421,47 +429,6 @@ impl Context {
             }
         }
         Ok(out)
-    }
-
-    /// Maps every staging buffer of submission `index` and returns its bytes (polling until
-    /// every map callback has run: see `buffers::await_callbacks`).
-    fn read_back(
-        &self,
-        index: wgpu::SubmissionIndex,
-        staging: Vec<GpuBuffer>,
-    ) -> Result<Vec<Vec<u8>>> {
-        let (tx, rx) = mpsc::channel();
-        for st in &staging {
-            let tx = tx.clone();
-            st.raw()
-                .slice(0..st.len())
-                .map_async(wgpu::MapMode::Read, move |r| {
-                    let _ = tx.send(r);
-                });
-        }
-        drop(tx);
-        let failure = await_callbacks(&self.device, &rx, staging.len(), Some(index)).err();
-        if let Some(e) = failure {
-            // possibly still mapped or in use: never back into the pool
-            staging.into_iter().for_each(GpuBuffer::discard);
-            return Err(e);
-        }
-        let mut out = Vec::with_capacity(staging.len());
-        let mut read_error = None;
-        for st in &staging {
-            match st.raw().slice(0..st.len()).get_mapped_range() {
-                Ok(view) => out.push(view.to_vec()),
-                Err(e) => read_error = Some(Error::Gpu(format!("reading results: {e}"))),
-            }
-            st.raw().unmap();
-        }
-        match read_error {
-            Some(e) => {
-                staging.into_iter().for_each(GpuBuffer::discard);
-                Err(e)
-            }
-            None => Ok(out),
-        }
     }
 
     /// Records and submits inside error scopes; checks validation / out-of-memory / uncaptured
@@ -595,6 +562,7 @@ impl Context {
             staging.push(st);
         }
         let index = self.queue.submit([encoder.finish()]);
+        self.submissions.fetch_add(1, Ordering::Relaxed);
         Ok((index, staging, uniforms))
     }
 }
