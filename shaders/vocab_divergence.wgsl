@@ -96,44 +96,31 @@ fn acc1_rescale(st: ptr<function, Acc1>, mx: f32, it: f32) {
     }
 }
 
-// Adds an element x <= the state's maximum (`y_fin`: the other side is finite there).
-fn acc1_add(st: ptr<function, Acc1>, x: f32, y: f32, y_fin: bool, it: f32) {
+// Adds an element x <= the state's maximum when `on` (`y_fin`: the other side is finite
+// there). Branch-free: software rasterizers run both sides of an `if` anyway, and selects
+// cost less than their masks; the values a select drops may be ±inf, never used.
+fn acc1_add(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, y_fin: bool, it: f32) {
     let lx = (x - (*st).m) * it;
     let e = exp(lx);
-    (*st).h = (*st).h + e * lx;
-    if (y_fin) {
-        let d = x - y;
-        if (x > (*st).mc) {
-            let c_new = d;
-            (*st).su = (*st).su + (((*st).mc - (*st).yc) - c_new) * (*st).s_in;
-            (*st).mc = x;
-            (*st).yc = y;
-        }
-        (*st).s_in = (*st).s_in + e;
-        (*st).su = (*st).su + e * (d - ((*st).mc - (*st).yc));
-    } else {
-        (*st).s_out = (*st).s_out + e;
-    }
+    (*st).h = select((*st).h, (*st).h + e * lx, on);
+    let d = x - y;
+    let both = on && y_fin;
+    let moves = both && x > (*st).mc;
+    (*st).su = select((*st).su, (*st).su + (((*st).mc - (*st).yc) - d) * (*st).s_in, moves);
+    (*st).mc = select((*st).mc, x, moves);
+    (*st).yc = select((*st).yc, y, moves);
+    (*st).s_in = select((*st).s_in, (*st).s_in + e, both);
+    (*st).su = select((*st).su, (*st).su + e * (d - ((*st).mc - (*st).yc)), both);
+    (*st).s_out = select((*st).s_out, (*st).s_out + e, on && !y_fin);
 }
 
 // Pass 1's flags of one element.
 fn p1_flags(x: f32, y: f32) -> u32 {
-    let x_ok = !is_neg_inf(x);
-    let y_ok = !is_neg_inf(y);
-    var f = 0u;
-    if (is_bad(x)) {
-        f |= F_A_BAD;
-    }
-    if (is_bad(y)) {
-        f |= F_B_BAD;
-    }
-    if (x_ok && !y_ok) {
-        f |= F_KL_INF; // p > 0 where q = 0
-    }
-    if (y_ok && !x_ok) {
-        f |= F_KLR_INF;
-    }
-    return f;
+    let xn = is_neg_inf(x);
+    let yn = is_neg_inf(y);
+    return select(0u, F_A_BAD, is_bad(x)) | select(0u, F_B_BAD, is_bad(y))
+        | select(0u, F_KL_INF, !xn && yn) // p > 0 where q = 0
+        | select(0u, F_KLR_INF, xn && !yn);
 }
 
 // A value that enters a state: finite (not −inf, not NaN / +inf).
@@ -143,12 +130,8 @@ fn usable(x: f32) -> bool {
 
 // One element of pass 1 into both states (each already rescaled to a maximum at least x, y).
 fn p1_elem(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, x: f32, y: f32, ux: bool, uy: bool, it: f32) {
-    if (ux) {
-        acc1_add(sp, x, y, uy, it);
-    }
-    if (uy) {
-        acc1_add(sq, y, x, ux, it);
-    }
+    acc1_add(sp, ux, x, y, uy, it);
+    acc1_add(sq, uy, y, x, ux, it);
 }
 
 // Pass 1's four elements of one step (`P1_STEP`): both states rescaled once to the step's
