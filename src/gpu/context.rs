@@ -383,7 +383,7 @@ impl Context {
             return write_mapped(&self.device, buf, parts);
         }
         let mut at = 0u64;
-        for p in parts {
+        for p in parts.iter().filter(|p| !p.is_empty()) {
             self.write(buf, at, p)?;
             at += p.len() as u64;
         }
