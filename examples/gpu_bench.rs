@@ -8,7 +8,8 @@
 //! 2. the vocabulary kernel on device-resident logits (timestamp queries: kernel time only),
 //!    bytes of logits read per second and the fraction of the copy bandwidth, checked against
 //!    the f64 CPU reference on the first rows at SPEC §9 tolerance;
-//! 3. the same call on host logits (upload included) and on the CPU engine;
+//! 3. the same call on host logits (upload included; mapped uploads and staging copies where
+//!    the adapter has both) and on the CPU engine;
 //! 4. `analysis::analyze` on 1M tokens of log-probs as 1, 1,000 and 300,000 sequences, both
 //!    engines (the per-sequence cost).
 
@@ -296,11 +297,43 @@ fn main() -> anyhow::Result<()> {
         gpu.vocab_divergence(&ha, &hb, Some(&responses), &mask, 1.0)
             .unwrap()
     });
+    let mapped = ctx.capabilities().mapped_uploads;
     println!(
-        "| GPU call, host logits (upload included) | {:.1} ms | {} | |",
+        "| GPU call, host logits (upload included; {}) | {:.1} ms | {} | |",
+        if mapped {
+            "mapped uploads"
+        } else {
+            "staging copies"
+        },
         th * 1e3,
         gbs(bytes, th)
     );
+    // the other upload scheme on the same adapter, where it exists (mapped uploads need
+    // MAPPABLE_PRIMARY_BUFFERS): which one a discrete GPU should use is measured, not assumed
+    let other = trmask::gpu::ContextOptions {
+        mapped_uploads: Some(!mapped),
+        ..Default::default()
+    };
+    match GpuEngine::with_options(&other) {
+        Ok(g2) if g2.capabilities().mapped_uploads != mapped => {
+            let t2 = time(3, || {
+                g2.vocab_divergence(&ha, &hb, Some(&responses), &mask, 1.0)
+                    .unwrap()
+            });
+            println!(
+                "| GPU call, host logits (upload included; {}) | {:.1} ms | {} | |",
+                if mapped {
+                    "staging copies"
+                } else {
+                    "mapped uploads"
+                },
+                t2 * 1e3,
+                gbs(bytes, t2)
+            );
+        }
+        Ok(_) => println!("(the adapter offers no mapped uploads: one upload row)"),
+        Err(e) => println!("(no second engine for the other upload scheme: {e})"),
+    }
     let tc = time(3, || {
         cpu.vocab_divergence(&ha, &hb, Some(&responses), &mask, 1.0)
             .unwrap()

@@ -195,8 +195,9 @@ pub(crate) fn unified_memory(info: &wgpu::AdapterInfo) -> bool {
 }
 
 /// Maps `buf` (a [`BufferKind::MappedStorage`] slot) for writing once the GPU has finished
-/// every submission that used it, writes `parts` back to back from byte 0 (their total a
-/// multiple of 4) in place and unmaps it.
+/// every submission that used it (callers wait for the slot's last one first, so this does not
+/// block on later work), writes `parts` back to back from byte 0 (their total a multiple of 4)
+/// in place and unmaps it.
 pub(crate) fn write_mapped(
     device: &wgpu::Device,
     buf: &GpuBuffer,
@@ -273,7 +274,9 @@ pub(crate) fn read_mapped(
 }
 
 /// Polls `device` until `pending` map callbacks have reported on `rx` (the first poll waits for
-/// `index`, or for every submission). Another thread polling the same device (a shared
+/// `index`; without one it does not block, so a slot whose last use has finished maps without
+/// waiting for later submissions — the next chunk's kernel keeps running while the host writes
+/// this one). Another thread polling the same device (a shared
 /// `Context` or the caller's own device) may run the callbacks on its thread after our own
 /// `poll` has returned, so the callbacks — not the poll — say when we are done.
 pub(crate) fn await_callbacks(
@@ -288,9 +291,12 @@ pub(crate) fn await_callbacks(
             .map(|_| ())
             .map_err(|e| crate::Error::Gpu(format!("waiting for the device: {e}")))
     };
-    let mut polled = poll(wgpu::PollType::Wait {
-        submission_index: index,
-        timeout: None,
+    let mut polled = poll(match index {
+        Some(i) => wgpu::PollType::Wait {
+            submission_index: Some(i),
+            timeout: None,
+        },
+        None => wgpu::PollType::Poll,
     });
     while pending > 0 {
         std::mem::replace(&mut polled, Ok(()))?;
