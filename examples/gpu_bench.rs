@@ -144,6 +144,27 @@ fn time<T>(reps: usize, mut f: impl FnMut() -> T) -> f64 {
     )
 }
 
+/// The vocabulary kernel's reads of the last call on `ctx`, one line.
+fn print_passes(ctx: &Context, what: &str) {
+    if let Some(p) = ctx.last_vocab_passes() {
+        println!(
+            "vocabulary kernel passes on {what}: {} rows, {} on the lean loop, {} read a third time: {:.3} reads per logit",
+            p.rows,
+            p.lean_rows,
+            p.third_pass_rows,
+            p.reads_per_logit()
+        );
+    }
+}
+
+fn scheme(mapped: bool) -> &'static str {
+    if mapped {
+        "mapped uploads"
+    } else {
+        "staging copies"
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let gpu = GpuEngine::new()?;
@@ -204,15 +225,8 @@ fn main() -> anyhow::Result<()> {
         dev_stats = Some(s);
     }
     let dev_stats = dev_stats.expect("ran");
-    if let Some(p) = ctx.last_vocab_passes() {
-        println!(
-            "\nvocabulary kernel passes: {} rows, {} on the lean loop, {} read a third time: {:.3} reads per logit",
-            p.rows,
-            p.lean_rows,
-            p.third_pass_rows,
-            p.reads_per_logit()
-        );
-    }
+    println!();
+    print_passes(&ctx, "random data");
     // reads per logit on the embedded real samples too (run from the repository root), and on
     // the files listed in GPU_BENCH_FILES (colon-separated)
     let extra = std::env::var("GPU_BENCH_FILES").unwrap_or_default();
@@ -236,15 +250,7 @@ fn main() -> anyhow::Result<()> {
         };
         let m = batch.segments().mask();
         gpu.vocab_divergence(r, o, batch.responses.as_deref(), m, 1.0)?;
-        if let Some(p) = ctx.last_vocab_passes() {
-            println!(
-                "vocabulary kernel passes on {path}: {} rows, {} on the lean loop, {} read a third time: {:.3} reads per logit",
-                p.rows,
-                p.lean_rows,
-                p.third_pass_rows,
-                p.reads_per_logit()
-            );
-        }
+        print_passes(&ctx, path);
     }
     // accuracy on the first rows against the f64 reference (same rounded inputs)
     let check = rows.min(if quick { 64 } else { 128 });
@@ -300,11 +306,7 @@ fn main() -> anyhow::Result<()> {
     let mapped = ctx.capabilities().mapped_uploads;
     println!(
         "| GPU call, host logits (upload included; {}) | {:.1} ms | {} | |",
-        if mapped {
-            "mapped uploads"
-        } else {
-            "staging copies"
-        },
+        scheme(mapped),
         th * 1e3,
         gbs(bytes, th)
     );
@@ -322,11 +324,7 @@ fn main() -> anyhow::Result<()> {
             });
             println!(
                 "| GPU call, host logits (upload included; {}) | {:.1} ms | {} | |",
-                if mapped {
-                    "staging copies"
-                } else {
-                    "mapped uploads"
-                },
+                scheme(!mapped),
                 t2 * 1e3,
                 gbs(bytes, t2)
             );

@@ -403,13 +403,11 @@ fn main(
     // the rescale's branch, exponential included, for every element. Indices past the row
     // read its last element and count as −inf on both sides (no flag, no sum).
     for (var i = t; i < v; i += P1_STEP * WG) {
-        var xs = vec4<f32>(NEG_SENTINEL);
-        var ys = vec4<f32>(NEG_SENTINEL);
         let j = vec4<u32>(i, i + WG, i + 2u * WG, i + 3u * WG);
         let inr = j < vec4<u32>(v);
         let jj = min(j, vec4<u32>(v - 1u));
-        xs = select(xs, vec4<f32>(load_a(abase + jj.x), load_a(abase + jj.y), load_a(abase + jj.z), load_a(abase + jj.w)), inr);
-        ys = select(ys, vec4<f32>(load_b(bbase + jj.x), load_b(bbase + jj.y), load_b(bbase + jj.z), load_b(bbase + jj.w)), inr);
+        let xs = select(vec4<f32>(NEG_SENTINEL), vec4<f32>(load_a(abase + jj.x), load_a(abase + jj.y), load_a(abase + jj.z), load_a(abase + jj.w)), inr);
+        let ys = select(vec4<f32>(NEG_SENTINEL), vec4<f32>(load_b(bbase + jj.x), load_b(bbase + jj.y), load_b(bbase + jj.z), load_b(bbase + jj.w)), inr);
         flags |= p1_flags(xs.x, ys.x) | p1_flags(xs.y, ys.y) | p1_flags(xs.z, ys.z) | p1_flags(xs.w, ys.w);
         p1_step(&sp, &sq, xs, ys, it);
     }
@@ -442,7 +440,10 @@ fn main(
     let dp = make_dir(gp);
     let dq = make_dir(gq);
     // λ0 = lse_b − lse_a + c (scaled), c = c1 + c2 of p's direction
-    let lam0 = ((dq.m - dp.yc) + (dp.mc - dp.m) + dp.c2) * it + dq.log_s - dp.log_s;
+    // the cross factors of both directions (see `lean` below); λ0 is p's plus the log-normalisers
+    let kx = ((dq.m - dp.yc) + (dp.mc - dp.m) + dp.c2) * it;
+    let ky = ((dp.m - dq.yc) + (dq.mc - dq.m) + dq.c2) * it;
+    let lam0 = kx + dq.log_s - dp.log_s;
 
     // ---- pass 2 ----
     let tv_fast = abs(lam0) < T_EXT; // e^{−λ0} and e^{−u} near the kink both stay finite
@@ -460,8 +461,6 @@ fn main(
     // expm1(v) comes from the same terms. Two exponentials and two branch-free series per
     // element instead of seven and three; software rasterizers evaluate both sides of every
     // `if`, so the general loop below is for the rows that need it.
-    let kx = ((dq.m - dp.yc) + (dp.mc - dp.m) + dp.c2) * it;
-    let ky = ((dp.m - dq.yc) + (dq.mc - dq.m) + dq.c2) * it;
     let lean = abs(lam0) <= LEAN_LAMBDA && abs(kx) <= LEAN_K && abs(ky) <= LEAN_K;
     if (lean) {
         let ekx = exp(kx);

@@ -807,6 +807,14 @@ fn random_batch(rng: &mut Rng, b: usize, t: usize, v: usize, k: usize, scale: f6
 fn gpu_random_inputs_match_reference() {
     let Some(engine) = gpu() else { return };
     let small = gpu_small_chunks();
+    // host rows of odd byte length through wgpu's staging copies instead of mapped slots
+    let staged = trmask::gpu::GpuEngine::with_options(&trmask::gpu::ContextOptions {
+        max_binding_size: Some(1024),
+        workgroup_size: Some(64),
+        mapped_uploads: Some(false),
+        ..Default::default()
+    })
+    .ok();
     // the other reduction flavour than the default's (subgroups where the adapter has them)
     let tree = gpu_with_flavour(Flavour::Workgroup, Some(192));
     let caps = engine.capabilities();
@@ -857,6 +865,15 @@ fn gpu_random_inputs_match_reference() {
                 if let Some(e) = small.as_ref().filter(|_| v * dtype.size() <= 1024) {
                     let g = e.topk_divergence(&b, support, tr).unwrap();
                     compare_gpu(&format!("{what} (small chunks)"), &g, &c, s0);
+                }
+                if let Some(e) = staged.as_ref().filter(|_| v * dtype.size() <= 1024) {
+                    let g = e.topk_divergence(&b, support, tr).unwrap();
+                    compare_gpu(
+                        &format!("{what} (small chunks, staged uploads)"),
+                        &g,
+                        &c,
+                        s0,
+                    );
                 }
             }
         }

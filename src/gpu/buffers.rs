@@ -185,13 +185,14 @@ impl BufferPool {
     }
 }
 
-/// CPU and integrated adapters share the host's memory: a mapped storage buffer is the
-/// memory the kernel reads (on a discrete GPU it would be slow host-visible memory).
-pub(crate) fn unified_memory(info: &wgpu::AdapterInfo) -> bool {
-    matches!(
+/// Whether host uploads should be mapped: the caller's choice, else on CPU and integrated
+/// adapters, which share the host's memory (a mapped storage buffer is the memory the kernel
+/// reads; on a discrete GPU it would be slow host-visible memory).
+pub(crate) fn mapped_wanted(choice: Option<bool>, info: &wgpu::AdapterInfo) -> bool {
+    choice.unwrap_or(matches!(
         info.device_type,
         wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
-    )
+    ))
 }
 
 /// Maps `buf` (a [`BufferKind::MappedStorage`] slot) for writing once the GPU has finished

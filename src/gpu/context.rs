@@ -2,9 +2,7 @@
 //! submit / wait / read-back path every op goes through ([`Context::run`], [`Context::submit`],
 //! [`Context::wait`]).
 
-use super::buffers::{
-    read_mapped, unified_memory, write_mapped, BufferKind, BufferPool, GpuBuffer,
-};
+use super::buffers::{mapped_wanted, read_mapped, write_mapped, BufferKind, BufferPool, GpuBuffer};
 use super::capabilities::Capabilities;
 use super::pass::{Bind, Pass};
 use super::pipeline::{Flavour, PipelineCache};
@@ -80,7 +78,7 @@ fn capabilities_of(
             || info.driver.to_ascii_lowercase().contains("llvmpipe"))
         .then_some(super::capabilities::LLVMPIPE_LOOP_ITERATIONS),
         mapped_uploads: features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
-            && mapped.unwrap_or_else(|| unified_memory(info)),
+            && mapped_wanted(mapped, info),
     }
 }
 
@@ -172,13 +170,11 @@ impl Context {
             )
             .map_err(|e| Error::NoAdapter(e.to_string()))?,
         };
-        let mapped = (options.mapped_uploads)
-            .unwrap_or_else(|| unified_memory(&adapter.get_info()))
-            .then_some(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
-        let optional = wgpu::Features::SUBGROUP
-            | wgpu::Features::SHADER_F16
-            | wgpu::Features::TIMESTAMP_QUERY
-            | mapped.unwrap_or(wgpu::Features::empty());
+        let mut optional =
+            wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
+        if mapped_wanted(options.mapped_uploads, &adapter.get_info()) {
+            optional |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        }
         let features = adapter.features() & optional;
         let limits = match &options.limits {
             Some(l) => {
@@ -375,12 +371,16 @@ impl Context {
         self.scoped(|| self.pool.get(&self.device, kind, bytes.div_ceil(4) * 4))
     }
 
-    /// Writes `parts` back to back from byte 0 of an [`Context::upload_slot`] (total a multiple
-    /// of 4) before the next submission: in place once the GPU is done with a mapped slot (the
-    /// only copy of the bytes), else through `write_buffer`'s staging copy.
+    /// Writes `parts` (any lengths, total a multiple of 4) back to back from byte 0 of an
+    /// [`Context::upload_slot`] before the next submission: in place once the GPU is done with
+    /// a mapped slot (the only copy of the bytes), else through `write_buffer`'s staging copy
+    /// (parts of unaligned length gathered into one write first).
     pub fn write_slot(&self, buf: &GpuBuffer, parts: &[&[u8]]) -> Result<()> {
         if buf.kind() == BufferKind::MappedStorage {
             return write_mapped(&self.device, buf, parts);
+        }
+        if parts.iter().any(|p| p.len() % 4 != 0) {
+            return self.write(buf, 0, &parts.concat());
         }
         let mut at = 0u64;
         for p in parts.iter().filter(|p| !p.is_empty()) {

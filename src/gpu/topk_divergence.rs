@@ -153,7 +153,6 @@ pub fn topk_divergence(
         Some(_) => Vec::new(),
     };
     let mut in_flight: [Option<Submission>; 2] = [None, None];
-    let mut packed: Vec<u8> = Vec::new(); // one host chunk, reused
     let mut done: Vec<(Vec<usize>, GpuBuffer)> = Vec::with_capacity(chunks.len());
     for (ci, c) in chunks.iter().enumerate() {
         let (chunk_rows, r0): (Vec<usize>, usize) = match device {
@@ -191,12 +190,11 @@ pub fn topk_divergence(
                 if let Some(sub) = in_flight[slot].take() {
                     ctx.wait(&sub)?;
                 }
-                packed.clear();
-                for &r in &chunk_rows {
-                    packed.extend_from_slice(logits.row_bytes(r));
-                }
-                packed.resize(packed.len().div_ceil(4) * 4, 0);
-                ctx.write_slot(&slots[slot], &[&packed])?;
+                let mut parts: Vec<&[u8]> =
+                    chunk_rows.iter().map(|&r| logits.row_bytes(r)).collect();
+                let len: usize = parts.iter().map(|p| p.len()).sum();
+                parts.push(&[0u8; 3][..len.div_ceil(4) * 4 - len]);
+                ctx.write_slot(&slots[slot], &parts)?;
                 (Bind::Whole(&slots[slot]), 0)
             }
             Some(d) => {
