@@ -105,7 +105,13 @@ pub fn topk_divergence(
             "device buffer lacks BufferUsages::STORAGE: the GPU engine binds it in place",
         ));
     }
-    let kernel = ctx.kernel(Op::TopkDivergence, logits.dtype())?;
+    let kernel = ctx.row_kernel(
+        Op::TopkDivergence,
+        logits.dtype(),
+        v as u64,
+        1,
+        2 * w as u64,
+    )?;
     // one strided pass over the row, two loops over the support
     check_loops(
         ctx.capabilities(),

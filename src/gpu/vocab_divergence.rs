@@ -147,7 +147,7 @@ fn run(
             ));
         }
     }
-    let kernel = ctx.kernel(Op::VocabDivergence(db), da)?;
+    let kernel = ctx.row_kernel(Op::VocabDivergence(db), da, vocab as u64, 3, 0)?;
     // three strided passes over the row at most (the third only for flagged rows)
     check_loops(
         ctx.capabilities(),
