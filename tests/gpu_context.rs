@@ -256,3 +256,48 @@ fn submissions_do_not_grow_with_the_sequence_count() {
         println!("submissions per analysis: {counts:?}");
     }
 }
+
+#[test]
+fn row_kernels_on_cpu_adapters_take_the_smallest_workgroup_whose_loops_fit() {
+    let Some(gpu) = gpu() else { return };
+    let ctx = gpu.context();
+    let caps = gpu.capabilities();
+    let op = pipeline::Op::VocabDivergence(trmask::DType::F32);
+    let full = ctx.workgroup_size(op);
+    let wg = |len: u64, extra: u64| ctx.row_workgroup_size(op, len, 3, extra);
+    if caps.device_type != "Cpu" {
+        assert_eq!(wg(151_936, 0), full, "GPUs keep the op's workgroup");
+        return;
+    }
+    let floor = caps.subgroup_sizes.0.clamp(8, 64).min(full);
+    assert_eq!(wg(64, 0), floor);
+    assert_eq!(
+        wg(151_936, 0),
+        floor,
+        "a 152k vocabulary fits the loop limit at {floor}"
+    );
+    // llvmpipe stops a kernel's loops after 65,535 iterations: 3 · 2^20 / 8 do not fit
+    let max = caps.loop_iterations.expect("llvmpipe has a loop limit");
+    for len in [1u64 << 20, 1 << 22] {
+        let w = wg(len, 0);
+        assert!(w.is_power_of_two() && w <= full, "{len}: {w}");
+        if w < full {
+            assert!(
+                3 * len.div_ceil(u64::from(w)) + 1024 <= max,
+                "{len}: {w} does not fit"
+            );
+            assert!(
+                3 * len.div_ceil(u64::from(w / 2)) + 1024 > max,
+                "{len}: {w} is not the smallest"
+            );
+        }
+    }
+    assert!(wg(64, 65_000) > floor, "fixed loop iterations count too");
+    // a size set in the options is used as is
+    let forced = GpuEngine::with_options(&ContextOptions {
+        workgroup_size: Some(64),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(forced.context().row_workgroup_size(op, 64, 3, 0), 64);
+}

@@ -599,16 +599,26 @@ fn multi_chunk_runs_equal_single_chunk_runs_bit_for_bit() {
     use trmask::gpu::{ContextOptions, GpuEngine};
     let Some(gpu) = common::gpu() else { return };
     let seed = common::seed(0x5eed_0004);
-    let wg = gpu
-        .context()
-        .workgroup_size(trmask::gpu::pipeline::Op::VocabDivergence(DType::F32));
+    // the default engine's workgroup for rows of `v` (smaller on CPU adapters), forced on the
+    // small-chunk engines so that both reduce in the same order
+    let wg = |v: usize, db: DType| {
+        gpu.context().row_workgroup_size(
+            trmask::gpu::pipeline::Op::VocabDivergence(db),
+            v as u64,
+            3,
+            0,
+        )
+    };
     // binding limit: a handful of rows per chunk (and 1 row per chunk for the widest case)
-    let small = GpuEngine::with_options(&ContextOptions {
-        max_binding_size: Some(8192),
-        workgroup_size: Some(wg),
-        ..Default::default()
-    })
-    .expect("second engine on the same adapter");
+    let small = |wg: u32, mapped: Option<bool>| {
+        GpuEngine::with_options(&ContextOptions {
+            max_binding_size: Some(8192),
+            workgroup_size: Some(wg),
+            mapped_uploads: mapped,
+            ..Default::default()
+        })
+        .expect("another engine on the same adapter")
+    };
     for (i, (v, rows, da, db)) in [
         (257usize, 40usize, DType::BF16, DType::F32),
         (7, 300, DType::F16, DType::BF16),
@@ -623,7 +633,7 @@ fn multi_chunk_runs_equal_single_chunk_runs_bit_for_bit() {
         let one = gpu
             .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.9)
             .unwrap();
-        let many = small
+        let many = small(wg(v, db), None)
             .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.9)
             .unwrap();
         assert_eq!(
@@ -633,13 +643,8 @@ fn multi_chunk_runs_equal_single_chunk_runs_bit_for_bit() {
         );
     }
     // host logits through wgpu's staging copies instead of mapped slots: the same bits
-    let staged = GpuEngine::with_options(&ContextOptions {
-        max_binding_size: Some(8192),
-        workgroup_size: Some(wg),
-        mapped_uploads: Some(false),
-        ..Default::default()
-    })
-    .expect("third engine on the same adapter");
+    let w = wg(257, DType::F32);
+    let (small, staged) = (small(w, None), small(w, Some(false)));
     assert!(!staged.capabilities().mapped_uploads);
     let c = case(seed, 40, 257, DType::BF16, DType::F32, 3.0, 0.05, 0.05);
     let (a, b) = (
