@@ -56,7 +56,9 @@ struct VocabDivergenceParams {
                      // multiple of 256 bytes)
     has_responses: u32, // 1: row_info holds sampled ids (log-probs wanted)
     inv_temp: f32, // 1 / temperature
-    pad0: u32,
+    // 1: every row starts at an even element of both bindings and V is even, so an element
+    // pair (2k, 2k + 1) of a 16-bit row is one word (`load2_a` / `load2_b`)
+    pairs: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: VocabDivergenceParams;
@@ -147,6 +149,16 @@ fn p1_step(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xs: vec4<f32>, ys: 
     p1_elem(sp, sq, xs.y, ys.y, ux.y, uy.y, it);
     p1_elem(sp, sq, xs.z, ys.z, ux.z, uy.z, it);
     p1_elem(sp, sq, xs.w, ys.w, ux.w, uy.w, it);
+}
+
+// Pass 1's step over the elements i, i + 1, i + 2·WG, i + 2·WG + 1 of the row (values xs, ys
+// as loaded; those at or past `v` are dropped): both states updated, the elements' flags back.
+fn p1_block(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xl: vec4<f32>, yl: vec4<f32>, i: u32, v: u32, it: f32) -> u32 {
+    let inr = vec4<u32>(i, i + 1u, i + 2u * WG, i + 2u * WG + 1u) < vec4<u32>(v);
+    let xs = select(vec4<f32>(NEG_SENTINEL), xl, inr);
+    let ys = select(vec4<f32>(NEG_SENTINEL), yl, inr);
+    p1_step(sp, sq, xs, ys, it);
+    return p1_flags(xs.x, ys.x) | p1_flags(xs.y, ys.y) | p1_flags(xs.z, ys.z) | p1_flags(xs.w, ys.w);
 }
 
 fn acc1_merge(p: Acc1, q: Acc1, it: f32) -> Acc1 {
@@ -354,10 +366,10 @@ struct P2Element {
     ur: f32, // ((y − x) − c_q)·it
 }
 
-fn p2_element(ia: u32, ib: u32, dp: Dir, dq: Dir, it: f32) -> P2Element {
+fn p2_element(x: f32, y: f32, dp: Dir, dq: Dir, it: f32) -> P2Element {
     var e: P2Element;
-    e.x = load_a(ia);
-    e.y = load_b(ib);
+    e.x = x;
+    e.y = y;
     e.finite = !is_neg_inf(e.x) && !is_neg_inf(e.y);
     e.wx = exp((e.x - dp.m) * it);
     e.wy = exp((e.y - dq.m) * it);
@@ -365,6 +377,121 @@ fn p2_element(ia: u32, ib: u32, dp: Dir, dq: Dir, it: f32) -> P2Element {
     e.u = ((d - dp.c1) - dp.c2) * it;
     e.ur = ((-d - dq.c1) - dq.c2) * it;
     return e;
+}
+
+// Pass 2's per-thread sums.
+struct P2Sums {
+    fp: Dir2,
+    fq: Dir2,
+    tv0: f32,
+    g: f32,
+    near: f32, // p-mass with |v| <= TAU_KINK (whose |·| may flip sign between λ0 and λ)
+}
+
+// Pass 2's row constants.
+struct P2Row {
+    dp: Dir,
+    dq: Dir,
+    it: f32,
+    lam0: f32,
+    tv_fast: bool, // e^{−λ0} and e^{−u} near the kink both stay finite
+    ek0: f32, // e^{−λ0} (clamped)
+    em0: f32, // expm1(−λ0)
+    ekx: f32, // e^{kx}, e^{ky}: the lean loop's cross factors
+    eky: f32,
+}
+
+// Elements i and i + 1 of the row for pass 2, loaded a pair at a time (`pairs`) or one by one;
+// an element at or past `v` reads as −inf on both sides (skipped).
+struct P2Pair {
+    x: vec2<f32>,
+    y: vec2<f32>,
+}
+
+fn p2_pair_scalar(abase: u32, bbase: u32, i: u32, v: u32) -> P2Pair {
+    let i1 = min(i + 1u, v - 1u);
+    let on = i + 1u < v;
+    return P2Pair(
+        vec2<f32>(load_a(abase + i), select(NEG_SENTINEL, load_a(abase + i1), on)),
+        vec2<f32>(load_b(bbase + i), select(NEG_SENTINEL, load_b(bbase + i1), on)),
+    );
+}
+
+// The lean loop's element (see `lean` in main).
+fn lean_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row) {
+    if (!e.finite) {
+        return;
+    }
+    let wx = e.wx;
+    let wy = e.wy;
+    let u = e.u;
+    let ur = e.ur;
+    let sx = k3_series(-u); // w(u) for |u| <= ½
+    let sy = k3_series(-ur);
+    let bx = abs(u) > 0.5;
+    let by = abs(ur) > 0.5;
+    // w_x·expm1(−u): the series, or w_y·e^{k} − w_x (|expm1| ≥ 0.39 there: no cancellation)
+    let ex = select(wx * (sx - u), wy * r.ekx - wx, bx);
+    let ey = select(wy * (sy - ur), wx * r.eky - wy, by);
+    (*st).fp.u += wx * u;
+    (*st).fp.w += select(wx * sx, ex + wx * u, bx);
+    (*st).fq.u += wy * ur;
+    (*st).fq.w += select(wy * sy, ey + wy * ur, by);
+    let p_i = wx * r.dp.inv_s;
+    let q_i = wy * r.dq.inv_s;
+    let vv = -u - r.lam0; // log(q_i / p_i) at λ0
+    // p_i·expm1(−u − λ0) = e^{−λ0}·p_i·expm1(−u) + p_i·expm1(−λ0); with |λ0| ≤ ¼ and
+    // |u| > ½ it is at least 0.22·p_i in magnitude, so the closed form is exact enough
+    let pm = (r.ek0 * ex + r.em0 * wx) * r.dp.inv_s;
+    let kink = abs(vv) <= 1.0;
+    (*st).tv0 += select(abs(p_i - q_i), abs(pm), kink);
+    (*st).g += select(sign(q_i - p_i) * q_i, sign(vv) * (p_i + pm), kink);
+    (*st).near += select(0.0, p_i, abs(vv) <= TAU_KINK);
+}
+
+// The general loop's element.
+fn general_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row) {
+    if (!e.finite) {
+        return;
+    }
+    let it = r.it;
+    let wx = e.wx;
+    let wy = e.wy;
+    let u = e.u;
+    let ur = e.ur;
+    // w(u) once, shared by KL(p‖q) and TV: expm1(−u) = w(u) − u
+    var wu = 0.0;
+    if (u >= -T_EXT) {
+        wu = w_of(u);
+        (*st).fp.u = (*st).fp.u + wx * u;
+        (*st).fp.w = (*st).fp.w + wx * wu;
+    } else {
+        (*st).fp.ue = (*st).fp.ue + wx * u;
+        (*st).fp.pe = (*st).fp.pe + wx;
+        (*st).fp.ee = (*st).fp.ee + exp((e.y - r.dq.mc) * it);
+    }
+    var fq = (*st).fq;
+    dir2_push(&fq, ur, wy, e.x - r.dp.mc, it);
+    (*st).fq = fq;
+    let p_i = wx * r.dp.inv_s;
+    let vv = -u - r.lam0; // log(q_i / p_i) at λ0
+    if (abs(vv) <= 1.0) {
+        // expm1(−u − λ0) = e^{−λ0}·expm1(−u) + expm1(−λ0): no series per element; the
+        // rounding is ~eps·|u|·p_i per element, negligible beside TV's tolerance
+        var em = r.ek0 * (wu - u) + r.em0;
+        if (u < -T_EXT || !r.tv_fast) {
+            em = expm1_acc(vv);
+        }
+        (*st).tv0 += p_i * abs(em);
+        (*st).g += sign(vv) * (p_i + p_i * em);
+        if (abs(vv) <= TAU_KINK) {
+            (*st).near += p_i;
+        }
+    } else {
+        let q_i = wy * r.dq.inv_s;
+        (*st).tv0 += abs(p_i - q_i);
+        (*st).g += sign(q_i - p_i) * q_i;
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -393,23 +520,34 @@ fn main(
     let it = params.inv_temp;
     let abase = params.a_first + row * v;
     let bbase = params.b_first + row * v;
+    let pairs = params.pairs != 0u;
 
     // ---- pass 1 ----
     var sp = acc1_empty();
     var sq = acc1_empty();
     var flags = 0u;
-    // Four elements per thread and step (i, i + WG, i + 2·WG, i + 3·WG: the same order as one
-    // at a time), so each state is rescaled once per four elements: software rasterizers run
-    // the rescale's branch, exponential included, for every element. Indices past the row
-    // read its last element and count as −inf on both sides (no flag, no sum).
-    for (var i = t; i < v; i += P1_STEP * WG) {
-        let j = vec4<u32>(i, i + WG, i + 2u * WG, i + 3u * WG);
-        let inr = j < vec4<u32>(v);
-        let jj = min(j, vec4<u32>(v - 1u));
-        let xs = select(vec4<f32>(NEG_SENTINEL), vec4<f32>(load_a(abase + jj.x), load_a(abase + jj.y), load_a(abase + jj.z), load_a(abase + jj.w)), inr);
-        let ys = select(vec4<f32>(NEG_SENTINEL), vec4<f32>(load_b(bbase + jj.x), load_b(bbase + jj.y), load_b(bbase + jj.z), load_b(bbase + jj.w)), inr);
-        flags |= p1_flags(xs.x, ys.x) | p1_flags(xs.y, ys.y) | p1_flags(xs.z, ys.z) | p1_flags(xs.w, ys.w);
-        p1_step(&sp, &sq, xs, ys, it);
+    // Four elements per thread and step, two adjacent pairs (i, i + 1, i + 2·WG, i + 2·WG + 1),
+    // so each state is rescaled once per four elements: software rasterizers run the
+    // rescale's branch, exponential included, for every element. With `pairs` (see the
+    // uniform) a pair of 16-bit logits is one word and one load; the loop is written once per
+    // way of loading, outside any branch inside it (llvmpipe runs both sides of every `if`
+    // inside a loop, but a loop none of whose invocations enters stops after one check).
+    // Indices past the row count as −inf on both sides (no flag, no sum).
+    if (pairs) {
+        for (var i = 2u * t; i < v; i += 4u * WG) {
+            // v is even: i < v reads i + 1 too; a pair past the row reads the row's last pair
+            let k = min(i + 2u * WG, v - 2u);
+            let xs = vec4<f32>(load_pair_a(abase + i), load_pair_a(abase + k));
+            let ys = vec4<f32>(load_pair_b(bbase + i), load_pair_b(bbase + k));
+            flags |= p1_block(&sp, &sq, xs, ys, i, v, it);
+        }
+    } else {
+        for (var i = 2u * t; i < v; i += 4u * WG) {
+            let jj = min(vec4<u32>(i, i + 1u, i + 2u * WG, i + 2u * WG + 1u), vec4<u32>(v - 1u));
+            let xs = vec4<f32>(load_a(abase + jj.x), load_a(abase + jj.y), load_a(abase + jj.z), load_a(abase + jj.w));
+            let ys = vec4<f32>(load_b(bbase + jj.x), load_b(bbase + jj.y), load_b(bbase + jj.z), load_b(bbase + jj.w));
+            flags |= p1_block(&sp, &sq, xs, ys, i, v, it);
+        }
     }
     acc1_store(0u, t, sp);
     acc1_store(7u, t, sq);
@@ -446,101 +584,53 @@ fn main(
     let lam0 = kx + dq.log_s - dp.log_s;
 
     // ---- pass 2 ----
-    let tv_fast = abs(lam0) < T_EXT; // e^{−λ0} and e^{−u} near the kink both stay finite
-    let ek0 = exp(-min(abs(lam0), T_EXT) * sign(lam0));
-    let em0 = expm1_acc(-lam0);
-    var fp = Dir2(0.0, 0.0, 0.0, 0.0, 0.0);
-    var fq = Dir2(0.0, 0.0, 0.0, 0.0, 0.0);
-    var tv0 = 0.0;
-    var g = 0.0;
-    var near = 0.0; // p-mass with |v| <= TAU_KINK (whose |·| may flip sign between λ0 and λ)
+    let tv_fast = abs(lam0) < T_EXT;
+    let row_c = P2Row(dp, dq, it, lam0, tv_fast, exp(-min(abs(lam0), T_EXT) * sign(lam0)), expm1_acc(-lam0), exp(clamp(kx, -LEAN_K, LEAN_K)), exp(clamp(ky, -LEAN_K, LEAN_K)));
+    var sums = P2Sums(Dir2(0.0, 0.0, 0.0, 0.0, 0.0), Dir2(0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0);
     // The lean loop (row-uniform choice): when λ0 is small and both directions' cross factors
     // k = log(w_x·e^{−u} / w_y) are moderate, p·e^{−u} = w_y·e^{k} needs no exponential of
     // its own and nothing can overflow, so the elements with u < −T_EXT need no separate sums
     // (they are folded into U and W exactly as `finish_dir` adds them back) and TV's
     // expm1(v) comes from the same terms. Two exponentials and two branch-free series per
     // element instead of seven and three; software rasterizers evaluate both sides of every
-    // `if`, so the general loop below is for the rows that need it.
+    // `if` inside a loop, so each choice (lean or general, pairs or single loads) has its own
+    // loop, elements i and i + 1 per thread and step.
     let lean = abs(lam0) <= LEAN_LAMBDA && abs(kx) <= LEAN_K && abs(ky) <= LEAN_K;
-    if (lean) {
-        let ekx = exp(kx);
-        let eky = exp(ky);
-        for (var i = t; i < v; i += WG) {
-            let e = p2_element(abase + i, bbase + i, dp, dq, it);
-            if (!e.finite) {
-                continue;
-            }
-            let wx = e.wx;
-            let wy = e.wy;
-            let u = e.u;
-            let ur = e.ur;
-            let sx = k3_series(-u); // w(u) for |u| <= ½
-            let sy = k3_series(-ur);
-            let bx = abs(u) > 0.5;
-            let by = abs(ur) > 0.5;
-            // w_x·expm1(−u): the series, or w_y·e^{k} − w_x (|expm1| ≥ 0.39 there: no cancellation)
-            let ex = select(wx * (sx - u), wy * ekx - wx, bx);
-            let ey = select(wy * (sy - ur), wx * eky - wy, by);
-            fp.u += wx * u;
-            fp.w += select(wx * sx, ex + wx * u, bx);
-            fq.u += wy * ur;
-            fq.w += select(wy * sy, ey + wy * ur, by);
-            let p_i = wx * dp.inv_s;
-            let q_i = wy * dq.inv_s;
-            let vv = -u - lam0; // log(q_i / p_i) at λ0
-            // p_i·expm1(−u − λ0) = e^{−λ0}·p_i·expm1(−u) + p_i·expm1(−λ0); with |λ0| ≤ ¼ and
-            // |u| > ½ it is at least 0.22·p_i in magnitude, so the closed form is exact enough
-            let pm = (ek0 * ex + em0 * wx) * dp.inv_s;
-            let kink = abs(vv) <= 1.0;
-            tv0 += select(abs(p_i - q_i), abs(pm), kink);
-            g += select(sign(q_i - p_i) * q_i, sign(vv) * (p_i + pm), kink);
-            near += select(0.0, p_i, abs(vv) <= TAU_KINK);
-        }
-    } else {
-        for (var i = t; i < v; i += WG) {
-            let e = p2_element(abase + i, bbase + i, dp, dq, it);
-            if (!e.finite) {
-                continue;
-            }
-            let x = e.x;
-            let y = e.y;
-            let wx = e.wx;
-            let wy = e.wy;
-            let u = e.u;
-            let ur = e.ur;
-            // w(u) once, shared by KL(p‖q) and TV: expm1(−u) = w(u) − u
-            var wu = 0.0;
-            if (u >= -T_EXT) {
-                wu = w_of(u);
-                fp.u = fp.u + wx * u;
-                fp.w = fp.w + wx * wu;
-            } else {
-                fp.ue = fp.ue + wx * u;
-                fp.pe = fp.pe + wx;
-                fp.ee = fp.ee + exp((y - dq.mc) * it);
-            }
-            dir2_push(&fq, ur, wy, x - dp.mc, it);
-            let p_i = wx * dp.inv_s;
-            let vv = -u - lam0; // log(q_i / p_i) at λ0
-            if (abs(vv) <= 1.0) {
-                // expm1(−u − λ0) = e^{−λ0}·expm1(−u) + expm1(−λ0): no series per element; the
-                // rounding is ~eps·|u|·p_i per element, negligible beside TV's tolerance
-                var em = ek0 * (wu - u) + em0;
-                if (u < -T_EXT || !tv_fast) {
-                    em = expm1_acc(vv);
-                }
-                tv0 += p_i * abs(em);
-                g += sign(vv) * (p_i + p_i * em);
-                if (abs(vv) <= TAU_KINK) {
-                    near += p_i;
-                }
-            } else {
-                let q_i = wy * dq.inv_s;
-                tv0 += abs(p_i - q_i);
-                g += sign(q_i - p_i) * q_i;
-            }
+    if (pairs && lean) {
+        for (var i = 2u * t; i < v; i += 2u * WG) {
+            let x = load_pair_a(abase + i);
+            let y = load_pair_b(bbase + i);
+            lean_add(&sums, p2_element(x.x, y.x, dp, dq, it), row_c);
+            lean_add(&sums, p2_element(x.y, y.y, dp, dq, it), row_c);
         }
     }
+    if (pairs && !lean) {
+        for (var i = 2u * t; i < v; i += 2u * WG) {
+            let x = load_pair_a(abase + i);
+            let y = load_pair_b(bbase + i);
+            general_add(&sums, p2_element(x.x, y.x, dp, dq, it), row_c);
+            general_add(&sums, p2_element(x.y, y.y, dp, dq, it), row_c);
+        }
+    }
+    if (!pairs && lean) {
+        for (var i = 2u * t; i < v; i += 2u * WG) {
+            let e = p2_pair_scalar(abase, bbase, i, v);
+            lean_add(&sums, p2_element(e.x.x, e.y.x, dp, dq, it), row_c);
+            lean_add(&sums, p2_element(e.x.y, e.y.y, dp, dq, it), row_c);
+        }
+    }
+    if (!pairs && !lean) {
+        for (var i = 2u * t; i < v; i += 2u * WG) {
+            let e = p2_pair_scalar(abase, bbase, i, v);
+            general_add(&sums, p2_element(e.x.x, e.y.x, dp, dq, it), row_c);
+            general_add(&sums, p2_element(e.x.y, e.y.y, dp, dq, it), row_c);
+        }
+    }
+    let fp = sums.fp;
+    let fq = sums.fq;
+    let tv0 = sums.tv0;
+    let g = sums.g;
+    let near = sums.near;
     red_sh[0u * MAX_WG + t] = fp.u;
     red_sh[1u * MAX_WG + t] = fp.w;
     red_sh[2u * MAX_WG + t] = fp.pe;

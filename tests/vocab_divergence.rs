@@ -884,3 +884,45 @@ fn gpu_lean_general_and_third_pass_rows_match_the_reference() {
     let r = total.reads_per_logit();
     assert!((2.0..=3.0).contains(&r), "{r}");
 }
+
+#[test]
+fn pair_and_single_loads_give_the_same_bits() {
+    use wgpu::util::DeviceExt;
+    let Some(gpu) = common::gpu() else { return };
+    let ctx = gpu.context();
+    let seed = common::seed(0x5eed_0006);
+    // an even vocabulary of 16-bit logits: host rows start at even elements (pairs of logits
+    // read as one word); the same rows one element into a device buffer start at odd ones
+    // (read one by one). Same workgroup, same order: the same bits.
+    for (i, (da, db)) in [(DType::BF16, DType::BF16), (DType::F16, DType::F32)]
+        .into_iter()
+        .enumerate()
+    {
+        let c = case(seed + i as u64, 12, 1000, da, db, 4.0, 0.03, 0.03);
+        let mk = |b: &[u8], esize: usize| {
+            let mut v = vec![0u8; esize];
+            v.extend_from_slice(b);
+            v.resize(v.len().div_ceil(4) * 4, 0);
+            ctx.device()
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("test logits"),
+                    contents: &v,
+                    usage: wgpu::BufferUsages::STORAGE,
+                })
+        };
+        let (sa, sb) = (da.size(), db.size());
+        let la = Logits::device(mk(c.rollout.bytes(), sa), sa as u64, da, c.rows, c.vocab).unwrap();
+        let lb = Logits::device(mk(c.train.bytes(), sb), sb as u64, db, c.rows, c.vocab).unwrap();
+        let single = gpu
+            .vocab_divergence(&la, &lb, Some(&c.responses), &c.mask, 0.8)
+            .unwrap();
+        let pairs = gpu
+            .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.8)
+            .unwrap();
+        assert_eq!(bits(&single), bits(&pairs), "{da:?}/{db:?}");
+        let cpu = CpuEngine::new()
+            .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.8)
+            .unwrap();
+        compare("pairs", &pairs, &cpu, 0.8);
+    }
+}

@@ -4,3 +4,8 @@
 fn load_a(e: u32) -> f32 {
     return decode_f32_bits(a_words[e]);
 }
+
+// Elements e and e + 1 (the 16-bit loaders read both from one word).
+fn load_pair_a(e: u32) -> vec2<f32> {
+    return vec2<f32>(load_a(e), load_a(e + 1u));
+}

@@ -4,3 +4,8 @@
 fn load_b(e: u32) -> f32 {
     return decode_f32_bits(b_words[e]);
 }
+
+// Elements e and e + 1 (the 16-bit loaders read both from one word).
+fn load_pair_b(e: u32) -> vec2<f32> {
+    return vec2<f32>(load_b(e), load_b(e + 1u));
+}

@@ -49,8 +49,9 @@ pub struct VocabDivergenceParams {
     pub has_responses: u32,
     /// 1 / temperature.
     pub inv_temp: f32,
-    /// Padding (the struct is 32 bytes).
-    pub pad0: u32,
+    /// 1 when V is even and every row starts at an even element of both bindings (a pair of
+    /// 16-bit logits is then one word).
+    pub pairs: u32,
 }
 
 const F_KL_INF: u32 = 1;
@@ -224,7 +225,7 @@ fn run(
             info_first: info_w.2,
             has_responses: has_responses as u32,
             inv_temp,
-            pad0: 0,
+            pairs: u32::from(vocab % 2 == 0 && firsts.iter().all(|f| f % 2 == 0)),
         };
         let bindings = vec![
             tensors[0],
@@ -385,7 +386,7 @@ mod tests {
                 ("info_first", offset_of!(P, info_first)),
                 ("has_responses", offset_of!(P, has_responses)),
                 ("inv_temp", offset_of!(P, inv_temp)),
-                ("pad0", offset_of!(P, pad0)),
+                ("pairs", offset_of!(P, pairs)),
             ],
         );
     }
