@@ -8,8 +8,8 @@ use std::ops::Range;
 pub const OFFSET_ALIGN: u64 = 256;
 
 /// Largest upload of host logits per tensor per chunk (bytes, including the 4-byte pad). Host
-/// logits stream through two alternating slots per tensor and at most two chunks are in flight
-/// (the vocabulary and top-K kernels alike), so a GPU call holds about `4 · HOST_CHUNK_BYTES`
+/// logits stream through `slots::UPLOAD_SLOTS` (3) reused slots per tensor with as many chunks in
+/// flight (the vocabulary and top-K kernels alike), so a GPU call holds about `6 · HOST_CHUNK_BYTES`
 /// of logits (slots) plus, without mapped uploads, as much in wgpu's upload staging, whatever
 /// the input size (one row is always allowed, even if larger).
 pub const HOST_CHUNK_BYTES: u64 = 8 << 20;

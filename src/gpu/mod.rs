@@ -39,6 +39,7 @@ mod pass;
 #[doc(hidden)]
 pub mod pipeline;
 mod segment_reduce;
+mod slots;
 mod token_stats;
 mod topk_divergence;
 mod vocab_divergence;

@@ -10,7 +10,7 @@
 //! over V computes the trainer's log-sum-exp (online max, compensated sum, deterministic tree),
 //! then thread 0 gathers the trainer logits on S and forms `topk_kl`, `topk_tv`, both `ddot`s
 //! and `π_y − μ_y` in f32. Host rows stream in chunks of at most [`HOST_CHUNK_BYTES`] through
-//! two reused buffers (at most two chunks in flight: host memory stays bounded), one submission
+//! [`UPLOAD_SLOTS`] reused buffers (at most that many chunks in flight: host memory stays bounded), one submission
 //! per chunk and no wait but for a slot's previous chunk; every chunk's results come back in
 //! one readback at the end.
 //!
@@ -31,9 +31,10 @@
 use super::buffers::GpuBuffer;
 use super::capabilities::check_loops;
 use super::chunking::{dispatch_grid, plan_rows, window, HOST_CHUNK_BYTES, OFFSET_ALIGN};
-use super::context::{Context, Submission};
+use super::context::Context;
 use super::pass::{Bind, Pass};
 use super::pipeline::Op;
+use super::slots::{SlotRing, UPLOAD_SLOTS};
 use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::math::log_sum_exp;
@@ -125,7 +126,7 @@ pub fn topk_divergence(
     // Element indices inside a chunk must fit in u32.
     let max_rows = (u32::MAX as usize / v.max(1)).max(1);
     // Host logits: chunks of valid rows, packed, each at most `HOST_CHUNK_BYTES` of logits (one
-    // row at least), streamed through two reused slots with at most two chunks in flight, so
+    // row at least), streamed through UPLOAD_SLOTS reused slots with as many chunks in flight, so
     // host memory stays bounded whatever the batch (the vocabulary path's scheme). Device
     // logits: chunks of consecutive slots (a window of the caller's buffer, with room for its
     // aligned start), valid rows picked. Every chunk is submitted without a wait; the results
@@ -153,12 +154,12 @@ pub fn topk_divergence(
     }
     let most = chunks.iter().map(|c| c.len()).max().unwrap_or(0) as u64;
     let slots: Vec<GpuBuffer> = match device {
-        None => (0..2.min(chunks.len()))
+        None => (0..UPLOAD_SLOTS.min(chunks.len()))
             .map(|_| ctx.upload_slot((most * row_logits).div_ceil(4) * 4))
             .collect::<Result<_>>()?,
         Some(_) => Vec::new(),
     };
-    let mut in_flight: [Option<Submission>; 2] = [None, None];
+    let mut ring = SlotRing::new(slots.len());
     let mut done: Vec<(Vec<usize>, GpuBuffer)> = Vec::with_capacity(chunks.len());
     for (ci, c) in chunks.iter().enumerate() {
         let (chunk_rows, r0): (Vec<usize>, usize) = match device {
@@ -191,11 +192,8 @@ pub fn topk_divergence(
         }
         let (logits_bind, first) = match device {
             None => {
-                let slot = ci % 2;
-                // bounded memory: the slot's previous chunk (two back) has finished
-                if let Some(sub) = in_flight[slot].take() {
-                    ctx.wait(&sub)?;
-                }
+                // bounded memory: the slot's previous chunk has finished
+                let slot = ring.acquire(ctx, ci)?;
                 let mut parts: Vec<&[u8]> =
                     chunk_rows.iter().map(|&r| logits.row_bytes(r)).collect();
                 let len: usize = parts.iter().map(|p| p.len()).sum();
@@ -240,7 +238,7 @@ pub fn topk_divergence(
         let grid = dispatch_grid(m as u64, limits.max_workgroups_per_dim)?;
         let sub = ctx.submit(&[Pass::new(kernel.clone(), &params, bindings, grid)])?;
         if device.is_none() {
-            in_flight[ci % 2] = Some(sub);
+            ring.release(ci, sub);
         }
         done.push((chunk_rows, b_out));
     }

@@ -5,9 +5,9 @@
 //! per word, odd byte counts padded), never widened on the host. Rows are split into chunks
 //! whose bindings fit the device limit ([`plan_host`], `plan`); each binding is a window of its
 //! buffer starting at a 256-byte aligned offset, and [`VocabDivergenceParams`] tells the kernel
-//! where the chunk starts inside it. Host logits are uploaded chunk by chunk into two
-//! alternating slots, one [`Context::submit`] per chunk, so the upload of chunk i+1 overlaps the
-//! compute of chunk i; the last chunk goes through [`Context::run`], which reads the results
+//! where the chunk starts inside it. Host logits are uploaded chunk by chunk into
+//! [`UPLOAD_SLOTS`] reused slots (`slots.rs`), one [`Context::submit`] per chunk, so uploads of
+//! the next chunks overlap the compute of chunk i; the last chunk goes through [`Context::run`], which reads the results
 //! back. Device-resident logits ([`crate::Logits::device`]) are bound in place — windows of the
 //! caller's buffer, zero copy: only `row_info` goes up and the 8 results per row come back — all
 //! chunks in one [`Context::run`].
@@ -20,6 +20,7 @@ use super::chunking::{
 use super::context::Context;
 use super::pass::{Bind, Pass};
 use super::pipeline::{Op, VOCAB_RESULTS_PER_ROW};
+use super::slots::{SlotRing, UPLOAD_SLOTS};
 use crate::cpu::{check_vocab_inputs, first_bad_logit};
 use crate::error::{Error, Result};
 use crate::logits::{DType, Logits};
@@ -170,7 +171,7 @@ fn run(
     let slots: Vec<[GpuBuffer; 2]> = if on_device {
         Vec::new()
     } else {
-        (0..2.min(chunks.len()))
+        (0..UPLOAD_SLOTS.min(chunks.len()))
             .map(|_| -> Result<[GpuBuffer; 2]> {
                 Ok([
                     ctx.upload_slot(ceil4(max_rows * v * sa) + 4)?,
@@ -179,7 +180,7 @@ fn run(
             })
             .collect::<Result<_>>()?
     };
-    let mut submitted = Vec::with_capacity(chunks.len());
+    let mut ring = SlotRing::new(slots.len());
     let mut passes = Vec::with_capacity(chunks.len());
     for (ci, ch) in chunks.iter().enumerate() {
         let (r0, r1) = (ch.start as u64, ch.end as u64);
@@ -189,6 +190,8 @@ fn run(
         debug_assert_eq!(out_w.2, info_w.2 % 8);
         let mut tensors = [Bind::Whole(&info_buf); 2];
         let mut firsts = [0u32; 2];
+        // bounded memory: at most UPLOAD_SLOTS chunks (and their upload staging) in flight
+        let slot = if on_device { 0 } else { ring.acquire(ctx, ci)? };
         for (k, (l, s)) in [(rollout, sa), (train, sb)].into_iter().enumerate() {
             let (first, end) = (r0 * v * s, r1 * v * s);
             if let Some(d) = l.on_device() {
@@ -200,11 +203,7 @@ fn run(
                 };
                 firsts[k] = f;
             } else {
-                // bounded memory: at most two chunks (and their upload staging) in flight
-                if k == 0 && ci >= 2 {
-                    ctx.wait(&submitted[ci - 2])?;
-                }
-                let buf = &slots[ci % 2][k];
+                let buf = &slots[slot][k];
                 let bytes = l.host_bytes("logits")?;
                 let start = (first / 4 * 4) as usize;
                 let (end, full) = (end as usize, ((end - first / 4 * 4) / 4 * 4) as usize);
@@ -245,7 +244,7 @@ fn run(
         passes.push(Pass::new(kernel.clone(), &params, bindings, grid));
         if !on_device && ci + 1 < chunks.len() {
             // one submit per host chunk: the next chunk's upload overlaps this compute
-            submitted.push(ctx.submit(&passes)?);
+            ring.release(ci, ctx.submit(&passes)?);
             passes.clear();
         }
     }
@@ -439,8 +438,8 @@ mod tests {
                     slot = slot.max(bytes);
                 }
             }
-            // two slots per tensor, two chunks in flight (each with its upload staging)
-            let in_flight = 2 * 2 * slot + 2 * 2 * slot;
+            // UPLOAD_SLOTS slots per tensor and chunks in flight (each with its upload staging)
+            let in_flight = 2 * 2 * UPLOAD_SLOTS as u64 * slot;
             assert!(in_flight <= 128 << 20, "{in_flight} bytes in flight");
         }
         // a row larger than the cap still gets one row per chunk

@@ -1,0 +1,43 @@
+//! Reused upload slots for host logits streaming through a GPU op (vocabulary and top-K paths
+//! alike): chunk `i` writes slot `i % n` once the submission that last read that slot has
+//! finished, so at most `n` chunks (and their upload staging) are in flight and host memory
+//! stays bounded, with no wait per chunk but for a slot's previous use.
+
+use super::context::{Context, Submission};
+use crate::error::Result;
+
+/// Upload slots per tensor: three, so that while the device computes chunk k the host can
+/// already have chunk k + 1 queued and be writing chunk k + 2 (with two, writing k + 2 waits
+/// for k to finish). A GPU call then holds about `3 · HOST_CHUNK_BYTES` of logits per tensor
+/// in slots, plus as much in wgpu's staging where uploads are not mapped.
+pub const UPLOAD_SLOTS: usize = 3;
+
+/// The last submission to read each of `n` slots.
+#[derive(Debug, Default)]
+pub struct SlotRing {
+    last: Vec<Option<Submission>>,
+}
+
+impl SlotRing {
+    /// A ring over `n` slots (at least one).
+    pub fn new(n: usize) -> Self {
+        SlotRing {
+            last: vec![None; n.max(1)],
+        }
+    }
+
+    /// The slot chunk `i` uses, after waiting for the submission that read it last.
+    pub fn acquire(&mut self, ctx: &Context, i: usize) -> Result<usize> {
+        let k = i % self.last.len();
+        if let Some(sub) = self.last[k].take() {
+            ctx.wait(&sub)?;
+        }
+        Ok(k)
+    }
+
+    /// Records that `sub` reads the slot of chunk `i`.
+    pub fn release(&mut self, i: usize, sub: Submission) {
+        let k = i % self.last.len();
+        self.last[k] = Some(sub);
+    }
+}
