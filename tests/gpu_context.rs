@@ -301,3 +301,22 @@ fn row_kernels_on_cpu_adapters_take_the_smallest_workgroup_whose_loops_fit() {
     .unwrap();
     assert_eq!(forced.context().row_workgroup_size(op, 64, 3, 0), 64);
 }
+
+#[test]
+fn segment_kernels_on_cpu_adapters_take_the_floor_workgroup() {
+    let Some(gpu) = gpu() else { return };
+    let ctx = gpu.context();
+    let caps = gpu.capabilities();
+    let op = pipeline::Op::SegmentReduce;
+    let full = ctx.workgroup_size(op);
+    let floor = caps.subgroup_sizes.0.clamp(8, 64).min(full);
+    let sizes: Vec<u32> = [1.0, 65.0, 4096.0, f64::NAN]
+        .iter()
+        .map(|&m| ctx.segment_workgroup_size(op, m))
+        .collect();
+    if caps.device_type == "Cpu" {
+        assert_eq!(sizes, vec![floor; 4]);
+    } else {
+        assert_eq!(sizes, vec![floor, 128.min(full).max(floor), full, floor]);
+    }
+}

@@ -68,7 +68,10 @@ impl Context {
     /// segments of `mean_len` slots on average: [`Self::workgroup_size`] unless the segments
     /// are shorter, then the smallest power of two ≥ `mean_len`, but at least the subgroup
     /// size (and 8). Idle threads cost: on llvmpipe a 256-thread workgroup of one-token
-    /// sequences costs ~0.7 ms (30,000 sequences: 20.6 s at 256 threads, 0.78 s at 8).
+    /// sequences costs ~0.7 ms (30,000 sequences: 20.6 s at 256 threads, 0.78 s at 8). On CPU
+    /// adapters that floor whatever the length (busy threads cost there too: 65,536 tokens as
+    /// 1,000 sequences took 102.7 ms at 128 threads, 38.6 ms at 8, `gpu_bench --quick`);
+    /// ops cut sequences longer than the loop budget into pieces or take the reference path.
     /// A size set in [`super::ContextOptions`] is used as is.
     pub fn segment_workgroup_size(&self, op: Op, mean_len: f64) -> u32 {
         let full = self.workgroup_size(op);
@@ -76,6 +79,11 @@ impl Context {
             return full;
         }
         let floor = self.caps.subgroup_sizes.0.clamp(8, 64);
+        if self.caps.device_type == "Cpu" {
+            // one coroutine per SIMD group, all switched at every barrier (see
+            // `row_workgroup_size`): the fewest threads whatever the length
+            return floor.min(full);
+        }
         let want = if mean_len.is_finite() && mean_len > 0.0 {
             (mean_len.ceil().min(f64::from(full)) as u32).next_power_of_two()
         } else {
