@@ -320,3 +320,27 @@ fn segment_kernels_on_cpu_adapters_take_the_floor_workgroup() {
         assert_eq!(sizes, vec![floor, 128.min(full).max(floor), full, floor]);
     }
 }
+
+#[test]
+fn staged_slot_writes_take_parts_of_any_length_and_refuse_partial_words() {
+    use trmask::gpu::GpuEngine;
+    if gpu().is_none() {
+        return;
+    }
+    let staged = GpuEngine::with_options(&ContextOptions {
+        mapped_uploads: Some(false),
+        ..Default::default()
+    })
+    .unwrap();
+    let ctx = staged.context();
+    let slot = ctx.upload_slot(16).unwrap();
+    let bytes: Vec<u8> = (1..=12).collect();
+    // 3 + 5 + 4 bytes: gathered into one staged write, read back in order
+    ctx.write_slot(&slot, &[&bytes[..3], &bytes[3..8], &bytes[8..]])
+        .unwrap();
+    let back = ctx.run(&[], &[&slot]).unwrap();
+    assert_eq!(&back[0][..12], &bytes[..]);
+    // a total that is not whole words, or larger than the slot: an error, not a panic
+    assert!(ctx.write_slot(&slot, &[&bytes[..3]]).is_err());
+    assert!(ctx.write_slot(&slot, &[&vec![0u8; 1 << 20][..]]).is_err());
+}

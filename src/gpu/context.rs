@@ -373,21 +373,34 @@ impl Context {
 
     /// Writes `parts` (any lengths, total a multiple of 4) back to back from byte 0 of an
     /// [`Context::upload_slot`] before the next submission: in place once the GPU is done with
-    /// a mapped slot (the only copy of the bytes), else through `write_buffer`'s staging copy
-    /// (parts of unaligned length gathered into one write first).
+    /// a mapped slot (the only copy of the bytes), else straight into one staging allocation of
+    /// the queue (`write_buffer_with`: one copy of the bytes, none gathered on the host).
     pub fn write_slot(&self, buf: &GpuBuffer, parts: &[&[u8]]) -> Result<()> {
         if buf.kind() == BufferKind::MappedStorage {
             return write_mapped(&self.device, buf, parts);
         }
-        if parts.iter().any(|p| p.len() % 4 != 0) {
-            return self.write(buf, 0, &parts.concat());
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let Some(size) = wgpu::BufferSize::new(total as u64) else {
+            return Ok(());
+        };
+        if !total.is_multiple_of(4) || total as u64 > buf.raw().size() {
+            return Err(Error::Gpu(format!(
+                "upload of {total} bytes into a {}-byte slot (whole words that fit expected)",
+                buf.raw().size()
+            )));
         }
-        let mut at = 0u64;
-        for p in parts.iter().filter(|p| !p.is_empty()) {
-            self.write(buf, at, p)?;
-            at += p.len() as u64;
-        }
-        Ok(())
+        self.scoped(|| {
+            let mut view = self
+                .queue
+                .write_buffer_with(buf.raw(), 0, size)
+                .ok_or_else(|| Error::Gpu("cannot stage an upload".into()))?;
+            let mut at = 0;
+            for p in parts {
+                view.slice(at..at + p.len()).copy_from_slice(p);
+                at += p.len();
+            }
+            Ok(())
+        })
     }
 
     /// Records `passes` into one command buffer and submits it without waiting (e.g. to
