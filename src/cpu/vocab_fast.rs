@@ -148,11 +148,23 @@ const LANES: usize = 4;
 /// the baseline build in the last bits, far inside the 1e-9 accuracy target).
 pub(super) fn row_fast(sc: &mut Scratch, y: Option<usize>) -> Option<Row> {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: AVX2 and FMA are present (just detected).
-        return unsafe { row_fast_avx2(sc, y) };
+    {
+        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: AVX-512F and FMA are present (just detected).
+            return unsafe { row_fast_avx512(sc, y) };
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: AVX2 and FMA are present (just detected).
+            return unsafe { row_fast_avx2(sc, y) };
+        }
     }
     row_fast_impl::<false>(sc, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn row_fast_avx512(sc: &mut Scratch, y: Option<usize>) -> Option<Row> {
+    row_fast_impl::<true>(sc, y)
 }
 
 #[cfg(target_arch = "x86_64")]

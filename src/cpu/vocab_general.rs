@@ -48,11 +48,23 @@ pub(super) fn decode_scaled_range(
     let es = l.dtype().size();
     let bytes = &l.row_bytes(r)[start * es..(start + out.len()) * es];
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present (just detected).
-        return unsafe { decode_scaled_avx2(l.dtype(), bytes, out, inv_t) };
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F is present (just detected).
+            return unsafe { decode_scaled_avx512(l.dtype(), bytes, out, inv_t) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present (just detected).
+            return unsafe { decode_scaled_avx2(l.dtype(), bytes, out, inv_t) };
+        }
     }
     decode_scaled_impl(l.dtype(), bytes, out, inv_t)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn decode_scaled_avx512(dt: DType, bytes: &[u8], out: &mut [f64], inv_t: f64) -> bool {
+    decode_scaled_impl(dt, bytes, out, inv_t)
 }
 
 #[cfg(target_arch = "x86_64")]
