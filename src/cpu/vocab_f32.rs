@@ -66,11 +66,23 @@ impl Scratch32 {
 fn decode_f32(l: &Logits, r: usize, out: &mut [f32]) -> bool {
     let bytes = l.row_bytes(r);
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present (just detected).
-        return unsafe { decode_f32_avx2(l.dtype(), bytes, out) };
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F is present (just detected).
+            return unsafe { decode_f32_avx512(l.dtype(), bytes, out) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present (just detected).
+            return unsafe { decode_f32_avx2(l.dtype(), bytes, out) };
+        }
     }
     decode_f32_impl(l.dtype(), bytes, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn decode_f32_avx512(dt: DType, bytes: &[u8], out: &mut [f32]) -> bool {
+    decode_f32_impl(dt, bytes, out)
 }
 
 #[cfg(target_arch = "x86_64")]
