@@ -57,7 +57,7 @@ struct VocabDivergenceParams {
     has_responses: u32, // 1: row_info holds sampled ids (log-probs wanted)
     inv_temp: f32, // 1 / temperature
     // 1: every row starts at an even element of both bindings and V is even, so an element
-    // pair (2k, 2k + 1) of a 16-bit row is one word (`load2_a` / `load2_b`)
+    // pair (2k, 2k + 1) of a 16-bit row is one word (`load_pair_a` / `load_pair_b`)
     pairs: u32,
 }
 
