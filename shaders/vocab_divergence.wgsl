@@ -56,8 +56,9 @@ struct VocabDivergenceParams {
                      // multiple of 256 bytes)
     has_responses: u32, // 1: row_info holds sampled ids (log-probs wanted)
     inv_temp: f32, // 1 / temperature
-    // 1: every row starts at an even element of both bindings and V is even, so an element
-    // pair (2k, 2k + 1) of a 16-bit row is one word (`load_pair_a` / `load_pair_b`)
+    // 1: V is even and every row of a 16-bit binding starts at an even element, so an element
+    // pair (2k, 2k + 1) of a 16-bit row is one word (`load_pair_a` / `load_pair_b`; f32 rows
+    // read a pair as two words wherever they start)
     pairs: u32,
 }
 

@@ -46,7 +46,7 @@ pub fn open_engine(backend: Backend, notes: &mut Vec<String>) -> Result<Box<dyn 
         Backend::Auto => match GpuEngine::new() {
             // A software rasterizer (Mesa lavapipe / llvmpipe, WARP) runs on the same CPU cores
             // as the reference path, in f32: the f64 reference is then both exact and faster.
-            Ok(gpu) if gpu.capabilities().device_type == "Cpu" => {
+            Ok(gpu) if gpu.capabilities().is_cpu() => {
                 notes.push(format!(
                     "trmask: backend auto chose the CPU reference (the best adapter, {}, is a software rasterizer; --backend gpu uses it anyway)",
                     gpu.capabilities().adapter_name

@@ -81,6 +81,11 @@ pub fn check_loops(caps: &Capabilities, what: &str, iterations: u64) -> crate::e
 }
 
 impl Capabilities {
+    /// A software rasterizer on the host's cores (lavapipe, WARP): `device_type` `Cpu`.
+    pub fn is_cpu(&self) -> bool {
+        self.device_type == "Cpu"
+    }
+
     /// A multi-line human-readable summary (for `trmask devices`).
     pub fn describe(&self) -> String {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);

@@ -1,6 +1,7 @@
 //! Which kernel variant each op uses on a [`Context`] (workgroup size, reduction flavour),
 //! the chunk limits its plans respect, and the uniform bytes of a list of passes.
 
+use super::capabilities::check_loops;
 use super::chunking::{ChunkLimits, MAX_WORKGROUPS_PER_DIM};
 use super::context::Context;
 use super::pipeline::{all_kernel_keys, Flavour, Kernel, KernelKey, Op};
@@ -78,18 +79,18 @@ impl Context {
         if self.workgroup_size.is_some() {
             return full;
         }
-        let floor = self.caps.subgroup_sizes.0.clamp(8, 64);
-        if self.caps.device_type == "Cpu" {
+        let floor = self.floor_workgroup(full);
+        if self.caps.is_cpu() {
             // one coroutine per SIMD group, all switched at every barrier (see
             // `row_workgroup_size`): the fewest threads whatever the length
-            return floor.min(full);
+            return floor;
         }
         let want = if mean_len.is_finite() && mean_len > 0.0 {
             (mean_len.ceil().min(f64::from(full)) as u32).next_power_of_two()
         } else {
             floor
         };
-        want.clamp(floor.min(full), full)
+        want.clamp(floor, full)
     }
 
     /// The kernel variant for a segmented `op` over segments of `mean_len` slots on average
@@ -115,16 +116,14 @@ impl Context {
     /// is used as is.
     pub fn row_workgroup_size(&self, op: Op, row_len: u64, reads: u64, extra: u64) -> u32 {
         let full = self.workgroup_size(op);
-        if self.workgroup_size.is_some() || self.caps.device_type != "Cpu" {
+        if self.workgroup_size.is_some() || !self.caps.is_cpu() {
             return full;
         }
-        let mut wg = self.caps.subgroup_sizes.0.clamp(8, 64).min(full);
+        let mut wg = self.floor_workgroup(full);
         while wg < full
             && !super::capabilities::loops_fit(
                 &self.caps,
-                reads
-                    .saturating_mul(row_len.div_ceil(u64::from(wg)))
-                    .saturating_add(extra),
+                row_iterations(row_len, reads, extra, wg),
             )
         {
             wg *= 2;
@@ -132,22 +131,34 @@ impl Context {
         wg.min(full)
     }
 
-    /// The kernel variant for a row `op` (see [`Self::row_workgroup_size`]).
+    /// The kernel variant for a row `op` (see [`Self::row_workgroup_size`]), or
+    /// [`crate::Error::Limit`] naming `what` when even that size's loops do not fit the
+    /// driver's budget.
     pub fn row_kernel(
         &self,
         op: Op,
         dtype: DType,
-        row_len: u64,
-        reads: u64,
-        extra: u64,
+        (row_len, reads, extra): (u64, u64, u64),
+        what: &str,
     ) -> Result<Arc<Kernel>> {
         let workgroup = self.row_workgroup_size(op, row_len, reads, extra);
+        check_loops(
+            &self.caps,
+            what,
+            row_iterations(row_len, reads, extra, workgroup),
+        )?;
         self.kernel_for(KernelKey {
             op,
             dtype,
             flavour: self.flavour_at(op, workgroup),
             workgroup,
         })
+    }
+
+    /// The smallest workgroup worth a dispatch: the subgroup size (at least 8, at most 64),
+    /// within `full`.
+    fn floor_workgroup(&self, full: u32) -> u32 {
+        self.caps.subgroup_sizes.0.clamp(8, 64).min(full)
     }
 
     /// The kernel for an explicit key (built on first use).
@@ -169,4 +180,12 @@ impl Context {
         }
         Ok(())
     }
+}
+
+/// Loop iterations of one invocation of a row kernel with `wg` threads: `reads` strided passes
+/// over `row_len` elements plus `extra` whatever the size.
+fn row_iterations(row_len: u64, reads: u64, extra: u64, wg: u32) -> u64 {
+    reads
+        .saturating_mul(row_len.div_ceil(u64::from(wg)))
+        .saturating_add(extra)
 }

@@ -29,7 +29,6 @@
 //! that case runs the CPU reference.
 
 use super::buffers::GpuBuffer;
-use super::capabilities::check_loops;
 use super::chunking::{dispatch_grid, plan_rows, window, HOST_CHUNK_BYTES, OFFSET_ALIGN};
 use super::context::Context;
 use super::pass::{Bind, Pass};
@@ -106,18 +105,12 @@ pub fn topk_divergence(
             "device buffer lacks BufferUsages::STORAGE: the GPU engine binds it in place",
         ));
     }
+    // one strided pass over the row, two loops over the support
     let kernel = ctx.row_kernel(
         Op::TopkDivergence,
         logits.dtype(),
-        v as u64,
-        1,
-        2 * w as u64,
-    )?;
-    // one strided pass over the row, two loops over the support
-    check_loops(
-        ctx.capabilities(),
+        (v as u64, 1, 2 * w as u64),
         &format!("old_logits: a row of {v} logits with a support of {w}"),
-        (v as u64).div_ceil(u64::from(kernel.key.workgroup)) + 2 * w as u64,
     )?;
     let limits = ctx.chunk_limits();
     let row_logits = (v * esize) as u64;

@@ -13,7 +13,6 @@
 //! chunks in one [`Context::run`].
 
 use super::buffers::GpuBuffer;
-use super::capabilities::check_loops;
 use super::chunking::{
     dispatch_grid, plan_rows, window, ChunkLimits, HOST_CHUNK_BYTES, OFFSET_ALIGN,
 };
@@ -50,8 +49,8 @@ pub struct VocabDivergenceParams {
     pub has_responses: u32,
     /// 1 / temperature.
     pub inv_temp: f32,
-    /// 1 when V is even and every row starts at an even element of both bindings (a pair of
-    /// 16-bit logits is then one word).
+    /// 1 when V is even and every row of a 16-bit binding starts at an even element (a pair of
+    /// 16-bit logits is then one word; f32 rows read a pair as two words anyway).
     pub pairs: u32,
 }
 
@@ -149,12 +148,12 @@ fn run(
             ));
         }
     }
-    let kernel = ctx.row_kernel(Op::VocabDivergence(db), da, vocab as u64, 3, 0)?;
     // three strided passes over the row at most (the third only for flagged rows)
-    check_loops(
-        ctx.capabilities(),
+    let kernel = ctx.row_kernel(
+        Op::VocabDivergence(db),
+        da,
+        (vocab as u64, 3, 0),
         &format!("rollout_logits: a row of {vocab} logits"),
-        3 * (vocab as u64).div_ceil(u64::from(kernel.key.workgroup)),
     )?;
     let limits = ctx.chunk_limits();
     let chunks = if on_device {
@@ -224,7 +223,13 @@ fn run(
             info_first: info_w.2,
             has_responses: has_responses as u32,
             inv_temp,
-            pairs: u32::from(vocab % 2 == 0 && firsts.iter().all(|f| f % 2 == 0)),
+            // f32 rows read a pair as two words wherever they start
+            pairs: u32::from(
+                vocab % 2 == 0
+                    && [(firsts[0], sa), (firsts[1], sb)]
+                        .iter()
+                        .all(|&(f, s)| s == 4 || f % 2 == 0),
+            ),
         };
         let bindings = vec![
             tensors[0],
