@@ -55,6 +55,16 @@ pub fn install_signal_handlers() {
 extern "C" fn on_sigbus(_: libc::c_int) {
     const MSG: &[u8] = b"trmask: an input file shrank while it was being read (rewritten by \
 another process?); no output was written\n";
+    // Several reader threads may fault on the same truncation at once: the first reports and
+    // exits, the others wait for that exit (one line, not one per thread). A lock-free atomic
+    // swap is async-signal-safe.
+    static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if REPORTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        loop {
+            // SAFETY: async-signal-safe; the reporting thread's `_exit` ends the process.
+            unsafe { libc::pause() };
+        }
+    }
     // SAFETY: async-signal-safe calls only.
     unsafe {
         libc::write(2, MSG.as_ptr().cast(), MSG.len());
