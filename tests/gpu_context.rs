@@ -344,3 +344,58 @@ fn staged_slot_writes_take_parts_of_any_length_and_refuse_partial_words() {
     assert!(ctx.write_slot(&slot, &[&bytes[..3]]).is_err());
     assert!(ctx.write_slot(&slot, &[&vec![0u8; 1 << 20][..]]).is_err());
 }
+
+/// `Engine::prepare` builds exactly the kernels an analysis of the batch uses: after it, the
+/// analysis (vocabulary divergences, token estimators, masks, segment reductions) builds none.
+#[test]
+fn prepare_builds_every_kernel_an_analysis_uses() {
+    let Some(gpu) = gpu_fresh() else { return };
+    let input = trmask::io::read_input(
+        std::path::Path::new("data/causal-sample/logits.safetensors"),
+        &Default::default(),
+    )
+    .unwrap();
+    let batch = &input.batch;
+    assert!(gpu.context().built_kernels().is_empty());
+    gpu.prepare(batch);
+    let prepared = gpu.context().built_kernels();
+    let ops: Vec<_> = prepared.iter().map(|k| k.op).collect();
+    for op in [
+        pipeline::Op::VocabDivergence(trmask::DType::F32),
+        pipeline::Op::Masks,
+        pipeline::Op::SegmentReduce,
+        pipeline::Op::TokenStats,
+    ] {
+        assert!(ops.contains(&op), "{op:?} not prepared: {prepared:?}");
+    }
+    for preset in ["decoupled_k3_rs", "trm_max", "disabled"] {
+        let config = trmask::CorrectionConfig::preset(preset).unwrap();
+        trmask::analysis::analyze(&*gpu, batch, &config).unwrap();
+        assert_eq!(gpu.context().built_kernels(), prepared, "{preset}");
+    }
+}
+
+/// `Context::build_kernels` builds several kernels at once, each once, and reports a failed
+/// build after building the others.
+#[test]
+fn build_kernels_builds_each_once_and_reports_a_failure() {
+    let Some(gpu) = gpu_fresh() else { return };
+    let ctx = gpu.context();
+    let good = [
+        ctx.kernel_key(pipeline::Op::TokenStats, trmask::DType::F32),
+        ctx.kernel_key(pipeline::Op::Masks, trmask::DType::F32),
+    ];
+    let bad = pipeline::KernelKey {
+        workgroup: 0,
+        ..good[0]
+    };
+    let e = ctx
+        .build_kernels(&[good[0], bad, good[1], good[0]])
+        .unwrap_err();
+    assert!(e.to_string().contains("workgroup size 0"), "{e}");
+    let mut want = good.to_vec();
+    want.sort_by_key(pipeline::KernelKey::label);
+    assert_eq!(ctx.built_kernels(), want);
+    ctx.build_kernels(&good).unwrap();
+    assert_eq!(ctx.built_kernels(), want);
+}

@@ -16,7 +16,7 @@ use super::capabilities::loops_fit;
 use super::chunking::dispatch_grid;
 use super::context::Context;
 use super::pass::Pass;
-use super::pipeline::Op;
+use super::pipeline::{KernelKey, Op};
 use super::segment_reduce::mean_valid;
 use super::token_stats::pack_mask;
 use crate::batch::Segments;
@@ -122,6 +122,11 @@ fn plan_chunks(
     Some(chunks)
 }
 
+/// The masks kernel variant for `segments` on `ctx`.
+pub(super) fn kernel_key(ctx: &Context, segments: &Segments) -> KernelKey {
+    ctx.segment_kernel_key(Op::Masks, DType::F32, mean_valid(segments))
+}
+
 /// The fused pass; `None` when the batch does not fit the whole-sequence chunking (the caller
 /// then runs the reference composition on the GPU ops).
 pub fn corrections_pass(
@@ -148,7 +153,7 @@ pub fn corrections_pass(
             .map(Some);
     }
     let mask = segments.mask();
-    let kernel = ctx.segment_kernel(Op::Masks, DType::F32, mean_valid(segments))?;
+    let kernel = ctx.kernel_for(kernel_key(ctx, segments))?;
     // per sequence: two strided loops, one per sequence criterion, and one whose every
     // element runs a loop over the token criteria and one over the 7 estimators
     let longest = segments

@@ -109,6 +109,23 @@ impl Engine for GpuEngine {
         true
     }
 
+    fn prepare(&self, batch: &Batch) {
+        let ctx = &self.ctx;
+        let segments = batch.segments();
+        let mut keys = Vec::with_capacity(4);
+        // the longest build first: the others share the remaining cores meanwhile
+        if let (Some(r), Some(o)) = (&batch.rollout_logits, &batch.old_logits) {
+            if let Ok(key) = vocab_divergence::kernel_key(ctx, r, o) {
+                keys.push(key);
+            }
+        }
+        keys.push(masks::kernel_key(ctx, segments));
+        keys.push(segment_reduce::kernel_key(ctx, segments));
+        keys.push(ctx.kernel_key(pipeline::Op::TokenStats, crate::logits::DType::F32));
+        // errors resurface where the kernel is used (see the trait)
+        let _ = ctx.build_kernels(&keys);
+    }
+
     fn token_stats(
         &self,
         rollout_log_prob: &[f64],

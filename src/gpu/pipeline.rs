@@ -398,6 +398,61 @@ impl PipelineCache {
         Ok(map.entry(key).or_insert(built).clone())
     }
 
+    /// Builds the kernels of `keys` not built yet, several at once: one thread per kernel,
+    /// at most `threads` (drivers compile a pipeline on the calling thread; on lavapipe the
+    /// vocabulary kernel alone takes ~0.1 s). Returns the first error, after every build ended.
+    pub fn build_all(
+        &self,
+        device: &wgpu::Device,
+        keys: &[KernelKey],
+        threads: usize,
+    ) -> Result<()> {
+        let mut todo: Vec<KernelKey> = Vec::new();
+        if let Ok(map) = self.kernels.read() {
+            for k in keys {
+                if !map.contains_key(k) && !todo.contains(k) {
+                    todo.push(*k);
+                }
+            }
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let work = || -> Result<()> {
+            let mut first = Ok(());
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&key) = todo.get(i) else {
+                    return first;
+                };
+                if let Err(e) = self.get(device, key) {
+                    first = first.and(Err(e));
+                }
+            }
+        };
+        let threads = threads.clamp(1, todo.len().max(1));
+        std::thread::scope(|s| {
+            let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+            let mut first = work();
+            for h in helpers {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::Gpu("a kernel build panicked".into())));
+                first = first.and(r);
+            }
+            first
+        })
+    }
+
+    /// The keys of the kernels built so far, ordered by label.
+    pub fn built(&self) -> Vec<KernelKey> {
+        let mut keys: Vec<KernelKey> = self
+            .kernels
+            .read()
+            .map(|m| m.keys().copied().collect())
+            .unwrap_or_default();
+        keys.sort_by_key(KernelKey::label);
+        keys
+    }
+
     fn module(&self, device: &wgpu::Device, key: &KernelKey) -> Result<wgpu::ShaderModule> {
         let mkey = (key.op, key.dtype, key.flavour);
         if let Some(m) = self.modules.read().ok().and_then(|m| m.get(&mkey).cloned()) {

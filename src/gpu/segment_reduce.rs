@@ -13,7 +13,7 @@ use super::capabilities::LOOP_MARGIN;
 use super::chunking::{dispatch_grid, plan_segments};
 use super::context::Context;
 use super::pass::Pass;
-use super::pipeline::Op;
+use super::pipeline::{KernelKey, Op};
 use super::token_stats::pack_mask;
 use crate::batch::Segments;
 use crate::error::{Error, Result};
@@ -42,6 +42,11 @@ const WORDS: usize = 6;
 pub(super) fn mean_valid(segments: &Segments) -> f64 {
     let valid = segments.mask().iter().filter(|&&m| m).count();
     valid as f64 / segments.len().max(1) as f64
+}
+
+/// The segment-reduce kernel variant for `segments` on `ctx`.
+pub(super) fn kernel_key(ctx: &Context, segments: &Segments) -> KernelKey {
+    ctx.segment_kernel_key(Op::SegmentReduce, DType::F32, mean_valid(segments))
 }
 
 /// Sum, mean, max, min, argmax and count of each of `values` over the valid slots of every
@@ -84,7 +89,7 @@ pub fn segment_reduce(
     if k == 0 || nseq == 0 {
         return Ok(out);
     }
-    let kernel = ctx.segment_kernel(Op::SegmentReduce, DType::F32, mean_valid(segments))?;
+    let kernel = ctx.kernel_for(kernel_key(ctx, segments))?;
     let mut limits = ctx.chunk_limits();
     if let Some(max) = ctx.capabilities().loop_iterations {
         // one strided loop over a piece: cut longer sequences into pieces that fit the loop

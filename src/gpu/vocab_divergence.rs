@@ -18,7 +18,7 @@ use super::chunking::{
 };
 use super::context::Context;
 use super::pass::{Bind, Pass};
-use super::pipeline::{Op, VOCAB_RESULTS_PER_ROW};
+use super::pipeline::{KernelKey, Op, VOCAB_RESULTS_PER_ROW};
 use super::slots::{SlotRing, UPLOAD_SLOTS};
 use crate::cpu::{check_vocab_inputs, first_bad_logit};
 use crate::error::{Error, Result};
@@ -114,6 +114,19 @@ fn plan(
     plan_rows(rows, row_bytes, &reduced)
 }
 
+/// The kernel variant for `rollout` / `train` on `ctx` (the loop-budget error when a row is
+/// too long for the driver).
+pub(super) fn kernel_key(ctx: &Context, rollout: &Logits, train: &Logits) -> Result<KernelKey> {
+    let vocab = rollout.vocab();
+    // three strided passes over the row at most (the third only for flagged rows)
+    ctx.row_kernel_key(
+        Op::VocabDivergence(train.dtype()),
+        rollout.dtype(),
+        (vocab as u64, 3, 0),
+        &format!("rollout_logits: a row of {vocab} logits"),
+    )
+}
+
 /// Runs the kernel over all rows of `rollout` / `train` (host or device logits of the same
 /// shape); returns the raw per-row results (8 f32 per row).
 fn run(
@@ -148,13 +161,7 @@ fn run(
             ));
         }
     }
-    // three strided passes over the row at most (the third only for flagged rows)
-    let kernel = ctx.row_kernel(
-        Op::VocabDivergence(db),
-        da,
-        (vocab as u64, 3, 0),
-        &format!("rollout_logits: a row of {vocab} logits"),
-    )?;
+    let kernel = ctx.kernel_for(kernel_key(ctx, rollout, train)?)?;
     let limits = ctx.chunk_limits();
     let chunks = if on_device {
         plan(rows, vocab, da, db, &limits)?
