@@ -56,11 +56,14 @@ struct VocabDivergenceParams {
                      // multiple of 256 bytes)
     has_responses: u32, // 1: row_info holds sampled ids (log-probs wanted)
     inv_temp: f32, // 1 / temperature
-    // 1: V is even and every row of a 16-bit binding starts at an even element, so an element
-    // pair (2k, 2k + 1) of a 16-bit row is one word (`load_pair_a` / `load_pair_b`; f32 rows
-    // read a pair as two words wherever they start)
-    pairs: u32,
+    pad0: u32,
 }
+
+// true: V is even and every row of a 16-bit binding starts at an even element, so an element
+// pair (2k, 2k + 1) of a 16-bit row is one word (`load_pair_a` / `load_pair_b`; f32 rows read a
+// pair as two words wherever they start). A pipeline constant, not a uniform: each pipeline
+// holds only its own loops, which halves what the driver compiles for the main loops.
+override PAIRED: bool = false;
 
 @group(0) @binding(0) var<uniform> params: VocabDivergenceParams;
 // per row: the sampled token id, or ROW_MASKED for an invalid slot
@@ -521,7 +524,7 @@ fn main(
     let it = params.inv_temp;
     let abase = params.a_first + row * v;
     let bbase = params.b_first + row * v;
-    let pairs = params.pairs != 0u;
+    let pairs = PAIRED;
 
     // ---- pass 1 ----
     var sp = acc1_empty();

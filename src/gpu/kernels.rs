@@ -67,6 +67,7 @@ impl Context {
             dtype,
             flavour: self.flavour(op),
             workgroup: self.workgroup_size(op),
+            paired: false,
         }
     }
 
@@ -112,6 +113,7 @@ impl Context {
             dtype,
             flavour: self.flavour_at(op, workgroup),
             workgroup,
+            paired: false,
         }
     }
 
@@ -173,6 +175,7 @@ impl Context {
             dtype,
             flavour: self.flavour_at(op, workgroup),
             workgroup,
+            paired: false,
         })
     }
 

@@ -62,6 +62,9 @@ pub const ENTRY_POINT: &str = "main";
 /// Name of the workgroup-size override constant in every kernel.
 pub const WORKGROUP_OVERRIDE: &str = "WG";
 
+/// Name of the pair-load override constant of the kernels with [`OpSpec::paired_loads`].
+pub const PAIRED_OVERRIDE: &str = "PAIRED";
+
 /// Largest workgroup size any kernel accepts (`MAX_WG` in the prelude).
 pub const MAX_WORKGROUP: u32 = 256;
 
@@ -137,17 +140,21 @@ pub struct KernelKey {
     pub flavour: Flavour,
     /// Threads per workgroup (the `WG` override), 1..=[`MAX_WORKGROUP`].
     pub workgroup: u32,
+    /// The vocabulary kernel's element-pair loads (the `PAIRED` override, for rows whose
+    /// 16-bit elements pair into words); false for every other op.
+    pub paired: bool,
 }
 
 impl KernelKey {
-    /// A short label such as `token_stats/F32/Workgroup/wg256`.
+    /// A short label such as `token_stats/F32/Workgroup/wg256` (`…/paired` with pair loads).
     pub fn label(&self) -> String {
         format!(
-            "{}/{}/{:?}/wg{}",
+            "{}/{}/{:?}/wg{}{}",
             self.op.spec().name,
             self.dtype.name(),
             self.flavour,
-            self.workgroup
+            self.workgroup,
+            if self.paired { "/paired" } else { "" }
         )
     }
 }
@@ -188,6 +195,8 @@ pub struct OpSpec {
     pub flavours: &'static [Flavour],
     /// Default workgroup size.
     pub default_workgroup: u32,
+    /// The shader declares the `PAIRED` override (variants with and without pair loads).
+    pub paired_loads: bool,
 }
 
 const RO4: BindingKind = BindingKind::ReadOnly { min_bytes: 4 };
@@ -203,6 +212,7 @@ static TOKEN_STATS_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32],
     flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
+    paired_loads: false,
 };
 
 static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
@@ -215,6 +225,7 @@ static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32],
     flavours: &[Flavour::Workgroup, Flavour::Subgroup],
     default_workgroup: 256,
+    paired_loads: false,
 };
 
 static TOPK_DIVERGENCE_SPEC: OpSpec = OpSpec {
@@ -233,6 +244,7 @@ static TOPK_DIVERGENCE_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32, DType::F16, DType::BF16],
     flavours: &[Flavour::Workgroup, Flavour::Subgroup],
     default_workgroup: 256,
+    paired_loads: false,
 };
 
 /// f32 results per row of the vocabulary kernel.
@@ -262,6 +274,7 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32, DType::F16, DType::BF16],
     flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
+    paired_loads: true,
 };
 
 static MASKS_SPEC: OpSpec = OpSpec {
@@ -274,12 +287,14 @@ static MASKS_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32],
     flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
+    paired_loads: false,
 };
 
 /// Workgroup sizes the library builds (including a non-power-of-two one).
 pub const WORKGROUP_SIZES: &[u32] = &[64, 192, 256];
 
-/// Every kernel variant the cache can build (op × dtype × flavour × workgroup size).
+/// Every kernel variant the cache can build (op × dtype × flavour × workgroup size × pair
+/// loads where the op has them).
 pub fn all_kernel_keys() -> Vec<KernelKey> {
     let mut keys = Vec::new();
     for &op in Op::ALL {
@@ -287,12 +302,18 @@ pub fn all_kernel_keys() -> Vec<KernelKey> {
         for &dtype in spec.dtypes {
             for &flavour in spec.flavours {
                 for &workgroup in WORKGROUP_SIZES {
-                    keys.push(KernelKey {
-                        op,
-                        dtype,
-                        flavour,
-                        workgroup,
-                    });
+                    for paired in [false, true] {
+                        if paired && !spec.paired_loads {
+                            continue;
+                        }
+                        keys.push(KernelKey {
+                            op,
+                            dtype,
+                            flavour,
+                            workgroup,
+                            paired,
+                        });
+                    }
                 }
             }
         }
@@ -483,6 +504,12 @@ impl PipelineCache {
                 key.workgroup
             )));
         }
+        if key.paired && !key.op.spec().paired_loads {
+            return Err(Error::Gpu(format!(
+                "{}: the op has no pair loads",
+                key.label()
+            )));
+        }
         let module = self.module(device, &key)?;
         let spec = key.op.spec();
         let label = key.label();
@@ -522,7 +549,10 @@ impl PipelineCache {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let constants = [(WORKGROUP_OVERRIDE, f64::from(key.workgroup))];
+        let mut constants = vec![(WORKGROUP_OVERRIDE, f64::from(key.workgroup))];
+        if spec.paired_loads {
+            constants.push((PAIRED_OVERRIDE, f64::from(u8::from(key.paired))));
+        }
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: Some(&pipeline_layout),
@@ -559,6 +589,7 @@ pub(crate) fn assert_params_layout(op: Op, rust_size: usize, fields: &[(&str, us
         dtype: spec.dtypes[0],
         flavour: Flavour::Workgroup,
         workgroup: 64,
+        paired: false,
     };
     let module = naga::front::wgsl::parse_str(&shader_source(&key)).unwrap();
     let (members, span) = module

@@ -49,9 +49,25 @@ pub struct VocabDivergenceParams {
     pub has_responses: u32,
     /// 1 / temperature.
     pub inv_temp: f32,
-    /// 1 when V is even and every row of a 16-bit binding starts at an even element (a pair of
-    /// 16-bit logits is then one word; f32 rows read a pair as two words anyway).
-    pub pairs: u32,
+    /// Padding (the pair loads are the pipeline constant `PAIRED`, see [`paired`]).
+    pub pad0: u32,
+}
+
+/// Whether a chunk's rows can be read an element pair at a time (the kernel's `PAIRED`
+/// variant): V even and every 16-bit binding starting at an even element (`firsts`, with the
+/// element sizes); f32 rows read a pair as two words wherever they start.
+fn paired(vocab: usize, firsts: [(u32, u64); 2]) -> bool {
+    vocab.is_multiple_of(2) && firsts.iter().all(|&(f, s)| s == 4 || f.is_multiple_of(2))
+}
+
+/// The first element of the binding window of a tensor starting at byte `first` of its data:
+/// host rows are written into a slot from the word holding `first`; device rows are bound from
+/// the aligned window `window` picks.
+fn first_element(l: &Logits, first: u64, size: u64) -> u32 {
+    match l.on_device() {
+        Some(d) => window(d.offset() + first, d.offset() + first, size).2,
+        None => (first % 4 / size) as u32,
+    }
 }
 
 const F_KL_INF: u32 = 1;
@@ -114,17 +130,29 @@ fn plan(
     plan_rows(rows, row_bytes, &reduced)
 }
 
-/// The kernel variant for `rollout` / `train` on `ctx` (the loop-budget error when a row is
-/// too long for the driver).
-pub(super) fn kernel_key(ctx: &Context, rollout: &Logits, train: &Logits) -> Result<KernelKey> {
+/// The kernel variant for `rollout` / `train` on `ctx` with or without pair loads (the
+/// loop-budget error when a row is too long for the driver).
+fn variant(ctx: &Context, rollout: &Logits, train: &Logits, paired: bool) -> Result<KernelKey> {
     let vocab = rollout.vocab();
     // three strided passes over the row at most (the third only for flagged rows)
-    ctx.row_kernel_key(
+    let key = ctx.row_kernel_key(
         Op::VocabDivergence(train.dtype()),
         rollout.dtype(),
         (vocab as u64, 3, 0),
         &format!("rollout_logits: a row of {vocab} logits"),
-    )
+    )?;
+    Ok(KernelKey { paired, ..key })
+}
+
+/// The kernel variant of the first chunk of rows of `rollout` / `train` on `ctx` (what
+/// `Engine::prepare` builds; later chunks of device logits may start at other offsets).
+pub(super) fn kernel_key(ctx: &Context, rollout: &Logits, train: &Logits) -> Result<KernelKey> {
+    let (sa, sb) = (rollout.dtype().size() as u64, train.dtype().size() as u64);
+    let firsts = [
+        (first_element(rollout, 0, sa), sa),
+        (first_element(train, 0, sb), sb),
+    ];
+    variant(ctx, rollout, train, paired(rollout.vocab(), firsts))
 }
 
 /// Runs the kernel over all rows of `rollout` / `train` (host or device logits of the same
@@ -161,7 +189,7 @@ fn run(
             ));
         }
     }
-    let kernel = ctx.kernel_for(kernel_key(ctx, rollout, train)?)?;
+    let unpaired = variant(ctx, rollout, train, false)?;
     let limits = ctx.chunk_limits();
     let chunks = if on_device {
         plan(rows, vocab, da, db, &limits)?
@@ -200,14 +228,14 @@ fn run(
         let slot = if on_device { 0 } else { ring.acquire(ctx, ci)? };
         for (k, (l, s)) in [(rollout, sa), (train, sb)].into_iter().enumerate() {
             let (first, end) = (r0 * v * s, r1 * v * s);
+            firsts[k] = first_element(l, first, s);
             if let Some(d) = l.on_device() {
-                let (offset, size, f) = window(d.offset() + first, d.offset() + end, s);
+                let (offset, size, _) = window(d.offset() + first, d.offset() + end, s);
                 tensors[k] = Bind::Device {
                     logits: d,
                     offset,
                     size,
                 };
-                firsts[k] = f;
             } else {
                 let buf = &slots[slot][k];
                 let bytes = l.host_bytes("logits")?;
@@ -219,7 +247,6 @@ fn run(
                 let tail = &tail[..if rest > 0 { 4 } else { 0 }];
                 ctx.write_slot(buf, &[&bytes[start..start + full], tail])?;
                 tensors[k] = Bind::Whole(buf);
-                firsts[k] = ((first - first / 4 * 4) / s) as u32;
             }
         }
         let params = VocabDivergenceParams {
@@ -230,14 +257,12 @@ fn run(
             info_first: info_w.2,
             has_responses: has_responses as u32,
             inv_temp,
-            // f32 rows read a pair as two words wherever they start
-            pairs: u32::from(
-                vocab % 2 == 0
-                    && [(firsts[0], sa), (firsts[1], sb)]
-                        .iter()
-                        .all(|&(f, s)| s == 4 || f % 2 == 0),
-            ),
+            pad0: 0,
         };
+        let kernel = ctx.kernel_for(KernelKey {
+            paired: paired(vocab, [(firsts[0], sa), (firsts[1], sb)]),
+            ..unpaired
+        })?;
         let bindings = vec![
             tensors[0],
             tensors[1],
@@ -397,7 +422,7 @@ mod tests {
                 ("info_first", offset_of!(P, info_first)),
                 ("has_responses", offset_of!(P, has_responses)),
                 ("inv_temp", offset_of!(P, inv_temp)),
-                ("pairs", offset_of!(P, pairs)),
+                ("pad0", offset_of!(P, pad0)),
             ],
         );
     }
