@@ -295,6 +295,49 @@ fn main() -> anyhow::Result<()> {
         gbs(bytes, tw),
         100.0 * bytes / tw / copy
     );
+    // The same device-resident call with the row workgroup forced (contexts sharing this
+    // device and its buffers): fewer threads per row means more rows in flight per SM where
+    // registers or workgroup memory cap the resident workgroups.
+    let default_wg = ctx.row_workgroup_size(
+        trmask::gpu::pipeline::Op::VocabDivergence(DType::BF16),
+        vocab as u64,
+        3,
+        0,
+    );
+    for wg in [32u32, 64, 128, 256] {
+        if wg == default_wg || wg > ctx.capabilities().max_workgroup_invocations {
+            continue;
+        }
+        let options = trmask::gpu::ContextOptions {
+            workgroup_size: Some(wg),
+            ..Default::default()
+        };
+        let forced = GpuEngine::from_context(std::sync::Arc::new(Context::from_wgpu_with(
+            ctx.device().clone(),
+            ctx.queue().clone(),
+            &options,
+        )));
+        let mut ns = Vec::new();
+        for k in 0..4 {
+            match forced.vocab_divergence(&la, &lb, Some(&responses), &mask, 1.0) {
+                Ok(_) if k > 0 => ns.extend(forced.context().last_device_ns()),
+                Ok(_) => {}
+                Err(e) => {
+                    println!("| GPU kernel, device-resident, {wg} threads per row | {e} | | |");
+                    break;
+                }
+            }
+        }
+        if !ns.is_empty() {
+            let t = median(ns.iter().map(|&n| n as f64 * 1e-9).collect());
+            println!(
+                "| GPU kernel, device-resident, {wg} threads per row (default {default_wg}) | {:.3} ms | {} | {:.1} % |",
+                t * 1e3,
+                gbs(bytes, t),
+                100.0 * bytes / t / copy
+            );
+        }
+    }
     let (ha, hb) = (
         Logits::from_bytes(a, DType::BF16, rows, vocab)?,
         Logits::from_bytes(b, DType::BF16, rows, vocab)?,

@@ -76,7 +76,6 @@ pub fn analyze_shard(
     ex: &mut dyn Exchange,
 ) -> Result<Analysis> {
     let resolved = config.resolve()?;
-    engine.prepare(batch);
     let table = token_table_config(engine, batch, config)?;
     let (mut corrections, corr_partial) =
         correction::compute_shard(engine, batch, &table, &resolved, ex)?;

@@ -47,7 +47,7 @@ impl CpuEngine {
         CpuEngine { fast: false }
     }
 
-    /// The `cpu-fast` engine ([`crate::Backend::CpuFast`]).
+    /// The `cpu-fast` engine ([`crate::backend::Backend::CpuFast`]).
     pub fn fast() -> Self {
         CpuEngine { fast: true }
     }

@@ -65,12 +65,14 @@ pub fn token_table_for(
 }
 
 /// [`token_table_for`] with the config's temperature, mode and top-K support
-/// (`dppo.top_k_support`, default union).
+/// (`dppo.top_k_support`, default union): the first step of every analysis and correction, so
+/// it starts with [`Engine::prepare`] (the GPU engine builds the batch's kernels in parallel).
 pub fn token_table_config(
     engine: &dyn Engine,
     batch: &Batch,
     config: &CorrectionConfig,
 ) -> Result<StatTable> {
+    engine.prepare(batch);
     token_table_with_support(
         engine,
         batch,

@@ -1,6 +1,6 @@
 //! What `trmask analyze` prints and `trmask report` renders: a one-screen summary, the
 //! `warning:` lines, and a self-contained HTML report. Everything here reads an
-//! [`Analysis`] and the batch it came from; nothing computes a statistic of its own beyond
+//! [`Analysis`](crate::analysis::Analysis) and the batch it came from; nothing computes a statistic of its own beyond
 //! orderings and bucketed means.
 
 mod html;
