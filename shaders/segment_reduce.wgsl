@@ -1,5 +1,7 @@
-// Segmented reductions: one workgroup per (statistic, piece). A piece is a sequence (or, for a
-// sequence longer than one chunk, part of it) laid out contiguously in this chunk's slots.
+// Segmented reductions: one workgroup per (statistic, piece), or with SERIAL one thread per
+// (statistic, piece) and WG pieces per workgroup (short pieces: no idle threads, no tree). A
+// piece is a sequence (or, for a sequence longer than one chunk, part of it) laid out
+// contiguously in this chunk's slots.
 // values: SoA, width x stride; ranges: (start, end) slot pair per piece.
 // Output, 6 words per (stat, piece) at (stat * count + piece) * 6:
 // sum_hi, sum_lo (f32 bits; sum = hi + lo), max, min (f32 bits), argmax (offset from the piece
@@ -22,6 +24,11 @@ struct SegmentReduceParams {
 @group(0) @binding(4) var<storage, read_write> seg_out: array<u32>;
 
 const NO_ARG: u32 = 0xffffffffu;
+
+// true: thread `lid` of workgroup g reduces piece (g % groups)·WG + lid of statistic
+// g / groups alone, groups = ⌈pieces / WG⌉, in slot order; false: the workgroup strides over
+// one piece and merges with reduce_acc.
+override SERIAL: bool = false;
 
 // One thread's (or tree node's) partial result: f = (sum_hi, sum_lo, max, min),
 // u = (argmax offset, count). An empty partial (count 0) is the identity.
@@ -60,9 +67,13 @@ fn main(
     let lid = ids.lid;
     let pieces = params.pieces;
     let g = flat_workgroup(wid, nwg);
-    let piece = g % pieces;
-    let stat = g / pieces;
-    let live = stat < params.stats;
+    let groups = select(pieces, (pieces + WG - 1u) / WG, SERIAL);
+    let piece = select(g % groups, (g % groups) * WG + lid, SERIAL);
+    let stat = g / groups;
+    let live = stat < params.stats && piece < pieces;
+    // the per-thread pass: strided over the piece, or all of it (SERIAL)
+    let first = select(lid, 0u, SERIAL);
+    let step = select(WG, 1u, SERIAL);
     var start = 0u;
     var end = 0u;
     if live {
@@ -71,14 +82,14 @@ fn main(
     }
     let base = min(stat, params.stats) * params.slots;
 
-    // Per-thread pass: strided over the piece, compensated sum, first max.
+    // Per-thread pass: compensated sum, first max.
     var hi = 0.0;
     var lo = 0.0;
     var mx = -BIG;
     var mn = BIG;
     var arg = NO_ARG;
     var cnt = 0u;
-    for (var i = start + lid; i < end; i += WG) {
+    for (var i = start + first; i < end; i += step) {
         if mask_bit(mask_bits[i >> 5u], i) {
             let v = values[base + i];
             let s = two_sum(hi, v);
@@ -95,9 +106,12 @@ fn main(
         }
     }
 
-    let r = reduce_acc(ids, Acc(vec4<f32>(hi, lo, mx, mn), vec2<u32>(arg, cnt)));
+    var r = Acc(vec4<f32>(hi, lo, mx, mn), vec2<u32>(arg, cnt));
+    if !SERIAL {
+        r = reduce_acc(ids, r);
+    }
 
-    if live && lid == 0u {
+    if live && (SERIAL || lid == 0u) {
         let o = (stat * pieces + piece) * 6u;
         seg_out[o] = bitcast<u32>(r.f.x);
         seg_out[o + 1u] = bitcast<u32>(r.f.y);

@@ -462,3 +462,64 @@ fn segment_reduce_flavours_agree_and_are_deterministic() {
         );
     }
 }
+
+/// Short sequences (mean length ≤ `SERIAL_MEAN`) take the SERIAL segment reduction (one thread
+/// per sequence and statistic, no tree), long ones the workgroup per sequence: both agree with
+/// the CPU, keep TwoSum's compensation (1 + 6·2^-30; 2^24 + ones − 2^24) and run to run bits,
+/// with the default and with odd forced workgroup sizes (pieces per workgroup).
+#[test]
+fn short_sequences_reduce_one_thread_each() {
+    use trmask::gpu::segment_reduce::{self, SERIAL_MEAN};
+    let mut engines: Vec<_> = gpu().into_iter().collect();
+    engines.extend(gpu_with_flavour(Flavour::Workgroup, Some(24)));
+    engines.extend(gpu_with_flavour(Flavour::Workgroup, Some(7)));
+    let s = seed(31);
+    let mut rng = Rng::new(s);
+    for (nseq, max_len) in [(3000usize, 7usize), (40, 300)] {
+        let mut ranges = Vec::new();
+        let mut values = Vec::new();
+        for q in 0..nseq {
+            let at = values.len();
+            let len = 1 + rng.below(max_len);
+            match q % 3 {
+                0 => values.extend((0..len).map(|i| if i == 0 { 1.0 } else { 2f64.powi(-30) })),
+                1 => values.extend((0..len).map(|i| match i {
+                    0 => 16_777_216.0,
+                    _ if i + 1 == len && len > 1 => -16_777_216.0,
+                    _ => 1.0,
+                })),
+                _ => values.extend((0..len).map(|_| rng.range(-3.0, 3.0))),
+            }
+            ranges.push((at, values.len()));
+        }
+        let mask: Vec<bool> = (0..values.len()).map(|i| i % 11 != 5).collect();
+        let seg = Segments::new(ranges, mask).unwrap();
+        let mean = seg.mask().iter().filter(|&&m| m).count() as f64 / nseq as f64;
+        let neg: Vec<f64> = values.iter().map(|v| -v).collect();
+        let stats: [&[f64]; 2] = [&values, &neg];
+        let want = CpuEngine::new().segment_reduce(&stats, &seg).unwrap();
+        for engine in &engines {
+            let got = engine.segment_reduce(&stats, &seg).unwrap();
+            check_segments(engine.as_ref(), &stats, &seg, s);
+            // the first two kinds of sequence hold f32-exact values: their sums are exact
+            for (g, w) in got.iter().zip(&want) {
+                for q in (0..nseq).filter(|q| q % 3 != 2) {
+                    let (a, b) = (g.sum[q], w.sum[q]);
+                    assert!(
+                        (a - b).abs() <= 1e-12 * b.abs().max(1.0),
+                        "seq {q}: {a} vs {b}"
+                    );
+                }
+            }
+            assert_eq!(got, engine.segment_reduce(&stats, &seg).unwrap());
+            let key = segment_reduce::kernel_key(engine.context(), &seg);
+            assert_eq!(
+                key.variant,
+                mean <= SERIAL_MEAN,
+                "mean {mean}: {}",
+                key.label()
+            );
+            assert!(engine.context().built_kernels().contains(&key));
+        }
+    }
+}

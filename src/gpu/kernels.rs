@@ -67,7 +67,7 @@ impl Context {
             dtype,
             flavour: self.flavour(op),
             workgroup: self.workgroup_size(op),
-            paired: false,
+            variant: false,
         }
     }
 
@@ -113,7 +113,7 @@ impl Context {
             dtype,
             flavour: self.flavour_at(op, workgroup),
             workgroup,
-            paired: false,
+            variant: false,
         }
     }
 
@@ -175,7 +175,7 @@ impl Context {
             dtype,
             flavour: self.flavour_at(op, workgroup),
             workgroup,
-            paired: false,
+            variant: false,
         })
     }
 

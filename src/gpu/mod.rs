@@ -38,7 +38,8 @@ pub mod masks;
 mod pass;
 #[doc(hidden)]
 pub mod pipeline;
-mod segment_reduce;
+#[doc(hidden)]
+pub mod segment_reduce;
 mod slots;
 mod token_stats;
 mod topk_divergence;

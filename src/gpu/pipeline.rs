@@ -62,9 +62,6 @@ pub const ENTRY_POINT: &str = "main";
 /// Name of the workgroup-size override constant in every kernel.
 pub const WORKGROUP_OVERRIDE: &str = "WG";
 
-/// Name of the pair-load override constant of the kernels with [`OpSpec::paired_loads`].
-pub const PAIRED_OVERRIDE: &str = "PAIRED";
-
 /// Largest workgroup size any kernel accepts (`MAX_WG` in the prelude).
 pub const MAX_WORKGROUP: u32 = 256;
 
@@ -140,13 +137,15 @@ pub struct KernelKey {
     pub flavour: Flavour,
     /// Threads per workgroup (the `WG` override), 1..=[`MAX_WORKGROUP`].
     pub workgroup: u32,
-    /// The vocabulary kernel's element-pair loads (the `PAIRED` override, for rows whose
-    /// 16-bit elements pair into words); false for every other op.
-    pub paired: bool,
+    /// The op's second variant, its boolean override [`OpSpec::variant`] set: `PAIRED` for
+    /// the vocabulary kernel (rows whose 16-bit elements pair into words), `SERIAL` for segment
+    /// reductions (one thread per piece); false for ops without one.
+    pub variant: bool,
 }
 
 impl KernelKey {
-    /// A short label such as `token_stats/F32/Workgroup/wg256` (`…/paired` with pair loads).
+    /// A short label such as `token_stats/F32/Workgroup/wg256` (`…/paired`, `…/serial` for the
+    /// second variant).
     pub fn label(&self) -> String {
         format!(
             "{}/{}/{:?}/wg{}{}",
@@ -154,7 +153,10 @@ impl KernelKey {
             self.dtype.name(),
             self.flavour,
             self.workgroup,
-            if self.paired { "/paired" } else { "" }
+            match (self.variant, self.op.spec().variant) {
+                (true, Some(name)) => format!("/{}", name.to_lowercase()),
+                _ => String::new(),
+            }
         )
     }
 }
@@ -195,8 +197,9 @@ pub struct OpSpec {
     pub flavours: &'static [Flavour],
     /// Default workgroup size.
     pub default_workgroup: u32,
-    /// The shader declares the `PAIRED` override (variants with and without pair loads).
-    pub paired_loads: bool,
+    /// The name of the op's boolean override constant, if it has a second variant
+    /// ([`KernelKey::variant`] sets it).
+    pub variant: Option<&'static str>,
 }
 
 const RO4: BindingKind = BindingKind::ReadOnly { min_bytes: 4 };
@@ -212,7 +215,7 @@ static TOKEN_STATS_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32],
     flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
-    paired_loads: false,
+    variant: None,
 };
 
 static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
@@ -225,7 +228,7 @@ static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32],
     flavours: &[Flavour::Workgroup, Flavour::Subgroup],
     default_workgroup: 256,
-    paired_loads: false,
+    variant: Some("SERIAL"),
 };
 
 static TOPK_DIVERGENCE_SPEC: OpSpec = OpSpec {
@@ -244,7 +247,7 @@ static TOPK_DIVERGENCE_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32, DType::F16, DType::BF16],
     flavours: &[Flavour::Workgroup, Flavour::Subgroup],
     default_workgroup: 256,
-    paired_loads: false,
+    variant: None,
 };
 
 /// f32 results per row of the vocabulary kernel.
@@ -274,7 +277,7 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32, DType::F16, DType::BF16],
     flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
-    paired_loads: true,
+    variant: Some("PAIRED"),
 };
 
 static MASKS_SPEC: OpSpec = OpSpec {
@@ -287,14 +290,14 @@ static MASKS_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32],
     flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
-    paired_loads: false,
+    variant: None,
 };
 
 /// Workgroup sizes the library builds (including a non-power-of-two one).
 pub const WORKGROUP_SIZES: &[u32] = &[64, 192, 256];
 
-/// Every kernel variant the cache can build (op × dtype × flavour × workgroup size × pair
-/// loads where the op has them).
+/// Every kernel variant the cache can build (op × dtype × flavour × workgroup size × the
+/// second variant where the op has one).
 pub fn all_kernel_keys() -> Vec<KernelKey> {
     let mut keys = Vec::new();
     for &op in Op::ALL {
@@ -302,8 +305,8 @@ pub fn all_kernel_keys() -> Vec<KernelKey> {
         for &dtype in spec.dtypes {
             for &flavour in spec.flavours {
                 for &workgroup in WORKGROUP_SIZES {
-                    for paired in [false, true] {
-                        if paired && !spec.paired_loads {
+                    for variant in [false, true] {
+                        if variant && spec.variant.is_none() {
                             continue;
                         }
                         keys.push(KernelKey {
@@ -311,7 +314,7 @@ pub fn all_kernel_keys() -> Vec<KernelKey> {
                             dtype,
                             flavour,
                             workgroup,
-                            paired,
+                            variant,
                         });
                     }
                 }
@@ -504,9 +507,9 @@ impl PipelineCache {
                 key.workgroup
             )));
         }
-        if key.paired && !key.op.spec().paired_loads {
+        if key.variant && key.op.spec().variant.is_none() {
             return Err(Error::Gpu(format!(
-                "{}: the op has no pair loads",
+                "{}: the op has no second variant",
                 key.label()
             )));
         }
@@ -550,8 +553,8 @@ impl PipelineCache {
             immediate_size: 0,
         });
         let mut constants = vec![(WORKGROUP_OVERRIDE, f64::from(key.workgroup))];
-        if spec.paired_loads {
-            constants.push((PAIRED_OVERRIDE, f64::from(u8::from(key.paired))));
+        if let Some(name) = spec.variant {
+            constants.push((name, f64::from(u8::from(key.variant))));
         }
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
@@ -589,7 +592,7 @@ pub(crate) fn assert_params_layout(op: Op, rust_size: usize, fields: &[(&str, us
         dtype: spec.dtypes[0],
         flavour: Flavour::Workgroup,
         workgroup: 64,
-        paired: false,
+        variant: false,
     };
     let module = naga::front::wgsl::parse_str(&shader_source(&key)).unwrap();
     let (members, span) = module

@@ -141,7 +141,10 @@ fn variant(ctx: &Context, rollout: &Logits, train: &Logits, paired: bool) -> Res
         (vocab as u64, 3, 0),
         &format!("rollout_logits: a row of {vocab} logits"),
     )?;
-    Ok(KernelKey { paired, ..key })
+    Ok(KernelKey {
+        variant: paired,
+        ..key
+    })
 }
 
 /// The kernel variant of the first chunk of rows of `rollout` / `train` on `ctx` (what
@@ -260,7 +263,7 @@ fn run(
             pad0: 0,
         };
         let kernel = ctx.kernel_for(KernelKey {
-            paired: paired(vocab, [(firsts[0], sa), (firsts[1], sb)]),
+            variant: paired(vocab, [(firsts[0], sa), (firsts[1], sb)]),
             ..unpaired
         })?;
         let bindings = vec![
