@@ -1,8 +1,9 @@
 //! One-shot device benchmark for `scripts/gpu-bench.sh`: everything a lent GPU should measure in
 //! one process, printed as BENCHMARKS.md-ready Markdown tables.
 //!
-//! `cargo run --release --example gpu_bench -- [--quick]` (`GPU_BENCH_FILES=a.safetensors:b.safetensors`:
-//! reads per logit of the vocabulary kernel on those batches too)
+//! `cargo run --release --example gpu_bench -- [--quick] [--sequences]`
+//! (`GPU_BENCH_FILES=a.safetensors:b.safetensors`: reads per logit of the vocabulary kernel on
+//! those batches too; `--sequences`: part 4 only)
 //!
 //! 1. the adapter's buffer-copy bandwidth (`copy_buffer_to_buffer`, bytes read + written);
 //! 2. the vocabulary kernel on device-resident logits (timestamp queries: kernel time only),
@@ -170,6 +171,9 @@ fn main() -> anyhow::Result<()> {
     let gpu = GpuEngine::new()?;
     let ctx = gpu.context().clone();
     let cpu = open_engine(Backend::Cpu, &mut Vec::new())?;
+    if std::env::args().any(|a| a == "--sequences") {
+        return per_sequence(&gpu, cpu.as_ref(), quick);
+    }
     println!("adapter: {}", gpu.name());
     println!(
         "cpu engine: {}, {} threads",
@@ -386,7 +390,12 @@ fn main() -> anyhow::Result<()> {
         gbs(bytes, tc)
     );
 
-    // ---- 4. per-sequence cost ----
+    per_sequence(&gpu, cpu.as_ref(), quick)
+}
+
+/// Part 4: `analysis::analyze` on 1M tokens of log-probs as 1, 1,000 and 300,000 sequences
+/// (65,536 tokens and 30,000 with `--quick`), both engines.
+fn per_sequence(gpu: &GpuEngine, cpu: &dyn Engine, quick: bool) -> anyhow::Result<()> {
     let n = if quick { 1 << 16 } else { 1 << 20 };
     let config = CorrectionConfig::default();
     println!("\n| analyze, {n} tokens of log-probs | sequences | GPU | CPU |");
@@ -402,10 +411,10 @@ fn main() -> anyhow::Result<()> {
             .with_log_probs("rollout_log_prob", roll.clone())?
             .with_log_probs("old_log_prob", old.clone())?;
         let tg = time(3, || {
-            trmask::analysis::analyze(&gpu, &batch, &config).unwrap()
+            trmask::analysis::analyze(gpu, &batch, &config).unwrap()
         });
         let tc = time(3, || {
-            trmask::analysis::analyze(cpu.as_ref(), &batch, &config).unwrap()
+            trmask::analysis::analyze(cpu, &batch, &config).unwrap()
         });
         println!("| | {seqs} | {:.1} ms | {:.1} ms |", tg * 1e3, tc * 1e3);
     }

@@ -1,4 +1,5 @@
-// Fused corrections pass (Engine::corrections_pass): one workgroup per sequence computes the
+// Fused corrections pass (Engine::corrections_pass): one workgroup per sequence (with SERIAL,
+// one thread per sequence and WG sequences per workgroup: short sequences) computes the
 // per-token estimators, the per-sequence reductions every criterion needs, the per-criterion
 // keep decisions (inclusive), the modified-mask reject bits and the IS weights.
 //
@@ -49,6 +50,26 @@ const AGG_WEIGHTED_MEAN: u32 = 5u;
 
 var<workgroup> wg_count: atomic<u32>;
 var<workgroup> wg_reject: atomic<u32>;
+
+// true: thread `lid` of workgroup g handles sequence g·WG + lid alone, in slot order, with no
+// workgroup reduction; false: the workgroup strides over sequence g.
+override SERIAL: bool = false;
+
+// The workgroup's sum of the (hi, lo) pairs, or the thread's own (SERIAL).
+fn seq_sum2(lid: u32, x: vec2<f32>) -> vec2<f32> {
+    if SERIAL {
+        return x;
+    }
+    return wg_sum2(lid, x);
+}
+
+// The workgroup's maximum, or the thread's own (SERIAL).
+fn seq_max(lid: u32, x: f32) -> f32 {
+    if SERIAL {
+        return x;
+    }
+    return wg_max(lid, x);
+}
 
 // The criterion's per-token statistic at slot i (valid) with clamped log-ratio c.
 fn stat_of(ci: u32, i: u32, c: f32) -> f32 {
@@ -122,25 +143,38 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let seq = flat_workgroup(wid, nwg);
-    if seq >= params.sequences {
+    let g = flat_workgroup(wid, nwg);
+    if !SERIAL && g >= params.sequences {
         return;
     }
-    let start = ranges[2u * seq];
-    let end = ranges[2u * seq + 1u];
+    let seq = select(g, g * WG + lid, SERIAL);
+    let live = seq < params.sequences;
+    // the loops over the sequence: strided across the workgroup, or all of it (SERIAL)
+    let first = select(lid, 0u, SERIAL);
+    let step = select(WG, 1u, SERIAL);
+    var start = 0u;
+    var end = 0u;
+    if live {
+        start = ranges[2u * seq];
+        end = ranges[2u * seq + 1u];
+    }
     let nc = params.criteria;
     let n = params.slots;
-    if lid == 0u {
-        atomicStore(&wg_count, 0u);
-        atomicStore(&wg_reject, 0u);
+    if !SERIAL {
+        if lid == 0u {
+            atomicStore(&wg_count, 0u);
+            atomicStore(&wg_reject, 0u);
+        }
+        workgroupBarrier();
     }
-    workgroupBarrier();
+    // the thread that writes the sequence's words
+    let writer = live && (SERIAL || lid == 0u);
 
     // Valid tokens and the compensated sum of the (unclamped) log-ratio.
     var cnt = 0u;
     var s_hi = 0.0;
     var s_lo = 0.0;
-    for (var i = start + lid; i < end; i += WG) {
+    for (var i = start + first; i < end; i += step) {
         if mask_bit(mask_bits[i >> 5u], i) {
             let s = two_sum(s_hi, lr_in[i]);
             s_hi = s.x;
@@ -148,9 +182,14 @@ fn main(
             cnt += 1u;
         }
     }
-    atomicAdd(&wg_count, cnt);
-    let lr_sum = wg_sum2(lid, vec2<f32>(s_hi, s_lo));
-    let len = atomicLoad(&wg_count);
+    var len = cnt;
+    if !SERIAL {
+        atomicAdd(&wg_count, cnt);
+    }
+    let lr_sum = seq_sum2(lid, vec2<f32>(s_hi, s_lo));
+    if !SERIAL {
+        len = atomicLoad(&wg_count);
+    }
     let so = seq * (nc + 3u);
 
     // Sequence statistics and decisions (every thread holds the same totals).
@@ -166,7 +205,7 @@ fn main(
         var zhi = 0.0;
         var zlo = 0.0;
         var mx = -BIG;
-        for (var i = start + lid; i < end; i += WG) {
+        for (var i = start + first; i < end; i += step) {
             if mask_bit(mask_bits[i >> 5u], i) {
                 let c = clamp(lr_in[i], -SAFETY_BOUND, SAFETY_BOUND);
                 let v = stat_of(ci, i, c);
@@ -181,9 +220,9 @@ fn main(
                 }
             }
         }
-        let tot = wg_sum2(lid, vec2<f32>(hi, lo));
-        let m = wg_max(lid, mx);
-        let z = wg_sum2(lid, vec2<f32>(zhi, zlo));
+        let tot = seq_sum2(lid, vec2<f32>(hi, lo));
+        let m = seq_max(lid, mx);
+        let z = seq_sum2(lid, vec2<f32>(zhi, zlo));
         let sum = tot.x + tot.y;
         var stat = 0.0;
         if len > 0u {
@@ -203,7 +242,7 @@ fn main(
         if !keeps(ci, stat) {
             seq_reject |= 1u << ci;
         }
-        if lid == 0u {
+        if writer {
             seq_out[so + ci] = bitcast<u32>(stat);
         }
     }
@@ -214,7 +253,7 @@ fn main(
     let icepop = (params.is_flags & 4u) != 0u;
     let seq_w = exp(clamp(lr_sum.x + lr_sum.y, -SAFETY_BOUND, SAFETY_BOUND));
     var bits_or = 0u;
-    for (var i = start + lid; i < end; i += WG) {
+    for (var i = start + first; i < end; i += step) {
         var e = array<f32, 7>();
         var w = 0.0;
         var bits = 0u;
@@ -249,10 +288,14 @@ fn main(
         tok_out[7u * n + i] = bitcast<u32>(w);
         tok_out[8u * n + i] = bits;
     }
-    atomicOr(&wg_reject, bits_or);
-    workgroupBarrier();
-    if lid == 0u {
-        seq_out[so + nc] = atomicLoad(&wg_reject);
+    var reject = bits_or;
+    if !SERIAL {
+        atomicOr(&wg_reject, bits_or);
+        workgroupBarrier();
+        reject = atomicLoad(&wg_reject);
+    }
+    if writer {
+        seq_out[so + nc] = reject;
         seq_out[so + nc + 1u] = bitcast<u32>(lr_sum.x);
         seq_out[so + nc + 2u] = bitcast<u32>(lr_sum.y);
     }

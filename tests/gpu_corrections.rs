@@ -273,8 +273,11 @@ fn gpu_matches_cpu_on_random_batches() {
     let mut rng = Rng::new(s);
     let mut flips = 0;
     let mut rejected = 0;
+    let mut variants = Vec::new();
     for (b, t) in [(1, 1), (7, 5), (24, 40), (9, 300), (3, 1000)] {
         let c = case(&mut rng, b, t);
+        // short sequences: one thread each (SERIAL); long ones: a workgroup each
+        variants.push(trmask::gpu::masks::kernel_key(g.context(), &c.segs).variant);
         for (name, plan) in plans(&c.col) {
             let what = format!("{name} ({b}x{t})");
             let fused = trmask::gpu::masks::corrections_pass(g.context(), &c.lr, &c.segs, &plan);
@@ -290,6 +293,10 @@ fn gpu_matches_cpu_on_random_batches() {
                 .count();
         }
     }
+    assert!(
+        variants.contains(&true) && variants.contains(&false),
+        "both masks variants: {variants:?}"
+    );
     println!("gpu vs cpu corrections pass: {flips} decision flips at ties, {rejected} rejections");
     assert!(rejected > 0, "the plans should reject something");
 }

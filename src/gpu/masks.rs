@@ -17,7 +17,7 @@ use super::chunking::dispatch_grid;
 use super::context::Context;
 use super::pass::Pass;
 use super::pipeline::{KernelKey, Op};
-use super::segment_reduce::mean_valid;
+use super::segment_reduce::{mean_valid, serial_key};
 use super::token_stats::pack_mask;
 use crate::batch::Segments;
 use crate::error::{Error, Result};
@@ -122,9 +122,15 @@ fn plan_chunks(
     Some(chunks)
 }
 
-/// The masks kernel variant for `segments` on `ctx`.
-pub(super) fn kernel_key(ctx: &Context, segments: &Segments) -> KernelKey {
-    ctx.segment_kernel_key(Op::Masks, DType::F32, mean_valid(segments))
+/// The masks kernel variant for `segments` on `ctx`: one thread per sequence (`SERIAL`) for
+/// short sequences, by the segment reductions' rule ([`serial_key`]).
+pub fn kernel_key(ctx: &Context, segments: &Segments) -> KernelKey {
+    let mean = mean_valid(segments);
+    serial_key(
+        ctx,
+        ctx.segment_kernel_key(Op::Masks, DType::F32, mean),
+        mean,
+    )
 }
 
 /// The fused pass; `None` when the batch does not fit the whole-sequence chunking (the caller
@@ -162,7 +168,12 @@ pub fn corrections_pass(
         .map(|&(a, b)| b - a)
         .max()
         .unwrap_or(0) as u64;
-    let per = longest.div_ceil(u64::from(kernel.key.workgroup));
+    // sequences per workgroup (SERIAL) or threads per sequence
+    let (per_group, stride) = match kernel.key.variant {
+        true => (kernel.key.workgroup as usize, 1),
+        false => (1, u64::from(kernel.key.workgroup)),
+    };
+    let per = longest.div_ceil(stride);
     if !loops_fit(
         ctx.capabilities(),
         per * (2 + nc as u64) + per * (nc as u64 + 8),
@@ -232,7 +243,10 @@ pub fn corrections_pass(
             t.into(),
             s.into(),
         ];
-        let grid = dispatch_grid(ch.len() as u64, limits.max_workgroups_per_dim)?;
+        let grid = dispatch_grid(
+            ch.len().div_ceil(per_group) as u64,
+            limits.max_workgroups_per_dim,
+        )?;
         passes.push(Pass::new(kernel.clone(), &params, bindings, grid));
     }
     let readbacks: Vec<_> = bufs.iter().flat_map(|b| [&b.4, &b.5]).collect();

@@ -139,7 +139,7 @@ pub struct KernelKey {
     pub workgroup: u32,
     /// The op's second variant, its boolean override [`OpSpec::variant`] set: `PAIRED` for
     /// the vocabulary kernel (rows whose 16-bit elements pair into words), `SERIAL` for segment
-    /// reductions (one thread per piece); false for ops without one.
+    /// reductions and masks (one thread per sequence); false for ops without one.
     pub variant: bool,
 }
 
@@ -290,7 +290,7 @@ static MASKS_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32],
     flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
-    variant: None,
+    variant: Some("SERIAL"),
 };
 
 /// Workgroup sizes the library builds (including a non-power-of-two one).

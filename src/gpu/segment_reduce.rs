@@ -45,11 +45,11 @@ pub(super) fn mean_valid(segments: &Segments) -> f64 {
     valid as f64 / segments.len().max(1) as f64
 }
 
-/// Valid tokens per sequence on average up to which each thread reduces whole pieces alone
-/// (the `SERIAL` variant, [`SERIAL_WORKGROUP`] pieces per workgroup) instead of a workgroup
-/// per piece: below it most of a piece's workgroup would idle, and a workgroup costs about
-/// 0.7 µs on lavapipe whatever it does (65,536 tokens as 30,000 sequences, 8 statistics:
-/// 240,000 workgroups, 156–191 ms).
+/// Valid tokens per sequence on average up to which each thread handles whole sequences alone
+/// (the `SERIAL` variants of the segment reductions and of the masks, [`SERIAL_WORKGROUP`]
+/// sequences per workgroup) instead of a workgroup per sequence: below it most of a
+/// sequence's workgroup would idle, and a workgroup costs about 0.7 µs on lavapipe whatever it
+/// does (65,536 tokens as 30,000 sequences, 8 statistics: 240,000 workgroups, 156–191 ms).
 pub const SERIAL_MEAN: f64 = 16.0;
 
 /// Threads (pieces) per workgroup of the `SERIAL` variant, within [`Context::workgroup_size`]
@@ -60,11 +60,17 @@ pub const SERIAL_WORKGROUP: u32 = 64;
 pub fn kernel_key(ctx: &Context, segments: &Segments) -> KernelKey {
     let mean = mean_valid(segments);
     let key = ctx.segment_kernel_key(Op::SegmentReduce, DType::F32, mean);
+    serial_key(ctx, key, mean)
+}
+
+/// `key` (a segmented op's workgroup-per-sequence variant), or its `SERIAL` variant when
+/// sequences hold at most [`SERIAL_MEAN`] valid tokens on average.
+pub(super) fn serial_key(ctx: &Context, key: KernelKey, mean: f64) -> KernelKey {
     if mean > SERIAL_MEAN {
         return key;
     }
     KernelKey {
-        workgroup: SERIAL_WORKGROUP.min(ctx.workgroup_size(Op::SegmentReduce)),
+        workgroup: SERIAL_WORKGROUP.min(ctx.workgroup_size(key.op)),
         variant: true,
         ..key
     }
