@@ -149,15 +149,9 @@ fn main(
     }
     let seq = select(g, g * WG + lid, SERIAL);
     let live = seq < params.sequences;
-    // the loops over the sequence: strided across the workgroup, or all of it (SERIAL)
-    let first = select(lid, 0u, SERIAL);
-    let step = select(WG, 1u, SERIAL);
-    var start = 0u;
-    var end = 0u;
-    if live {
-        start = ranges[2u * seq];
-        end = ranges[2u * seq + 1u];
-    }
+    let w = walk(seq, live, lid, SERIAL);
+    let start = w.start;
+    let end = w.end;
     let nc = params.criteria;
     let n = params.slots;
     if !SERIAL {
@@ -174,7 +168,7 @@ fn main(
     var cnt = 0u;
     var s_hi = 0.0;
     var s_lo = 0.0;
-    for (var i = start + first; i < end; i += step) {
+    for (var i = start + w.first; i < end; i += w.step) {
         if mask_bit(mask_bits[i >> 5u], i) {
             let s = two_sum(s_hi, lr_in[i]);
             s_hi = s.x;
@@ -205,7 +199,7 @@ fn main(
         var zhi = 0.0;
         var zlo = 0.0;
         var mx = -BIG;
-        for (var i = start + first; i < end; i += step) {
+        for (var i = start + w.first; i < end; i += w.step) {
             if mask_bit(mask_bits[i >> 5u], i) {
                 let c = clamp(lr_in[i], -SAFETY_BOUND, SAFETY_BOUND);
                 let v = stat_of(ci, i, c);
@@ -253,7 +247,7 @@ fn main(
     let icepop = (params.is_flags & 4u) != 0u;
     let seq_w = exp(clamp(lr_sum.x + lr_sum.y, -SAFETY_BOUND, SAFETY_BOUND));
     var bits_or = 0u;
-    for (var i = start + first; i < end; i += step) {
+    for (var i = start + w.first; i < end; i += w.step) {
         var e = array<f32, 7>();
         var w = 0.0;
         var bits = 0u;

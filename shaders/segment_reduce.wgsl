@@ -71,15 +71,9 @@ fn main(
     let piece = select(g % groups, (g % groups) * WG + lid, SERIAL);
     let stat = g / groups;
     let live = stat < params.stats && piece < pieces;
-    // the per-thread pass: strided over the piece, or all of it (SERIAL)
-    let first = select(lid, 0u, SERIAL);
-    let step = select(WG, 1u, SERIAL);
-    var start = 0u;
-    var end = 0u;
-    if live {
-        start = ranges[2u * piece];
-        end = ranges[2u * piece + 1u];
-    }
+    let w = walk(piece, live, lid, SERIAL);
+    let start = w.start;
+    let end = w.end;
     let base = min(stat, params.stats) * params.slots;
 
     // Per-thread pass: compensated sum, first max.
@@ -89,7 +83,7 @@ fn main(
     var mn = BIG;
     var arg = NO_ARG;
     var cnt = 0u;
-    for (var i = start + first; i < end; i += step) {
+    for (var i = start + w.first; i < end; i += w.step) {
         if mask_bit(mask_bits[i >> 5u], i) {
             let v = values[base + i];
             let s = two_sum(hi, v);

@@ -30,6 +30,8 @@ pub const REDUCE_ACC_WG: &str = include_str!("../../shaders/common/reduce_acc_wg
 pub const REDUCE_SG: &str = include_str!("../../shaders/common/reduce_sg.wgsl");
 /// `shaders/common/reduce_slots_wg.wgsl`: trees over many values per thread.
 pub const REDUCE_SLOTS_WG: &str = include_str!("../../shaders/common/reduce_slots_wg.wgsl");
+/// `shaders/common/segments.wgsl`: a segmented kernel's walk over a sequence or piece.
+pub const SEGMENTS: &str = include_str!("../../shaders/common/segments.wgsl");
 /// `shaders/common/unpack.wgsl`: f32 / f16 / bf16 decoders of packed words.
 pub const UNPACK: &str = include_str!("../../shaders/common/unpack.wgsl");
 const TOKEN_STATS: &str = include_str!("../../shaders/token_stats.wgsl");
@@ -221,7 +223,7 @@ static TOKEN_STATS_SPEC: OpSpec = OpSpec {
 static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
     name: "segment_reduce",
     body: SEGMENT_REDUCE,
-    snippets: |k| [&[TWO_SUM][..], k.flavour.reduce_acc()].concat(),
+    snippets: |k| [&[TWO_SUM, SEGMENTS][..], k.flavour.reduce_acc()].concat(),
     params_struct: "SegmentReduceParams",
     params_size: 16,
     bindings: &[RO4, RO4, RO4, RW4],
@@ -283,7 +285,7 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
 static MASKS_SPEC: OpSpec = OpSpec {
     name: "masks",
     body: MASKS,
-    snippets: |_| vec![TWO_SUM, REDUCE_WG],
+    snippets: |_| vec![TWO_SUM, SEGMENTS, REDUCE_WG],
     params_struct: "MasksParams",
     params_size: 32,
     bindings: &[RO4, RO4, RO4, RO4, RO4, RW4, RW4],
