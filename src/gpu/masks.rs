@@ -123,7 +123,8 @@ fn plan_chunks(
 }
 
 /// The masks kernel variant for `segments` on `ctx`: one thread per sequence (`SERIAL`) for
-/// short sequences, by the segment reductions' rule ([`serial_key`]).
+/// short sequences, by the segment reductions' rule
+/// ([`super::segment_reduce::SERIAL_MEAN`]).
 pub fn kernel_key(ctx: &Context, segments: &Segments) -> KernelKey {
     let mean = mean_valid(segments);
     serial_key(
