@@ -302,12 +302,12 @@ fn main() -> anyhow::Result<()> {
     // The same device-resident call with the row workgroup forced (contexts sharing this
     // device and its buffers): fewer threads per row means more rows in flight per SM where
     // registers or workgroup memory cap the resident workgroups.
-    let default_wg = ctx.row_workgroup_size(
-        trmask::gpu::pipeline::Op::VocabDivergence(DType::BF16),
-        vocab as u64,
-        3,
-        0,
-    );
+    // the size the default context picked, read from the kernel it built for the runs above
+    let default_wg = ctx
+        .built_kernels()
+        .iter()
+        .find(|k| k.op == trmask::gpu::pipeline::Op::VocabDivergence(DType::BF16))
+        .map_or(0, |k| k.workgroup);
     for wg in [32u32, 64, 128, 256] {
         if wg == default_wg || wg > ctx.capabilities().max_workgroup_invocations {
             continue;

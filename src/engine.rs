@@ -24,8 +24,8 @@ pub trait Engine: Send + Sync {
     /// (vocabulary divergences, estimators, masks, segment reductions; the top-K kernel, whose
     /// variant depends on the configured support, at first use) all at once, one per core,
     /// instead of one after another at first use. Pipeline creation runs on the calling thread
-    /// in every driver (on Mesa's lavapipe 0.07–0.13 s for the vocabulary kernel, 0.03–0.04 s
-    /// for the masks). The CPU engine has nothing to prepare. Never needed for correctness: a
+    /// (measured on Mesa's lavapipe: 0.07–0.13 s for the vocabulary kernel, 0.03–0.04 s for
+    /// the masks). The CPU engine has nothing to prepare. Never needed for correctness: a
     /// kernel that fails to build here fails again, with its error, where it is used. Every
     /// analysis and correction calls it first ([`crate::passes::token_table_config`]).
     fn prepare(&self, batch: &Batch) {

@@ -469,7 +469,8 @@ fn segment_reduce_flavours_agree_and_are_deterministic() {
 /// with the default and with odd forced workgroup sizes (pieces per workgroup).
 #[test]
 fn short_sequences_reduce_one_thread_each() {
-    use trmask::gpu::segment_reduce::{self, SERIAL_MEAN};
+    use trmask::gpu::pipeline::SERIAL_MEAN;
+    use trmask::gpu::segment_reduce;
     let mut engines: Vec<_> = gpu().into_iter().collect();
     engines.extend(gpu_with_flavour(Flavour::Workgroup, Some(24)));
     engines.extend(gpu_with_flavour(Flavour::Workgroup, Some(7)));
@@ -512,7 +513,8 @@ fn short_sequences_reduce_one_thread_each() {
                 }
             }
             assert_eq!(got, engine.segment_reduce(&stats, &seg).unwrap());
-            let key = segment_reduce::kernel_key(engine.context(), &seg);
+            assert_eq!(mean, segment_reduce::mean_valid(&seg));
+            let key = segment_reduce::kernel_key(engine.context(), mean);
             assert_eq!(
                 key.variant,
                 mean <= SERIAL_MEAN,

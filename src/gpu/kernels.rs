@@ -4,7 +4,9 @@
 use super::capabilities::check_loops;
 use super::chunking::{ChunkLimits, MAX_WORKGROUPS_PER_DIM};
 use super::context::Context;
-use super::pipeline::{all_kernel_keys, Flavour, Kernel, KernelKey, Op};
+use super::pipeline::{
+    all_kernel_keys, Flavour, Kernel, KernelKey, Op, SERIAL_MEAN, SERIAL_OVERRIDE, SERIAL_WORKGROUP,
+};
 use crate::error::Result;
 use crate::logits::DType;
 use std::sync::Arc;
@@ -99,21 +101,22 @@ impl Context {
         want.clamp(floor, full)
     }
 
-    /// The kernel variant for a segmented `op` over segments of `mean_len` slots on average
-    /// (see [`Self::segment_workgroup_size`]).
-    pub fn segment_kernel(&self, op: Op, dtype: DType, mean_len: f64) -> Result<Arc<Kernel>> {
-        self.kernel_for(self.segment_kernel_key(op, dtype, mean_len))
-    }
-
-    /// The key of [`Self::segment_kernel`].
+    /// The kernel variant for a segmented `op` over segments of `mean_len` valid slots on
+    /// average: one thread per segment, [`SERIAL_WORKGROUP`] per workgroup, where the op has a
+    /// `SERIAL` variant and segments hold at most [`SERIAL_MEAN`] slots on average; else a
+    /// workgroup of [`Self::segment_workgroup_size`] threads per segment.
     pub fn segment_kernel_key(&self, op: Op, dtype: DType, mean_len: f64) -> KernelKey {
-        let workgroup = self.segment_workgroup_size(op, mean_len);
+        let serial = op.spec().variant == Some(SERIAL_OVERRIDE) && mean_len <= SERIAL_MEAN;
+        let workgroup = match serial {
+            true => SERIAL_WORKGROUP.min(self.workgroup_size(op)),
+            false => self.segment_workgroup_size(op, mean_len),
+        };
         KernelKey {
             op,
             dtype,
             flavour: self.flavour_at(op, workgroup),
             workgroup,
-            variant: false,
+            variant: serial,
         }
     }
 
@@ -191,8 +194,8 @@ impl Context {
     }
 
     /// Builds the kernels of `keys` that are not built yet, several at once (one thread per
-    /// kernel, at most one per core): pipeline creation runs on the calling thread in every
-    /// driver, so the builds of one analysis overlap instead of queueing (lavapipe: 0.07–0.13 s for
+    /// kernel, at most one per core): pipeline creation runs on the calling thread, so the
+    /// builds of one analysis overlap instead of queueing (measured on lavapipe: 0.07–0.13 s for
     /// the vocabulary kernel, 0.03–0.04 s for the masks). The first error, after all ended.
     pub fn build_kernels(&self, keys: &[KernelKey]) -> Result<()> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -226,4 +229,14 @@ fn row_iterations(row_len: u64, reads: u64, extra: u64, wg: u32) -> u64 {
     reads
         .saturating_mul(row_len.div_ceil(u64::from(wg)))
         .saturating_add(extra)
+}
+
+/// How a segmented kernel spreads its segments: (segments per workgroup, the stride of a
+/// thread's loop over its segment) — one and the workgroup size, or for a `SERIAL` variant the
+/// workgroup size and one.
+pub(super) fn segment_layout(key: &KernelKey) -> (usize, u64) {
+    match key.variant {
+        true => (key.workgroup as usize, 1),
+        false => (1, u64::from(key.workgroup)),
+    }
 }

@@ -15,9 +15,10 @@
 use super::capabilities::loops_fit;
 use super::chunking::dispatch_grid;
 use super::context::Context;
+use super::kernels::segment_layout;
 use super::pass::Pass;
 use super::pipeline::{KernelKey, Op};
-use super::segment_reduce::{mean_valid, serial_key};
+use super::segment_reduce::mean_valid;
 use super::token_stats::pack_mask;
 use crate::batch::Segments;
 use crate::error::{Error, Result};
@@ -122,16 +123,11 @@ fn plan_chunks(
     Some(chunks)
 }
 
-/// The masks kernel variant for `segments` on `ctx`: one thread per sequence (`SERIAL`) for
-/// short sequences, by the segment reductions' rule
-/// ([`super::segment_reduce::SERIAL_MEAN`]).
-pub fn kernel_key(ctx: &Context, segments: &Segments) -> KernelKey {
-    let mean = mean_valid(segments);
-    serial_key(
-        ctx,
-        ctx.segment_kernel_key(Op::Masks, DType::F32, mean),
-        mean,
-    )
+/// The masks kernel variant on `ctx` for sequences of `mean` valid tokens on average
+/// ([`mean_valid`]; one thread per sequence for short ones, see
+/// [`Context::segment_kernel_key`]).
+pub fn kernel_key(ctx: &Context, mean: f64) -> KernelKey {
+    ctx.segment_kernel_key(Op::Masks, DType::F32, mean)
 }
 
 /// The fused pass; `None` when the batch does not fit the whole-sequence chunking (the caller
@@ -160,7 +156,7 @@ pub fn corrections_pass(
             .map(Some);
     }
     let mask = segments.mask();
-    let kernel = ctx.kernel_for(kernel_key(ctx, segments))?;
+    let kernel = ctx.kernel_for(kernel_key(ctx, mean_valid(segments)))?;
     // per sequence: two strided loops, one per sequence criterion, and one whose every
     // element runs a loop over the token criteria and one over the 7 estimators
     let longest = segments
@@ -169,11 +165,7 @@ pub fn corrections_pass(
         .map(|&(a, b)| b - a)
         .max()
         .unwrap_or(0) as u64;
-    // sequences per workgroup (SERIAL) or threads per sequence
-    let (per_group, stride) = match kernel.key.variant {
-        true => (kernel.key.workgroup as usize, 1),
-        false => (1, u64::from(kernel.key.workgroup)),
-    };
+    let (per_group, stride) = segment_layout(&kernel.key);
     let per = longest.div_ceil(stride);
     if !loops_fit(
         ctx.capabilities(),

@@ -112,7 +112,7 @@ impl Engine for GpuEngine {
 
     fn prepare(&self, batch: &Batch) {
         let ctx = &self.ctx;
-        let segments = batch.segments();
+        let mean = segment_reduce::mean_valid(batch.segments());
         let mut keys = Vec::with_capacity(4);
         // the longest build first: the others share the remaining cores meanwhile
         if let (Some(r), Some(o)) = (&batch.rollout_logits, &batch.old_logits) {
@@ -120,8 +120,8 @@ impl Engine for GpuEngine {
                 keys.push(key);
             }
         }
-        keys.push(masks::kernel_key(ctx, segments));
-        keys.push(segment_reduce::kernel_key(ctx, segments));
+        keys.push(masks::kernel_key(ctx, mean));
+        keys.push(segment_reduce::kernel_key(ctx, mean));
         keys.push(ctx.kernel_key(pipeline::Op::TokenStats, crate::logits::DType::F32));
         // errors resurface where the kernel is used (see the trait)
         let _ = ctx.build_kernels(&keys);

@@ -13,6 +13,7 @@
 use super::capabilities::LOOP_MARGIN;
 use super::chunking::{dispatch_grid, plan_segments};
 use super::context::Context;
+use super::kernels::segment_layout;
 use super::pass::Pass;
 use super::pipeline::{KernelKey, Op};
 use super::token_stats::pack_mask;
@@ -40,40 +41,15 @@ const WORDS: usize = 6;
 
 /// Valid tokens per sequence on average: what the segmented kernels size their workgroups by
 /// (the same for a padded and a packed layout of one batch, so padding never changes a result).
-pub(super) fn mean_valid(segments: &Segments) -> f64 {
+pub fn mean_valid(segments: &Segments) -> f64 {
     let valid = segments.mask().iter().filter(|&&m| m).count();
     valid as f64 / segments.len().max(1) as f64
 }
 
-/// Valid tokens per sequence on average up to which each thread handles whole sequences alone
-/// (the `SERIAL` variants of the segment reductions and of the masks, [`SERIAL_WORKGROUP`]
-/// sequences per workgroup) instead of a workgroup per sequence: below it most of a
-/// sequence's workgroup would idle, and a workgroup costs about 0.7 µs on lavapipe whatever it
-/// does (65,536 tokens as 30,000 sequences, 8 statistics: 240,000 workgroups, 156–191 ms).
-pub const SERIAL_MEAN: f64 = 16.0;
-
-/// Threads (pieces) per workgroup of the `SERIAL` variant, within [`Context::workgroup_size`]
-/// (the device's limit, or the size fixed in the context's options).
-pub const SERIAL_WORKGROUP: u32 = 64;
-
-/// The segment-reduce kernel variant for `segments` on `ctx`.
-pub fn kernel_key(ctx: &Context, segments: &Segments) -> KernelKey {
-    let mean = mean_valid(segments);
-    let key = ctx.segment_kernel_key(Op::SegmentReduce, DType::F32, mean);
-    serial_key(ctx, key, mean)
-}
-
-/// `key` (a segmented op's workgroup-per-sequence variant), or its `SERIAL` variant when
-/// sequences hold at most [`SERIAL_MEAN`] valid tokens on average.
-pub(super) fn serial_key(ctx: &Context, key: KernelKey, mean: f64) -> KernelKey {
-    if mean > SERIAL_MEAN {
-        return key;
-    }
-    KernelKey {
-        workgroup: SERIAL_WORKGROUP.min(ctx.workgroup_size(key.op)),
-        variant: true,
-        ..key
-    }
+/// The segment-reduce kernel variant on `ctx` for segments of `mean` valid tokens on average
+/// ([`mean_valid`]).
+pub fn kernel_key(ctx: &Context, mean: f64) -> KernelKey {
+    ctx.segment_kernel_key(Op::SegmentReduce, DType::F32, mean)
 }
 
 /// Sum, mean, max, min, argmax and count of each of `values` over the valid slots of every
@@ -116,13 +92,9 @@ pub fn segment_reduce(
     if k == 0 || nseq == 0 {
         return Ok(out);
     }
-    let kernel = ctx.kernel_for(kernel_key(ctx, segments))?;
+    let kernel = ctx.kernel_for(kernel_key(ctx, mean_valid(segments)))?;
     let mut limits = ctx.chunk_limits();
-    // pieces per workgroup (SERIAL) or threads per piece
-    let (per_group, stride) = match kernel.key.variant {
-        true => (kernel.key.workgroup as usize, 1),
-        false => (1, u64::from(kernel.key.workgroup)),
-    };
+    let (per_group, stride) = segment_layout(&kernel.key);
     if let Some(max) = ctx.capabilities().loop_iterations {
         // one loop over a piece, strided or serial: cut longer sequences into pieces that fit
         // the loop budget (merged on the host like pieces cut for the binding size)
