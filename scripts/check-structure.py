@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Structure check for trmask's src/: the file-level import graph has no cycle, no source file
-is over 600 lines before its test module, `wgpu::` appears in at most four files, and `anyhow`
+is over 600 lines before its test module, `wgpu::` appears in at most five files (the
+device layer: adapter, context, pipeline, buffers; and logits.rs' device-buffer variant), and `anyhow`
 is not a library dependency. Prints the graph's layers and exits 1 on any violation."""
 import pathlib
 import re
@@ -10,7 +11,7 @@ import tomllib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 MAX_LINES = 600
-MAX_WGPU_FILES = 4
+MAX_WGPU_FILES = 5
 
 
 def module_path(f):

@@ -43,17 +43,17 @@ pub fn open_engine(backend: Backend, notes: &mut Vec<String>) -> Result<Box<dyn 
         Backend::Cpu => Ok(Box::new(CpuEngine::new())),
         Backend::CpuFast => Ok(Box::new(CpuEngine::fast())),
         Backend::Gpu => Ok(Box::new(GpuEngine::new()?)),
-        Backend::Auto => match GpuEngine::new() {
+        Backend::Auto => match GpuEngine::new_unless_software() {
             // A software rasterizer (Mesa lavapipe / llvmpipe, WARP) runs on the same CPU cores
-            // as the reference path, in f32: the f64 reference is then both exact and faster.
-            Ok(gpu) if gpu.capabilities().is_cpu() => {
+            // as the reference path, in f32: the f64 reference is then both exact and faster
+            // (and no device is opened for it).
+            Ok(Err(adapter)) => {
                 notes.push(format!(
-                    "trmask: backend auto chose the CPU reference (the best adapter, {}, is a software rasterizer; --backend gpu uses it anyway)",
-                    gpu.capabilities().adapter_name
+                    "trmask: backend auto chose the CPU reference (the best adapter, {adapter}, is a software rasterizer; --backend gpu uses it anyway)"
                 ));
                 Ok(Box::new(CpuEngine::new()))
             }
-            Ok(gpu) => {
+            Ok(Ok(gpu)) => {
                 notes.push(format!("trmask: backend auto chose {}", gpu.name()));
                 Ok(Box::new(gpu))
             }

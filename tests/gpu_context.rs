@@ -25,6 +25,44 @@ fn capabilities_and_adapters_are_reported() {
     gpu.warm_up().unwrap();
 }
 
+/// `auto` takes the default adapter when it is hardware and the CPU reference, without a
+/// device, when it is a software rasterizer; and the default adapter is a Vulkan / Metal / DX12
+/// one whenever those offer one that is at least as good as GL's (GL only for hardware that
+/// has no other backend).
+#[test]
+fn auto_uses_hardware_adapters_only_and_prefers_primary_backends() {
+    let Some(gpu) = gpu() else { return };
+    let caps = gpu.capabilities();
+    let mut notes = Vec::new();
+    let engine = trmask::backend::open_engine(trmask::backend::Backend::Auto, &mut notes).unwrap();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    if caps.is_cpu() {
+        assert!(!engine.is_gpu(), "{}", engine.name());
+        assert!(
+            notes[0].contains(&caps.adapter_name) && notes[0].contains("software rasterizer"),
+            "{notes:?}"
+        );
+    } else {
+        assert!(engine.is_gpu());
+        assert_eq!(engine.name(), gpu.name(), "{notes:?}");
+    }
+    // what the default choice picks among everything wgpu lists
+    let listed = list_adapters();
+    let primary_hw = listed
+        .iter()
+        .any(|a| !a.contains("(Gl,") && !a.contains(", Cpu)"));
+    let primary_any = listed.iter().any(|a| !a.contains("(Gl,"));
+    let gl_hw = listed
+        .iter()
+        .any(|a| a.contains("(Gl,") && !a.contains(", Cpu)"));
+    if primary_hw || (primary_any && !gl_hw) {
+        assert_ne!(caps.backend, "Gl", "{listed:?}");
+    }
+    if !primary_hw && gl_hw {
+        assert_eq!(caps.backend, "Gl", "{listed:?}");
+    }
+}
+
 #[test]
 fn unknown_adapter_name_is_an_error() {
     if gpu().is_none() {

@@ -64,13 +64,19 @@ pub fn loops_fit(caps: &Capabilities, iterations: u64) -> bool {
 }
 
 /// [`crate::Error::Limit`] unless a kernel needing `iterations` loop iterations per invocation
-/// (for `what`, e.g. "a row of 8388608 logits") runs to the end on this device.
-pub fn check_loops(caps: &Capabilities, what: &str, iterations: u64) -> crate::error::Result<()> {
+/// (`what()` names it, e.g. "a row of 8388608 logits", formatted only for the error) runs to
+/// the end on this device.
+pub fn check_loops(
+    caps: &Capabilities,
+    what: &dyn Fn() -> String,
+    iterations: u64,
+) -> crate::error::Result<()> {
     match caps.loop_iterations {
         Some(max) if !loops_fit(caps, iterations) => Err(crate::error::Error::limit(
             format!(
-                "{what} needs {} loop iterations in one kernel invocation on {} (it stops a \
+                "{} needs {} loop iterations in one kernel invocation on {} (it stops a \
                  kernel's loops after {max} in all; --backend cpu has no such limit)",
+                what(),
                 iterations.saturating_add(LOOP_MARGIN),
                 caps.adapter_name
             ),

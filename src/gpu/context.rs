@@ -1,8 +1,10 @@
-//! The wgpu instance, adapter, device and queue; the device's [`Capabilities`]; the one
-//! submit / wait / read-back path every op goes through ([`Context::run`], [`Context::submit`],
-//! [`Context::wait`]).
+//! The open device and its queue, capabilities, pipeline cache and buffer pool (opened by
+//! `adapter.rs`); the one submit / wait / read-back path every op goes through
+//! ([`Context::run`], [`Context::submit`], [`Context::wait`]).
 
-use super::buffers::{mapped_wanted, read_mapped, write_mapped, BufferKind, BufferPool, GpuBuffer};
+use super::adapter::{capabilities_of, open_device, pick_adapter, Uncaptured};
+pub use super::adapter::{list_adapters, ContextOptions};
+use super::buffers::{read_mapped, write_mapped, BufferKind, BufferPool, GpuBuffer};
 use super::capabilities::Capabilities;
 use super::pass::{Bind, Pass};
 use super::pipeline::{Flavour, PipelineCache};
@@ -15,97 +17,9 @@ use std::sync::{Arc, Mutex};
 /// `last_device_ns` when no run has been timed.
 const NOT_TIMED: u64 = u64::MAX;
 
-/// How to open a device.
-#[derive(Clone, Debug, Default)]
-pub struct ContextOptions {
-    /// Backends to consider; `None`: `WGPU_BACKEND` if set, else all.
-    pub backends: Option<wgpu::Backends>,
-    /// Pick the first adapter whose name contains this (case-insensitive); `None`:
-    /// `WGPU_ADAPTER_NAME` if set, else wgpu's default choice (high performance).
-    pub adapter_name: Option<String>,
-    /// Force a smaller binding-size limit (bytes, at least 256) so that work splits into many
-    /// chunks (tests); `None`: the device's limit.
-    pub max_binding_size: Option<u64>,
-    /// Threads per workgroup for every kernel (`None`: each op's default, capped by the device).
-    pub workgroup_size: Option<u32>,
-    /// Reduction flavour: `None` picks [`Flavour::Subgroup`] where the op has it and the device
-    /// has subgroups of one fixed size dividing the workgroup size, else
-    /// [`Flavour::Workgroup`]; `Some(Workgroup)` forces the workgroup tree; `Some(Subgroup)`
-    /// asks for subgroups under the same conditions (falling back to the workgroup tree).
-    pub flavour: Option<Flavour>,
-    /// Device limits to request (`Context::new` only); `None`: the adapter's own limits.
-    /// `Some(wgpu::Limits::default())` gives WebGPU's minimums (16 KiB of workgroup memory,
-    /// 128 MiB bindings, …), which every kernel stays within.
-    pub limits: Option<wgpu::Limits>,
-    /// Host logits into mapped storage buffers ([`Capabilities::mapped_uploads`]): `None` on
-    /// CPU / integrated adapters, `Some(false)` never, `Some(true)` wherever offered.
-    pub mapped_uploads: Option<bool>,
-}
-
-fn capabilities_of(
-    info: &wgpu::AdapterInfo,
-    limits: &wgpu::Limits,
-    features: wgpu::Features,
-    forced: Option<u64>,
-    mapped: Option<bool>,
-) -> Capabilities {
-    // Kernels index 32-bit words with u32: keep every binding below 4 GiB.
-    let natural = limits
-        .max_storage_buffer_binding_size
-        .min(limits.max_buffer_size)
-        .min(u64::from(u32::MAX) & !255);
-    Capabilities {
-        adapter_name: info.name.clone(),
-        backend: format!("{:?}", info.backend),
-        device_type: format!("{:?}", info.device_type),
-        driver: format!("{} {}", info.driver, info.driver_info)
-            .trim()
-            .to_string(),
-        max_storage_binding: limits.max_storage_buffer_binding_size,
-        max_buffer_size: limits.max_buffer_size,
-        max_binding_bytes: forced.map_or(natural, |f| f.clamp(256, natural.max(256))),
-        max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
-        max_workgroup_size_x: limits.max_compute_workgroup_size_x,
-        max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
-        max_workgroup_storage: limits.max_compute_workgroup_storage_size,
-        uniform_offset_alignment: limits.min_uniform_buffer_offset_alignment,
-        storage_offset_alignment: limits.min_storage_buffer_offset_alignment,
-        subgroups: features.contains(wgpu::Features::SUBGROUP),
-        subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
-        shader_f16: features.contains(wgpu::Features::SHADER_F16),
-        timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
-        loop_iterations: (info.name.to_ascii_lowercase().contains("llvmpipe")
-            || info.driver.to_ascii_lowercase().contains("llvmpipe"))
-        .then_some(super::capabilities::LLVMPIPE_LOOP_ITERATIONS),
-        mapped_uploads: features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
-            && mapped_wanted(mapped, info),
-    }
-}
-
 /// A submission of [`Context::submit`], to [`Context::wait`] for.
 #[derive(Debug, Clone)]
 pub struct Submission(wgpu::SubmissionIndex);
-
-fn instance_for(backends: Option<wgpu::Backends>) -> (wgpu::Instance, wgpu::Backends) {
-    let backends = backends
-        .or_else(wgpu::Backends::from_env)
-        .unwrap_or(wgpu::Backends::all());
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = backends;
-    (wgpu::Instance::new(desc), backends)
-}
-
-/// Every adapter wgpu can see (honouring `WGPU_BACKEND`): `name (backend, device type)`.
-pub fn list_adapters() -> Vec<String> {
-    let (instance, backends) = instance_for(None);
-    pollster::block_on(instance.enumerate_adapters(backends))
-        .iter()
-        .map(|a| {
-            let i = a.get_info();
-            format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
-        })
-        .collect()
-}
 
 /// An open device with its queue, capabilities, pipeline cache and buffer pool.
 pub struct Context {
@@ -116,7 +30,7 @@ pub struct Context {
     pub(super) flavour: Option<Flavour>,
     pub(super) pipelines: PipelineCache,
     pool: BufferPool,
-    uncaptured: Arc<Mutex<Vec<String>>>,
+    uncaptured: Uncaptured,
     last_device_ns: AtomicU64,
     last_vocab: Mutex<Option<VocabPasses>>,
     submissions: AtomicU64,
@@ -133,82 +47,31 @@ impl std::fmt::Debug for Context {
 impl Context {
     /// Opens an adapter and a device with the adapter's real limits and the optional features
     /// trmask can use (SUBGROUP, SHADER_F16, TIMESTAMP_QUERY) when present.
+    ///
+    /// The adapter: the first named like `adapter_name` / `WGPU_ADAPTER_NAME`; else wgpu's
+    /// high-performance choice among `backends` / `WGPU_BACKEND`; else among Vulkan, Metal and
+    /// DX12, with GL (whose EGL / WGL start-up costs tens of milliseconds) started only when
+    /// those offer no hardware adapter and taken only when it has one.
     pub fn new(options: &ContextOptions) -> Result<Self> {
-        let (instance, backends) = instance_for(options.backends);
-        let wanted_name = options
-            .adapter_name
-            .clone()
-            .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
-            .filter(|s| !s.is_empty());
-        let adapter = match &wanted_name {
-            Some(name) => {
-                let lname = name.to_lowercase();
-                let adapters = pollster::block_on(instance.enumerate_adapters(backends));
-                let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
-                adapters
-                    .into_iter()
-                    .find(|a| a.get_info().name.to_lowercase().contains(&lname))
-                    .ok_or_else(|| {
-                        Error::NoAdapter(format!(
-                            "no adapter named like `{name}` (found: {})",
-                            if names.is_empty() {
-                                "none".to_string()
-                            } else {
-                                names.join(", ")
-                            }
-                        ))
-                    })?
-            }
-            None => pollster::block_on(
-                instance.request_adapter(&wgpu::RequestAdapterOptions {
-                    power_preference: wgpu::PowerPreference::from_env()
-                        .unwrap_or(wgpu::PowerPreference::HighPerformance),
-                    force_fallback_adapter: false,
-                    compatible_surface: None,
-                    apply_limit_buckets: false,
-                }),
-            )
-            .map_err(|e| Error::NoAdapter(e.to_string()))?,
-        };
-        let mut optional =
-            wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
-        if mapped_wanted(options.mapped_uploads, &adapter.get_info()) {
-            optional |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        Self::open(pick_adapter(options)?, options)
+    }
+
+    /// Like [`Context::new`], but stops at the adapter when it is a software rasterizer
+    /// (Mesa's lavapipe / llvmpipe, WARP): `Ok(Err(name))` without opening a device, for a
+    /// caller that would not use one (`Backend::Auto`).
+    pub(crate) fn new_unless_software(
+        options: &ContextOptions,
+    ) -> Result<std::result::Result<Self, String>> {
+        let adapter = pick_adapter(options)?;
+        let info = adapter.get_info();
+        if info.device_type == wgpu::DeviceType::Cpu {
+            return Ok(Err(info.name));
         }
-        let features = adapter.features() & optional;
-        let limits = match &options.limits {
-            Some(l) => {
-                if !l.check_limits(&adapter.limits()) {
-                    return Err(Error::Gpu(format!(
-                        "the adapter does not offer the requested limits: {l:?}"
-                    )));
-                }
-                l.clone()
-            }
-            None => adapter.limits(),
-        };
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("trmask"),
-            required_features: features,
-            required_limits: limits,
-            experimental_features: wgpu::ExperimentalFeatures::default(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| Error::Gpu(format!("cannot open device: {e}")))?;
-        let uncaptured: Arc<Mutex<Vec<String>>> = Arc::default();
-        let sink = uncaptured.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            if let Ok(mut v) = sink.lock() {
-                v.push(e.to_string());
-            }
-        }));
-        let sink = uncaptured.clone();
-        device.set_device_lost_callback(move |reason, msg| {
-            if let Ok(mut v) = sink.lock() {
-                v.push(format!("device lost ({reason:?}): {msg}"));
-            }
-        });
+        Self::open(adapter, options).map(Ok)
+    }
+
+    fn open(adapter: wgpu::Adapter, options: &ContextOptions) -> Result<Self> {
+        let (device, queue, uncaptured) = open_device(adapter, options)?;
         Ok(Self::assemble(device, queue, options, uncaptured))
     }
 
@@ -234,7 +97,7 @@ impl Context {
         device: wgpu::Device,
         queue: wgpu::Queue,
         options: &ContextOptions,
-        uncaptured: Arc<Mutex<Vec<String>>>,
+        uncaptured: Uncaptured,
     ) -> Self {
         let limits = device.limits();
         let caps = capabilities_of(

@@ -147,14 +147,14 @@ impl Context {
     }
 
     /// The kernel variant for a row `op` (see [`Self::row_workgroup_size`]), or
-    /// [`crate::Error::Limit`] naming `what` when even that size's loops do not fit the
+    /// [`crate::Error::Limit`] naming `what()` when even that size's loops do not fit the
     /// driver's budget.
     pub fn row_kernel(
         &self,
         op: Op,
         dtype: DType,
         shape: (u64, u64, u64),
-        what: &str,
+        what: &dyn Fn() -> String,
     ) -> Result<Arc<Kernel>> {
         self.kernel_for(self.row_kernel_key(op, dtype, shape, what)?)
     }
@@ -165,7 +165,7 @@ impl Context {
         op: Op,
         dtype: DType,
         (row_len, reads, extra): (u64, u64, u64),
-        what: &str,
+        what: &dyn Fn() -> String,
     ) -> Result<KernelKey> {
         let workgroup = self.row_workgroup_size(op, row_len, reads, extra);
         check_loops(

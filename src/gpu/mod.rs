@@ -1,7 +1,7 @@
 //! The GPU path: wgpu compute shaders (WGSL) on any adapter wgpu finds — Vulkan, Metal, DX12,
 //! GL, or Mesa's lavapipe on machines without a GPU. f32 on the device, f64 on the host.
 //!
-//! Only `context.rs`, `pipeline.rs` and `buffers.rs` touch wgpu types; each op file
+//! Only `adapter.rs`, `context.rs`, `pipeline.rs` and `buffers.rs` touch wgpu types; each op file
 //! (`token_stats.rs`, `segment_reduce.rs`, …) plans chunks, packs inputs and calls
 //! [`Context::run`].
 //!
@@ -28,6 +28,7 @@
 //! [`Context::run`] (e.g. `gpu.context().last_device_ns()` after an op), for benches that report
 //! device time apart from wall time.
 
+mod adapter;
 mod buffers;
 mod capabilities;
 mod chunking;
@@ -77,6 +78,13 @@ impl GpuEngine {
     /// Opens an adapter with explicit options.
     pub fn with_options(options: &ContextOptions) -> Result<Self> {
         Ok(Self::from_context(Arc::new(Context::new(options)?)))
+    }
+
+    /// [`GpuEngine::new`] unless the default adapter is a software rasterizer: then
+    /// `Ok(Err(adapter name))`, without opening a device (what `Backend::Auto` needs).
+    pub(crate) fn new_unless_software() -> Result<std::result::Result<Self, String>> {
+        Ok(Context::new_unless_software(&ContextOptions::default())?
+            .map(|ctx| Self::from_context(Arc::new(ctx))))
     }
 
     /// An engine on an existing context (e.g. [`Context::from_wgpu`]).

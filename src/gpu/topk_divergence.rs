@@ -110,7 +110,7 @@ pub fn topk_divergence(
         Op::TopkDivergence,
         logits.dtype(),
         (v as u64, 1, 2 * w as u64),
-        &format!("old_logits: a row of {v} logits with a support of {w}"),
+        &|| format!("old_logits: a row of {v} logits with a support of {w}"),
     )?;
     let limits = ctx.chunk_limits();
     let row_logits = (v * esize) as u64;

@@ -139,7 +139,7 @@ fn variant(ctx: &Context, rollout: &Logits, train: &Logits, paired: bool) -> Res
         Op::VocabDivergence(train.dtype()),
         rollout.dtype(),
         (vocab as u64, 3, 0),
-        &format!("rollout_logits: a row of {vocab} logits"),
+        &|| format!("rollout_logits: a row of {vocab} logits"),
     )?;
     Ok(KernelKey {
         variant: paired,
