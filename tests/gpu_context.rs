@@ -383,6 +383,71 @@ fn staged_slot_writes_take_parts_of_any_length_and_refuse_partial_words() {
     assert!(ctx.write_slot(&slot, &[&vec![0u8; 1 << 20][..]]).is_err());
 }
 
+/// On unified-memory adapters kernel outputs are mapped and read in place (no staging copy);
+/// with mapped buffers off they go through staging buffers. A whole analysis (vocabulary
+/// divergences, token estimators, the fused masks, segment reductions) gives the same bits
+/// both ways, with and without a correction.
+#[test]
+fn mapped_and_staged_readbacks_give_the_same_analysis() {
+    let Some(gpu) = gpu() else { return };
+    let staged = GpuEngine::with_options(&ContextOptions {
+        mapped_uploads: Some(false),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(!staged.capabilities().mapped_uploads);
+    if gpu.capabilities().is_cpu() {
+        // lavapipe (CI): the default engine reads its outputs in place
+        assert!(gpu.capabilities().mapped_uploads);
+    }
+    let input = trmask::io::read_input(
+        std::path::Path::new("data/causal-sample/logits.safetensors"),
+        &Default::default(),
+    )
+    .unwrap();
+    let full = input.batch;
+    let n = full.segments().slots();
+    // 3 tokens per sequence: the one-thread-per-sequence kernels too
+    let cu: Vec<i64> = (0..n.div_ceil(3))
+        .map(|s| (3 * s) as i64)
+        .chain([n as i64])
+        .collect();
+    let take = |l: &Option<trmask::Logits>| l.clone().expect("logits in the sample");
+    let batch = trmask::Batch::packed(&cu)
+        .unwrap()
+        .with_logits("rollout_logits", take(&full.rollout_logits))
+        .unwrap()
+        .with_logits("old_logits", take(&full.old_logits))
+        .unwrap()
+        .with_responses(full.responses.clone().unwrap())
+        .unwrap();
+    for config in [
+        trmask::CorrectionConfig::default(),
+        trmask::CorrectionConfig::preset("decoupled_k3_rs").unwrap(),
+    ] {
+        let a = trmask::analysis::analyze(gpu.as_ref(), &batch, &config).unwrap();
+        let b = trmask::analysis::analyze(&staged, &batch, &config).unwrap();
+        assert!(!a.metrics.is_empty());
+        for ((ka, va), (kb, vb)) in a.metrics.iter().zip(&b.metrics) {
+            assert_eq!(ka, kb);
+            assert_eq!(
+                va.to_bits(),
+                vb.to_bits(),
+                "{ka}: mapped {va} vs staged {vb}"
+            );
+        }
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (ca, cb) = (&a.corrections, &b.corrections);
+        assert_eq!(bits(&ca.mask), bits(&cb.mask));
+        assert_eq!(
+            ca.weights.as_deref().map(bits),
+            cb.weights.as_deref().map(bits)
+        );
+        assert_eq!(ca.seq_reject_bits, cb.seq_reject_bits);
+        assert!(ca.seq_len.len() > 100, "{} sequences", ca.seq_len.len());
+    }
+}
+
 /// `Engine::prepare` builds exactly the kernels an analysis of the batch uses: after it, the
 /// analysis (vocabulary divergences, token estimators, masks, segment reductions) builds none.
 #[test]

@@ -16,6 +16,9 @@ pub enum BufferKind {
     Staging,
     /// Storage buffer the host maps for writing (`MAPPABLE_PRIMARY_BUFFERS`, unified memory).
     MappedStorage,
+    /// Kernel output the host maps for reading in place, with no staging copy
+    /// (`MAPPABLE_PRIMARY_BUFFERS`, unified memory).
+    MappedOutput,
     /// Uniform buffer holding `Meta` structs.
     Uniform,
     /// Destination of resolved timestamp queries (copied to a staging buffer).
@@ -43,6 +46,12 @@ impl BufferKind {
             BufferKind::MappedStorage => {
                 wgpu::BufferUsages::MAP_WRITE
                     | wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+            }
+            BufferKind::MappedOutput => {
+                wgpu::BufferUsages::MAP_READ
+                    | wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
                     | wgpu::BufferUsages::COPY_DST
             }
             BufferKind::Uniform => wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
@@ -234,42 +243,40 @@ pub(crate) fn write_mapped(
     Ok(())
 }
 
-/// Maps every staging buffer of submission `index` and returns its bytes (polling until every
-/// map callback has run: see [`await_callbacks`]); on failure none goes back into the pool.
+/// Maps every buffer of `bufs` (staging buffers, or [`BufferKind::MappedOutput`] outputs read
+/// in place) once submission `index` has finished and returns their bytes (polling until every
+/// map callback has run: see [`await_callbacks`]). Every buffer is unmapped again, also on
+/// failure (the caller then keeps its staging buffers out of the pool).
 pub(crate) fn read_mapped(
     device: &wgpu::Device,
     index: wgpu::SubmissionIndex,
-    staging: Vec<GpuBuffer>,
+    bufs: &[&GpuBuffer],
 ) -> crate::Result<Vec<Vec<u8>>> {
     let (tx, rx) = mpsc::channel();
-    for st in &staging {
+    for b in bufs {
         let tx = tx.clone();
-        st.raw()
-            .slice(0..st.len())
+        b.raw()
+            .slice(0..b.len())
             .map_async(wgpu::MapMode::Read, move |r| {
                 let _ = tx.send(r);
             });
     }
     drop(tx);
-    if let Err(e) = await_callbacks(device, &rx, staging.len(), Some(index)) {
-        // possibly still mapped or in use: never back into the pool
-        staging.into_iter().for_each(GpuBuffer::discard);
+    if let Err(e) = await_callbacks(device, &rx, bufs.len(), Some(index)) {
+        bufs.iter().for_each(|b| b.raw().unmap()); // cancels maps still pending
         return Err(e);
     }
-    let mut out = Vec::with_capacity(staging.len());
+    let mut out = Vec::with_capacity(bufs.len());
     let mut read_error = None;
-    for st in &staging {
-        match st.raw().slice(0..st.len()).get_mapped_range() {
+    for b in bufs {
+        match b.raw().slice(0..b.len()).get_mapped_range() {
             Ok(view) => out.push(view.to_vec()),
             Err(e) => read_error = Some(crate::Error::Gpu(format!("reading results: {e}"))),
         }
-        st.raw().unmap();
+        b.raw().unmap();
     }
     match read_error {
-        Some(e) => {
-            staging.into_iter().for_each(GpuBuffer::discard);
-            Err(e)
-        }
+        Some(e) => Err(e),
         None => Ok(out),
     }
 }

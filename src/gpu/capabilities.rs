@@ -42,9 +42,10 @@ pub struct Capabilities {
     /// never reset, and ends all loops after 65,535 iterations. Work that would need more is
     /// refused ([`crate::Error::Limit`]) or split; `None` on other drivers.
     pub loop_iterations: Option<u64>,
-    /// Host logits are written straight into mapped storage buffers (one copy, no staging):
+    /// Host logits are written straight into mapped storage buffers (one copy, no staging) and
+    /// kernel outputs are mapped and read in place (no staging copy):
     /// `Features::MAPPABLE_PRIMARY_BUFFERS` on a unified-memory adapter (CPU or integrated
-    /// GPU: lavapipe, Apple silicon); elsewhere uploads go through wgpu's staging copies.
+    /// GPU: lavapipe, Apple silicon); elsewhere both go through staging copies.
     pub mapped_uploads: bool,
 }
 

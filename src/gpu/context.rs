@@ -172,12 +172,16 @@ impl Context {
         })
     }
 
-    /// An uninitialised storage buffer of `bytes` bytes (for kernel outputs).
+    /// An uninitialised storage buffer of `bytes` bytes (for kernel outputs): on adapters with
+    /// [`Capabilities::mapped_uploads`] one the host maps and reads in place ([`Context::run`]
+    /// copies nothing to a staging buffer), else a device-local one.
     pub fn output(&self, bytes: u64) -> Result<GpuBuffer> {
-        self.scoped(|| {
-            self.pool
-                .get(&self.device, BufferKind::Storage, bytes.div_ceil(4) * 4)
-        })
+        let kind = if self.caps.mapped_uploads {
+            BufferKind::MappedOutput
+        } else {
+            BufferKind::Storage
+        };
+        self.scoped(|| self.pool.get(&self.device, kind, bytes.div_ceil(4) * 4))
     }
 
     fn take_uncaptured(&self) -> Option<String> {
@@ -286,12 +290,28 @@ impl Context {
     }
 
     /// Records every pass into one command buffer, copies each of `readbacks` to a staging
-    /// buffer, submits once, checks for errors, waits, and returns the bytes of each readback.
+    /// buffer (not a mapped output of [`Context::output`]: that is read in place), submits
+    /// once, checks for errors, waits, and returns the bytes of each readback.
     /// With `TIMESTAMP_QUERY`, the compute pass is timed: see [`Context::last_device_ns`].
     /// Safe with other threads submitting to and polling the same device (see `read_back`).
     pub fn run(&self, passes: &[Pass<'_>], readbacks: &[&GpuBuffer]) -> Result<Vec<Vec<u8>>> {
         let (index, staging) = self.submit_with(passes, readbacks, self.caps.timestamp_query)?;
-        let mut out = read_mapped(&self.device, index, staging)?;
+        // a readback without a staging buffer is read in place (a mapped output)
+        let bufs: Vec<&GpuBuffer> = staging
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().or(readbacks.get(i).copied()))
+            .collect();
+        let read = read_mapped(&self.device, index, &bufs);
+        drop(bufs);
+        let mut out = match read {
+            Ok(out) => out,
+            Err(e) => {
+                // possibly still in use: never back into the pool
+                staging.into_iter().flatten().for_each(GpuBuffer::discard);
+                return Err(e);
+            }
+        };
         if out.len() > readbacks.len() {
             let ticks = out.pop().and_then(|b| {
                 let t: &[u64] = bytemuck::try_cast_slice(b.get(..16)?).ok()?;
@@ -315,7 +335,7 @@ impl Context {
         passes: &[Pass<'_>],
         readbacks: &[&GpuBuffer],
         timed: bool,
-    ) -> Result<(wgpu::SubmissionIndex, Vec<GpuBuffer>)> {
+    ) -> Result<(wgpu::SubmissionIndex, Vec<Option<GpuBuffer>>)> {
         let device = &self.device;
         let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -329,7 +349,7 @@ impl Context {
             (None, None) => self.take_uncaptured().map(Error::Gpu),
         };
         if let Some(e) = err {
-            staging.into_iter().for_each(GpuBuffer::discard);
+            staging.into_iter().flatten().for_each(GpuBuffer::discard);
             return Err(e);
         }
         Ok((index, staging))
@@ -340,7 +360,7 @@ impl Context {
         passes: &[Pass<'_>],
         readbacks: &[&GpuBuffer],
         timed: bool,
-    ) -> Result<(wgpu::SubmissionIndex, Vec<GpuBuffer>, GpuBuffer)> {
+    ) -> Result<(wgpu::SubmissionIndex, Vec<Option<GpuBuffer>>, GpuBuffer)> {
         let device = &self.device;
         let align = u64::from(self.caps.uniform_offset_alignment.max(4));
         let (stride, bytes) = super::pass::uniform_bytes(passes, align)?;
@@ -426,16 +446,20 @@ impl Context {
         }
         let mut staging = Vec::with_capacity(readbacks.len() + 1);
         for rb in readbacks {
+            if rb.kind() == BufferKind::MappedOutput {
+                staging.push(None); // read in place
+                continue;
+            }
             let len = rb.len().div_ceil(4) * 4;
             let st = self.pool.get(device, BufferKind::Staging, len)?;
             encoder.copy_buffer_to_buffer(rb.raw(), 0, st.raw(), 0, len);
-            staging.push(st);
+            staging.push(Some(st));
         }
         if let Some((set, resolve)) = &timer {
             encoder.resolve_query_set(set, 0..2, resolve.raw(), 0);
             let st = self.pool.get(device, BufferKind::Staging, 16)?;
             encoder.copy_buffer_to_buffer(resolve.raw(), 0, st.raw(), 0, 16);
-            staging.push(st);
+            staging.push(Some(st));
         }
         let index = self.queue.submit([encoder.finish()]);
         self.submissions.fetch_add(1, Ordering::Relaxed);
