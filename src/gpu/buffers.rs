@@ -244,14 +244,16 @@ pub(crate) fn write_mapped(
 }
 
 /// Maps every buffer of `bufs` (staging buffers, or [`BufferKind::MappedOutput`] outputs read
-/// in place) once submission `index` has finished and returns their bytes (polling until every
-/// map callback has run: see [`await_callbacks`]). Every buffer is unmapped again, also on
-/// failure (the caller then keeps its staging buffers out of the pool).
+/// in place) once submission `index` has finished and hands buffer `i`'s bytes to `f(i, bytes)`
+/// in order (polling until every map callback has run: see [`await_callbacks`]). Every buffer
+/// is unmapped again, also on failure (the caller then keeps its staging buffers out of the
+/// pool); the first error, the driver's or `f`'s, is returned.
 pub(crate) fn read_mapped(
     device: &wgpu::Device,
     index: wgpu::SubmissionIndex,
     bufs: &[&GpuBuffer],
-) -> crate::Result<Vec<Vec<u8>>> {
+    f: &mut dyn FnMut(usize, &[u8]) -> crate::Result<()>,
+) -> crate::Result<()> {
     let (tx, rx) = mpsc::channel();
     for b in bufs {
         let tx = tx.clone();
@@ -266,19 +268,17 @@ pub(crate) fn read_mapped(
         bufs.iter().for_each(|b| b.raw().unmap()); // cancels maps still pending
         return Err(e);
     }
-    let mut out = Vec::with_capacity(bufs.len());
-    let mut read_error = None;
-    for b in bufs {
-        match b.raw().slice(0..b.len()).get_mapped_range() {
-            Ok(view) => out.push(view.to_vec()),
-            Err(e) => read_error = Some(crate::Error::Gpu(format!("reading results: {e}"))),
+    let mut result = Ok(());
+    for (i, b) in bufs.iter().enumerate() {
+        if result.is_ok() {
+            result = match b.raw().slice(0..b.len()).get_mapped_range() {
+                Ok(view) => f(i, &view),
+                Err(e) => Err(crate::Error::Gpu(format!("reading results: {e}"))),
+            };
         }
         b.raw().unmap();
     }
-    match read_error {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
+    result
 }
 
 /// Polls `device` until `pending` map callbacks have reported on `rx` (the first poll waits for

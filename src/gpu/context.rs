@@ -17,6 +17,14 @@ use std::sync::{Arc, Mutex};
 /// `last_device_ns` when no run has been timed.
 const NOT_TIMED: u64 = u64::MAX;
 
+/// The first `len` values of a readback (an error, not a panic, when it holds fewer).
+pub(super) fn result_words<T: bytemuck::Pod>(bytes: &[u8], len: usize) -> Result<&[T]> {
+    bytes
+        .get(..len.saturating_mul(std::mem::size_of::<T>()))
+        .and_then(|b| bytemuck::try_cast_slice(b).ok())
+        .ok_or_else(|| Error::Gpu(format!("bad result buffer: {} bytes", bytes.len())))
+}
+
 /// A submission of [`Context::submit`], to [`Context::wait`] for.
 #[derive(Debug, Clone)]
 pub struct Submission(wgpu::SubmissionIndex);
@@ -295,6 +303,22 @@ impl Context {
     /// With `TIMESTAMP_QUERY`, the compute pass is timed: see [`Context::last_device_ns`].
     /// Safe with other threads submitting to and polling the same device (see `read_back`).
     pub fn run(&self, passes: &[Pass<'_>], readbacks: &[&GpuBuffer]) -> Result<Vec<Vec<u8>>> {
+        let mut out = Vec::with_capacity(readbacks.len());
+        self.run_each(passes, readbacks, &mut |_, bytes| {
+            out.push(bytes.to_vec());
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// [`Context::run`] handing readback `i`'s bytes to `f(i, bytes)` in order while they are
+    /// still mapped, with no copy (large per-token results); `f`'s first error ends the read.
+    pub fn run_each(
+        &self,
+        passes: &[Pass<'_>],
+        readbacks: &[&GpuBuffer],
+        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
         let (index, staging) = self.submit_with(passes, readbacks, self.caps.timestamp_query)?;
         // a readback without a staging buffer is read in place (a mapped output)
         let bufs: Vec<&GpuBuffer> = staging
@@ -302,29 +326,30 @@ impl Context {
             .enumerate()
             .filter_map(|(i, s)| s.as_ref().or(readbacks.get(i).copied()))
             .collect();
-        let read = read_mapped(&self.device, index, &bufs);
-        drop(bufs);
-        let mut out = match read {
-            Ok(out) => out,
-            Err(e) => {
-                // possibly still in use: never back into the pool
-                staging.into_iter().flatten().for_each(GpuBuffer::discard);
-                return Err(e);
+        let mut ticks = None;
+        let read = read_mapped(&self.device, index, &bufs, &mut |i, bytes| {
+            if i < readbacks.len() {
+                return f(i, bytes);
             }
-        };
-        if out.len() > readbacks.len() {
-            let ticks = out.pop().and_then(|b| {
-                let t: &[u64] = bytemuck::try_cast_slice(b.get(..16)?).ok()?;
+            // the timestamps, after the readbacks
+            ticks = bytes.get(..16).and_then(|b| {
+                let t: &[u64] = bytemuck::try_cast_slice(b).ok()?;
                 t[1].checked_sub(t[0])
             });
-            let period = f64::from(self.queue.get_timestamp_period());
-            if let Some(t) = ticks {
-                let ns = (t as f64 * period).round() as u64;
-                self.last_device_ns
-                    .store(ns.min(NOT_TIMED - 1), Ordering::Relaxed);
-            }
+            Ok(())
+        });
+        drop(bufs);
+        if let Err(e) = read {
+            // possibly still in use: never back into the pool
+            staging.into_iter().flatten().for_each(GpuBuffer::discard);
+            return Err(e);
         }
-        Ok(out)
+        if let Some(t) = ticks {
+            let ns = (t as f64 * f64::from(self.queue.get_timestamp_period())).round() as u64;
+            self.last_device_ns
+                .store(ns.min(NOT_TIMED - 1), Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Records and submits inside error scopes; checks validation / out-of-memory / uncaptured

@@ -14,14 +14,14 @@
 
 use super::capabilities::loops_fit;
 use super::chunking::dispatch_grid;
-use super::context::Context;
+use super::context::{result_words, Context};
 use super::kernels::segment_layout;
 use super::pass::Pass;
 use super::pipeline::{KernelKey, Op};
 use super::segment_reduce::mean_valid;
 use super::token_stats::pack_mask;
 use crate::batch::Segments;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::logits::DType;
 use crate::passes::{check_plan, token_reject_fraction};
 use crate::plan::{CorrectionsRaw, MaskAgg, MaskPlan, MaskSource};
@@ -243,8 +243,6 @@ pub fn corrections_pass(
         passes.push(Pass::new(kernel.clone(), &params, bindings, grid));
     }
     let readbacks: Vec<_> = bufs.iter().flat_map(|b| [&b.4, &b.5]).collect();
-    let results = ctx.run(&passes, &readbacks)?;
-
     let mut out = CorrectionsRaw {
         tokens: TokenStats {
             log_ratio: vec![0.0; n],
@@ -262,16 +260,24 @@ pub fn corrections_pass(
         seq_reject: vec![0; nseq],
         seq_log_ratio_sum: vec![0.0; nseq],
     };
-    let words = |bytes: &[u8], len: usize| -> Result<Vec<u32>> {
-        bytemuck::try_cast_slice::<u8, u32>(&bytes[..4 * len])
-            .map(|w| w.to_vec())
-            .map_err(|e| Error::Gpu(format!("bad result buffer: {e}")))
-    };
     let f = |x: u32| f64::from(f32::from_bits(x));
-    for (k, (ch, sr)) in chunks.iter().zip(&slot_ranges).enumerate() {
+    // per chunk: the token words, then the sequence words, read in place
+    ctx.run_each(&passes, &readbacks, &mut |i, bytes| {
+        let (ch, sr) = (&chunks[i / 2], &slot_ranges[i / 2]);
         let m = sr.len();
-        let tw = words(&results[2 * k], TOKEN_WORDS * m)?;
-        let sw = words(&results[2 * k + 1], seq_words * ch.len())?;
+        if i % 2 == 1 {
+            let sw: &[u32] = result_words(bytes, seq_words * ch.len())?;
+            for (q, s) in ch.clone().enumerate() {
+                let w = &sw[q * seq_words..][..seq_words];
+                for (ci, st) in out.seq_stat.iter_mut().enumerate() {
+                    st[s] = f(w[ci]);
+                }
+                out.seq_reject[s] = w[nc];
+                out.seq_log_ratio_sum[s] = f(w[nc + 1]) + f(w[nc + 2]);
+            }
+            return Ok(());
+        }
+        let tw: &[u32] = result_words(bytes, TOKEN_WORDS * m)?;
         for &(a, b) in &segments.ranges()[ch.clone()] {
             for i in a..b {
                 let j = i - sr.start;
@@ -296,15 +302,8 @@ pub fn corrections_pass(
                 out.mask[i] = mask[i] && bits == 0;
             }
         }
-        for (q, s) in ch.clone().enumerate() {
-            let w = &sw[q * seq_words..][..seq_words];
-            for (ci, st) in out.seq_stat.iter_mut().enumerate() {
-                st[s] = f(w[ci]);
-            }
-            out.seq_reject[s] = w[nc];
-            out.seq_log_ratio_sum[s] = f(w[nc + 1]) + f(w[nc + 2]);
-        }
-    }
+        Ok(())
+    })?;
     for (ci, c) in plan.criteria.iter().enumerate() {
         if c.agg == MaskAgg::Token {
             out.seq_stat[ci] = token_reject_fraction(&out.token_reject, 1 << ci, segments);

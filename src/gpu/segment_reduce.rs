@@ -12,7 +12,7 @@
 
 use super::capabilities::LOOP_MARGIN;
 use super::chunking::{dispatch_grid, plan_segments};
-use super::context::Context;
+use super::context::{result_words, Context};
 use super::kernels::segment_layout;
 use super::pass::Pass;
 use super::pipeline::{KernelKey, Op};
@@ -155,11 +155,10 @@ pub fn segment_reduce(
         ));
     }
     let readbacks: Vec<_> = bufs.iter().map(|b| &b.3).collect();
-    let results = ctx.run(&passes, &readbacks)?;
-    for (chunk, bytes) in plan.iter().zip(&results) {
+    ctx.run_each(&passes, &readbacks, &mut |i, bytes| {
+        let chunk = &plan[i];
         let np = chunk.pieces.len();
-        let words: &[u32] = bytemuck::try_cast_slice(&bytes[..4 * WORDS * k * np])
-            .map_err(|e| Error::Gpu(format!("bad result buffer: {e}")))?;
+        let words: &[u32] = result_words(bytes, WORDS * k * np)?;
         for (s, st) in out.iter_mut().enumerate() {
             for (pi, p) in chunk.pieces.iter().enumerate() {
                 let w = &words[(s * np + pi) * WORDS..][..WORDS];
@@ -182,7 +181,8 @@ pub fn segment_reduce(
                 st.count[q] += cnt;
             }
         }
-    }
+        Ok(())
+    })?;
     for st in &mut out {
         for q in 0..nseq {
             if st.count[q] > 0 {

@@ -9,7 +9,7 @@
 //! results are widened back to f64.
 
 use super::chunking::{dispatch_grid, plan_rows};
-use super::context::Context;
+use super::context::{result_words, Context};
 use super::pass::Pass;
 use super::pipeline::Op;
 use crate::error::{Error, Result};
@@ -112,10 +112,9 @@ pub fn token_stats(
         ));
     }
     let readbacks: Vec<_> = outputs.iter().collect();
-    let results = ctx.run(&passes, &readbacks)?;
-    for (c, bytes) in chunks.iter().zip(&results) {
-        let vals: &[f32] = bytemuck::try_cast_slice(&bytes[..c.len() * OUTPUTS * 4])
-            .map_err(|e| Error::Gpu(format!("bad result buffer: {e}")))?;
+    ctx.run_each(&passes, &readbacks, &mut |i, bytes| {
+        let c = &chunks[i];
+        let vals: &[f32] = result_words(bytes, c.len() * OUTPUTS)?;
         let m = c.len();
         let dst = [
             &mut out.log_ratio,
@@ -131,7 +130,8 @@ pub fn token_stats(
                 *x = f64::from(v);
             }
         }
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 

@@ -30,7 +30,7 @@
 
 use super::buffers::GpuBuffer;
 use super::chunking::{dispatch_grid, plan_rows, window, HOST_CHUNK_BYTES, OFFSET_ALIGN};
-use super::context::Context;
+use super::context::{result_words, Context};
 use super::pass::{Bind, Pass};
 use super::pipeline::Op;
 use super::slots::{SlotRing, UPLOAD_SLOTS};
@@ -239,8 +239,7 @@ pub fn topk_divergence(
     let results = ctx.run(&[], &outputs)?;
     for ((chunk_rows, _), bytes) in done.iter().zip(&results) {
         let m = chunk_rows.len();
-        let vals: &[f32] = bytemuck::try_cast_slice(&bytes[..m * OUTPUTS * 4])
-            .map_err(|e| Error::Gpu(format!("bad result buffer: {e}")))?;
+        let vals: &[f32] = result_words(bytes, m * OUTPUTS)?;
         for (k, &r) in chunk_rows.iter().enumerate() {
             let o = &vals[k * OUTPUTS..(k + 1) * OUTPUTS];
             let flags = o[7] as u32;

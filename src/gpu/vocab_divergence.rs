@@ -16,7 +16,7 @@ use super::buffers::GpuBuffer;
 use super::chunking::{
     dispatch_grid, plan_rows, window, ChunkLimits, HOST_CHUNK_BYTES, OFFSET_ALIGN,
 };
-use super::context::Context;
+use super::context::{result_words, Context};
 use super::pass::{Bind, Pass};
 use super::pipeline::{KernelKey, Op, VOCAB_RESULTS_PER_ROW};
 use super::slots::{SlotRing, UPLOAD_SLOTS};
@@ -288,10 +288,12 @@ fn run(
             passes.clear();
         }
     }
-    let results = ctx.run(&passes, &[&out_buf])?;
-    Ok(bytemuck::pod_collect_to_vec::<u8, f32>(
-        &results[0][..out_bytes as usize],
-    ))
+    let mut vals = Vec::new();
+    ctx.run_each(&passes, &[&out_buf], &mut |_, bytes| {
+        vals = result_words::<f32>(bytes, out_bytes as usize / 4)?.to_vec();
+        Ok(())
+    })?;
+    Ok(vals)
 }
 
 /// The per-row `row_info` words: the sampled id of each valid slot, [`ROW_MASKED`] elsewhere.
