@@ -79,65 +79,57 @@ pub(super) fn capabilities_of(
     }
 }
 
-fn instance_for(backends: Option<wgpu::Backends>) -> (wgpu::Instance, wgpu::Backends) {
-    let backends = backends
-        .or_else(wgpu::Backends::from_env)
-        .unwrap_or(wgpu::Backends::all());
+fn instance_for(backends: wgpu::Backends) -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends;
-    (wgpu::Instance::new(desc), backends)
+    wgpu::Instance::new(desc)
+}
+
+/// A software rasterizer on the host's cores (lavapipe / llvmpipe, WARP).
+pub(super) fn is_software(adapter: &wgpu::Adapter) -> bool {
+    adapter.get_info().device_type == wgpu::DeviceType::Cpu
 }
 
 /// The adapter [`super::Context::new`] opens (see there).
 pub(super) fn pick_adapter(options: &ContextOptions) -> Result<wgpu::Adapter> {
-    let explicit = options.backends.is_some() || std::env::var_os("WGPU_BACKEND").is_some();
     let wanted_name = options
         .adapter_name
         .clone()
         .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
         .filter(|s| !s.is_empty());
-    let (instance, backends) = instance_for(match (options.backends, &wanted_name) {
-        (Some(b), _) => Some(b),
-        (None, None) if !explicit => Some(wgpu::Backends::PRIMARY),
-        (None, _) => None,
-    });
-    Ok(match &wanted_name {
-        Some(name) => {
-            let lname = name.to_lowercase();
-            let adapters = pollster::block_on(instance.enumerate_adapters(backends));
-            let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
-            adapters
-                .into_iter()
-                .find(|a| a.get_info().name.to_lowercase().contains(&lname))
-                .ok_or_else(|| {
-                    Error::NoAdapter(format!(
-                        "no adapter named like `{name}` (found: {})",
-                        if names.is_empty() {
-                            "none".to_string()
-                        } else {
-                            names.join(", ")
-                        }
-                    ))
-                })?
-        }
-        None if explicit => request_adapter(&instance)?,
-        None => {
-            // Vulkan / Metal / DX12 first; GL (EGL or WGL start-up costs tens of milliseconds)
-            // only when they offer no hardware adapter, and then only if GL has one.
-            let primary = request_adapter(&instance);
-            match primary {
-                Ok(a) if a.get_info().device_type != wgpu::DeviceType::Cpu => a,
-                _ => {
-                    let (gl, _) = instance_for(Some(wgpu::Backends::GL));
-                    match (primary, request_adapter(&gl)) {
-                        (Ok(p), Ok(g)) if g.get_info().device_type == wgpu::DeviceType::Cpu => p,
-                        (_, Ok(g)) => g,
-                        (p, Err(_)) => p?,
+    let chosen = options.backends.or_else(wgpu::Backends::from_env);
+    if let Some(name) = &wanted_name {
+        let backends = chosen.unwrap_or(wgpu::Backends::all());
+        let adapters = pollster::block_on(instance_for(backends).enumerate_adapters(backends));
+        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+        let lname = name.to_lowercase();
+        return adapters
+            .into_iter()
+            .find(|a| a.get_info().name.to_lowercase().contains(&lname))
+            .ok_or_else(|| {
+                Error::NoAdapter(format!(
+                    "no adapter named like `{name}` (found: {})",
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
                     }
-                }
-            }
-        }
-    })
+                ))
+            });
+    }
+    if let Some(backends) = chosen {
+        return request_adapter(&instance_for(backends));
+    }
+    // Vulkan / Metal / DX12 first; GL (EGL or WGL start-up costs tens of milliseconds) only
+    // when they offer no hardware adapter, and then only if GL has one.
+    let primary = request_adapter(&instance_for(wgpu::Backends::PRIMARY));
+    if matches!(&primary, Ok(a) if !is_software(a)) {
+        return primary;
+    }
+    match request_adapter(&instance_for(wgpu::Backends::GL)) {
+        Ok(gl) if !is_software(&gl) || primary.is_err() => Ok(gl),
+        _ => primary,
+    }
 }
 
 fn request_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
@@ -153,8 +145,8 @@ fn request_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
 
 /// Every adapter wgpu can see (honouring `WGPU_BACKEND`): `name (backend, device type)`.
 pub fn list_adapters() -> Vec<String> {
-    let (instance, backends) = instance_for(None);
-    pollster::block_on(instance.enumerate_adapters(backends))
+    let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
+    pollster::block_on(instance_for(backends).enumerate_adapters(backends))
         .iter()
         .map(|a| {
             let i = a.get_info();

@@ -35,6 +35,16 @@ impl BufferKind {
         }
     }
 
+    /// The kind of a kernel output the host reads back: mapped and read in place, or copied
+    /// to a staging buffer.
+    pub fn output(mapped: bool) -> Self {
+        if mapped {
+            BufferKind::MappedOutput
+        } else {
+            BufferKind::Storage
+        }
+    }
+
     fn usages(self) -> wgpu::BufferUsages {
         match self {
             BufferKind::Storage => {

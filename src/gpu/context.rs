@@ -2,7 +2,7 @@
 //! `adapter.rs`); the one submit / wait / read-back path every op goes through
 //! ([`Context::run`], [`Context::submit`], [`Context::wait`]).
 
-use super::adapter::{capabilities_of, open_device, pick_adapter, Uncaptured};
+use super::adapter::{capabilities_of, is_software, open_device, pick_adapter, Uncaptured};
 pub use super::adapter::{list_adapters, ContextOptions};
 use super::buffers::{read_mapped, write_mapped, BufferKind, BufferPool, GpuBuffer};
 use super::capabilities::Capabilities;
@@ -71,9 +71,8 @@ impl Context {
         options: &ContextOptions,
     ) -> Result<std::result::Result<Self, String>> {
         let adapter = pick_adapter(options)?;
-        let info = adapter.get_info();
-        if info.device_type == wgpu::DeviceType::Cpu {
-            return Ok(Err(info.name));
+        if is_software(&adapter) {
+            return Ok(Err(adapter.get_info().name));
         }
         Self::open(adapter, options).map(Ok)
     }
@@ -184,11 +183,7 @@ impl Context {
     /// [`Capabilities::mapped_uploads`] one the host maps and reads in place ([`Context::run`]
     /// copies nothing to a staging buffer), else a device-local one.
     pub fn output(&self, bytes: u64) -> Result<GpuBuffer> {
-        let kind = if self.caps.mapped_uploads {
-            BufferKind::MappedOutput
-        } else {
-            BufferKind::Storage
-        };
+        let kind = BufferKind::output(self.caps.mapped_uploads);
         self.scoped(|| self.pool.get(&self.device, kind, bytes.div_ceil(4) * 4))
     }
 
