@@ -149,9 +149,10 @@ fn time<T>(reps: usize, mut f: impl FnMut() -> T) -> f64 {
 fn print_passes(ctx: &Context, what: &str) {
     if let Some(p) = ctx.last_vocab_passes() {
         println!(
-            "vocabulary kernel passes on {what}: {} rows, {} on the lean loop, {} read a third time: {:.3} reads per logit",
+            "vocabulary kernel passes on {what}: {} rows, {} on the lean loop, {} with a masked pass 1, {} read a third time: {:.3} reads per logit",
             p.rows,
             p.lean_rows,
+            p.masked_pass1_rows,
             p.third_pass_rows,
             p.reads_per_logit()
         );

@@ -9,9 +9,9 @@
 //
 // Pass 1 (online, merged by a fixed tree; no exp can overflow): per direction the log-partition
 //   (max m, Σe^{a−m} over the common support and outside q's support), Σe^{a−m}(a−m) for the
-//   entropy, the row's argmax (a*, b*) over the common support and the p-mean of
-//   d − (a* − b*), recentred whenever the argmax moves. This gives the shift c = c1 + c2
-//   (c1 = a* − b*, c2 ≈ E_p[d − c1]) and a first estimate λ0 of lse_b − lse_a + c.
+//   entropy, the maximum over the common support and Σe^{a−m}·d over it. This gives the shift
+//   c = E_p[d] (only a centre: its rounding moves no result) and a first estimate λ0 of
+//   lse_b − lse_a + c.
 // Pass 2 (fixed shift): u = d − c, U = E_p[u] ≈ 0 and W = E_p[w(u)], w(u) = expm1(−u) + u ≥ 0
 //   (series for small |u|), elements with u < −T kept apart so nothing overflows. Then
 //   E_p[e^{−u}] = 1 + x, x = W − U − P_out (+ extreme terms) and
@@ -24,9 +24,10 @@
 //   p-mass sits within |λ − λ0| of TV's kink): TV again with the exact λ.
 // Raw logit differences are formed before scaling by `it`, so temperature costs no accuracy.
 
-// Slots per thread of the workgroup trees (pass 1: two 7-float states and the flags): 15 × 256
-// f32 plus `wg_active` is 15,376 bytes of workgroup memory, within WebGPU's 16,384.
-const RED_SLOTS: u32 = 15u;
+// Slots per thread of the workgroup trees (pass 1: two 6-float states and the flags; pass 2: 13
+// sums): 13 × 256 f32 plus `wg_active` is 13,316 bytes of workgroup memory, within WebGPU's
+// 16,384.
+const RED_SLOTS: u32 = 13u;
 const T_EXT: f32 = 30.0; // u < −T_EXT: e^{−u} handled in log space
 const TAU_KINK: f32 = 1.0e-5; // |log(q/p)| window around TV's kink (see pass 3)
 const P1_STEP: u32 = 4u; // pass 1: elements per thread and step (see `p1_step`)
@@ -44,6 +45,7 @@ const F_A_EMPTY: u32 = 64u;
 const F_B_EMPTY: u32 = 128u;
 const F_LEAN: u32 = 256u; // pass 2 took the lean loop
 const F_THIRD_PASS: u32 = 512u; // the row was read a third time (pass 3)
+const F_PASS1_FULL: u32 = 1024u; // pass 1 read the row again with masks (see `plain` in main)
 
 // The kernel's uniform; Rust twin `VocabDivergenceParams` in src/gpu/vocab_divergence.rs.
 struct VocabDivergenceParams {
@@ -80,13 +82,12 @@ struct Acc1 {
     s_in: f32, // Σ e^{(x−m)it} where the other side is finite
     s_out: f32, // Σ e^{(x−m)it} where the other side is −inf
     h: f32, // Σ e^{(x−m)it}·(x−m)it
-    mc: f32, // x at the argmax over the common support
-    yc: f32, // the other tensor's value there
-    su: f32, // Σ_common e^{(x−m)it}·((x−y) − (mc−yc))   (raw units)
+    mc: f32, // max of x over the common support
+    su: f32, // Σ_common e^{(x−m)it}·(x−y)   (raw units)
 }
 
 fn acc1_empty() -> Acc1 {
-    return Acc1(EMPTY_MAX, 0.0, 0.0, 0.0, EMPTY_MAX, 0.0, 0.0);
+    return Acc1(EMPTY_MAX, 0.0, 0.0, 0.0, EMPTY_MAX, 0.0);
 }
 
 // Rescales a state to the running maximum `mx` when that is larger (no-op otherwise).
@@ -109,14 +110,10 @@ fn acc1_add(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, y_fin: bool, it: 
     let lx = (x - (*st).m) * it;
     let e = exp(lx);
     (*st).h = select((*st).h, (*st).h + e * lx, on);
-    let d = x - y;
     let both = on && y_fin;
-    let moves = both && x > (*st).mc;
-    (*st).su = select((*st).su, (*st).su + (((*st).mc - (*st).yc) - d) * (*st).s_in, moves);
-    (*st).mc = select((*st).mc, x, moves);
-    (*st).yc = select((*st).yc, y, moves);
+    (*st).mc = select((*st).mc, max((*st).mc, x), both);
     (*st).s_in = select((*st).s_in, (*st).s_in + e, both);
-    (*st).su = select((*st).su, (*st).su + e * (d - ((*st).mc - (*st).yc)), both);
+    (*st).su = select((*st).su, (*st).su + e * (x - y), both);
     (*st).s_out = select((*st).s_out, (*st).s_out + e, on && !y_fin);
 }
 
@@ -165,24 +162,41 @@ fn p1_block(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xl: vec4<f32>, yl:
     return p1_flags(xs.x, ys.x) | p1_flags(xs.y, ys.y) | p1_flags(xs.z, ys.z) | p1_flags(xs.w, ys.w);
 }
 
+// The plain pass 1's element (rows whose every logit is finite, see `plain` in main): no masks
+// but `on` (the element lies in the row), the common support is the whole row.
+fn acc1_add_plain(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, it: f32) {
+    let lx = (x - (*st).m) * it;
+    let e = select(0.0, exp(lx), on);
+    (*st).h = (*st).h + e * lx;
+    (*st).s_in = (*st).s_in + e;
+    (*st).su = (*st).su + e * (x - y);
+}
+
+// The plain pass 1's step over the elements i, i + 1, i + 2·WG, i + 2·WG + 1 (values as loaded:
+// those past `v` repeat elements of the row, so they move neither maximum nor minimum, and
+// add nothing). `lo`: the running minima of both sides, which with the maxima tell whether
+// the row held a −inf, NaN or +inf (then the masked pass 1 runs instead).
+fn p1_block_plain(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<function, vec2<f32>>, xs: vec4<f32>, ys: vec4<f32>, i: u32, v: u32, it: f32) {
+    let inr = vec4<u32>(i, i + 1u, i + 2u * WG, i + 2u * WG + 1u) < vec4<u32>(v);
+    acc1_rescale(sp, max(max(xs.x, xs.y), max(xs.z, xs.w)), it);
+    acc1_rescale(sq, max(max(ys.x, ys.y), max(ys.z, ys.w)), it);
+    *lo = min(*lo, vec2<f32>(min(min(xs.x, xs.y), min(xs.z, xs.w)), min(min(ys.x, ys.y), min(ys.z, ys.w))));
+    acc1_add_plain(sp, inr.x, xs.x, ys.x, it);
+    acc1_add_plain(sq, inr.x, ys.x, xs.x, it);
+    acc1_add_plain(sp, inr.y, xs.y, ys.y, it);
+    acc1_add_plain(sq, inr.y, ys.y, xs.y, it);
+    acc1_add_plain(sp, inr.z, xs.z, ys.z, it);
+    acc1_add_plain(sq, inr.z, ys.z, xs.z, it);
+    acc1_add_plain(sp, inr.w, xs.w, ys.w, it);
+    acc1_add_plain(sq, inr.w, ys.w, xs.w, it);
+}
+
 fn acc1_merge(p: Acc1, q: Acc1, it: f32) -> Acc1 {
     var hi = p;
     var lo = q;
     if (q.m > p.m) {
         hi = q;
         lo = p;
-    }
-    // common shift: the state with the larger common-support argmax wins (ties: hi)
-    var mc = hi.mc;
-    var yc = hi.yc;
-    var su_hi = hi.su;
-    var su_lo = lo.su;
-    if (lo.mc > hi.mc) {
-        mc = lo.mc;
-        yc = lo.yc;
-        su_hi = hi.su + ((hi.mc - hi.yc) - (mc - yc)) * hi.s_in;
-    } else {
-        su_lo = lo.su + ((lo.mc - lo.yc) - (mc - yc)) * lo.s_in;
     }
     let k = exp((lo.m - hi.m) * it);
     let s_lo = lo.s_in + lo.s_out;
@@ -191,9 +205,8 @@ fn acc1_merge(p: Acc1, q: Acc1, it: f32) -> Acc1 {
     r.s_in = hi.s_in + k * lo.s_in;
     r.s_out = hi.s_out + k * lo.s_out;
     r.h = hi.h + k * (lo.h + (lo.m - hi.m) * it * s_lo);
-    r.mc = mc;
-    r.yc = yc;
-    r.su = su_hi + k * su_lo;
+    r.mc = max(hi.mc, lo.mc);
+    r.su = hi.su + k * lo.su;
     return r;
 }
 
@@ -203,8 +216,7 @@ fn acc1_store(base: u32, t: u32, st: Acc1) {
     red_sh[(base + 2u) * MAX_WG + t] = st.s_out;
     red_sh[(base + 3u) * MAX_WG + t] = st.h;
     red_sh[(base + 4u) * MAX_WG + t] = st.mc;
-    red_sh[(base + 5u) * MAX_WG + t] = st.yc;
-    red_sh[(base + 6u) * MAX_WG + t] = st.su;
+    red_sh[(base + 5u) * MAX_WG + t] = st.su;
 }
 
 fn acc1_load(base: u32, t: u32) -> Acc1 {
@@ -215,7 +227,6 @@ fn acc1_load(base: u32, t: u32) -> Acc1 {
         red_sh[(base + 3u) * MAX_WG + t],
         red_sh[(base + 4u) * MAX_WG + t],
         red_sh[(base + 5u) * MAX_WG + t],
-        red_sh[(base + 6u) * MAX_WG + t],
     );
 }
 
@@ -223,8 +234,8 @@ fn acc1_load(base: u32, t: u32) -> Acc1 {
 fn red_merge(t: u32, o: u32) {
     let it = params.inv_temp;
     acc1_store(0u, t, acc1_merge(acc1_load(0u, t), acc1_load(0u, o), it));
-    acc1_store(7u, t, acc1_merge(acc1_load(7u, t), acc1_load(7u, o), it));
-    red_set(14u, t, f32(u32(red_get(14u, t)) | u32(red_get(14u, o))));
+    acc1_store(6u, t, acc1_merge(acc1_load(6u, t), acc1_load(6u, o), it));
+    red_set(12u, t, f32(u32(red_get(12u, t)) | u32(red_get(12u, o))));
 }
 
 // ---- pass 2 state --------------------------------------------------------------------
@@ -259,10 +270,8 @@ struct Dir {
     log_s: f32,
     out_frac: f32, // own mass where the other side is −inf
     s_in: f32, // Σ e^{(x−m)it} over the common support
-    c1: f32, // mc − yc (raw)
-    c2: f32, // mean of d − c1 (raw)
-    mc: f32,
-    yc: f32,
+    c: f32, // the centre E_own[d] over the common support (raw; d = own − other)
+    mc: f32, // own maximum over the common support
     entropy: f32,
 }
 
@@ -274,13 +283,11 @@ fn make_dir(st: Acc1) -> Dir {
     r.log_s = log(r.s);
     r.out_frac = st.s_out * r.inv_s;
     r.s_in = st.s_in;
-    r.c1 = st.mc - st.yc;
-    r.c2 = 0.0;
+    r.c = 0.0;
     if (st.s_in > 0.0) {
-        r.c2 = st.su / st.s_in;
+        r.c = st.su / st.s_in;
     }
     r.mc = st.mc;
-    r.yc = st.yc;
     r.entropy = max(r.log_s - st.h * r.inv_s, 0.0);
     return r;
 }
@@ -306,9 +313,9 @@ fn finish_dir(st: Dir2, dx: Dir, dy: Dir, it: f32) -> Kl {
     var big = false;
     var ext = 0.0; // Σ_ext p·e^{−u}
     if (st.ee > 0.0) {
-        // Σ_ext p e^{−u} = ee · e^{K},  K = ((t_y − y_c) + (x_c − m_x) + c2)·it − log s_x, with
-        // t_y = dy.mc the other side's common-support maximum that ee is relative to
-        let kk = ((dy.mc - dx.yc) + (dx.mc - dx.m) + dx.c2) * it - dx.log_s;
+        // Σ_ext p e^{−u} = ee · e^{K},  K = ((t_y − m_x) + c)·it − log s_x, with t_y = dy.mc
+        // the other side's common-support maximum that ee is relative to
+        let kk = ((dy.mc - dx.m) + dx.c) * it - dx.log_s;
         let lk = kk + log(st.ee);
         if (lk < 60.0) {
             ext = exp(lk);
@@ -378,8 +385,8 @@ fn p2_element(x: f32, y: f32, dp: Dir, dq: Dir, it: f32) -> P2Element {
     e.wx = exp((e.x - dp.m) * it);
     e.wy = exp((e.y - dq.m) * it);
     let d = e.x - e.y;
-    e.u = ((d - dp.c1) - dp.c2) * it;
-    e.ur = ((-d - dq.c1) - dq.c2) * it;
+    e.u = (d - dp.c) * it;
+    e.ur = (-d - dq.c) * it;
     return e;
 }
 
@@ -527,40 +534,76 @@ fn main(
     let pairs = PAIRED;
 
     // ---- pass 1 ----
-    var sp = acc1_empty();
-    var sq = acc1_empty();
-    var flags = 0u;
     // Four elements per thread and step, two adjacent pairs (i, i + 1, i + 2·WG, i + 2·WG + 1),
     // so each state is rescaled once per four elements: software rasterizers run the
     // rescale's branch, exponential included, for every element. With `pairs` (see the
     // uniform) a pair of 16-bit logits is one word and one load; the loop is written once per
     // way of loading, outside any branch inside it (llvmpipe runs both sides of every `if`
     // inside a loop, but a loop none of whose invocations enters stops after one check).
-    // Indices past the row count as −inf on both sides (no flag, no sum).
+    // First the plain loop, which assumes every logit of the row finite and so needs no
+    // per-element masks (they cost llvmpipe a fifth of the kernel: 1024 × 65,536 bf16 pass 1
+    // 250 → 205 ms); when the row's minima or maxima show a −inf, NaN or +inf, the masked loop
+    // reads the row again (flag F_PASS1_FULL), in which indices past the row count as −inf on
+    // both sides (no flag, no sum).
+    var sp = acc1_empty();
+    var sq = acc1_empty();
+    var lo = vec2<f32>(BIG);
     if (pairs) {
         for (var i = 2u * t; i < v; i += 4u * WG) {
             // v is even: i < v reads i + 1 too; a pair past the row reads the row's last pair
             let k = min(i + 2u * WG, v - 2u);
             let xs = vec4<f32>(load_pair_a(abase + i), load_pair_a(abase + k));
             let ys = vec4<f32>(load_pair_b(bbase + i), load_pair_b(bbase + k));
-            flags |= p1_block(&sp, &sq, xs, ys, i, v, it);
+            p1_block_plain(&sp, &sq, &lo, xs, ys, i, v, it);
         }
     } else {
         for (var i = 2u * t; i < v; i += 4u * WG) {
             let jj = min(vec4<u32>(i, i + 1u, i + 2u * WG, i + 2u * WG + 1u), vec4<u32>(v - 1u));
             let xs = vec4<f32>(load_a(abase + jj.x), load_a(abase + jj.y), load_a(abase + jj.z), load_a(abase + jj.w));
             let ys = vec4<f32>(load_b(bbase + jj.x), load_b(bbase + jj.y), load_b(bbase + jj.z), load_b(bbase + jj.w));
-            flags |= p1_block(&sp, &sq, xs, ys, i, v, it);
+            p1_block_plain(&sp, &sq, &lo, xs, ys, i, v, it);
         }
     }
+    sp.mc = sp.m;
+    sq.mc = sq.m;
+    let plain_ok = !is_neg_inf(min(lo.x, lo.y)) && !is_bad(max(sp.m, sq.m));
     acc1_store(0u, t, sp);
-    acc1_store(7u, t, sq);
-    red_set(14u, t, f32(flags));
+    acc1_store(6u, t, sq);
+    red_set(12u, t, select(f32(F_PASS1_FULL), 0.0, plain_ok));
     red_merge_tree(t);
-    let gp = acc1_load(0u, 0u);
-    let gq = acc1_load(7u, 0u);
     if (t == 0u) {
-        var f = u32(red_sh[14u * MAX_WG]);
+        wg_active = u32(red_sh[12u * MAX_WG]);
+    }
+    var flags = workgroupUniformLoad(&wg_active);
+    if (flags != 0u) {
+        sp = acc1_empty();
+        sq = acc1_empty();
+        var fl = 0u;
+        if (pairs) {
+            for (var i = 2u * t; i < v; i += 4u * WG) {
+                let k = min(i + 2u * WG, v - 2u);
+                let xs = vec4<f32>(load_pair_a(abase + i), load_pair_a(abase + k));
+                let ys = vec4<f32>(load_pair_b(bbase + i), load_pair_b(bbase + k));
+                fl |= p1_block(&sp, &sq, xs, ys, i, v, it);
+            }
+        } else {
+            for (var i = 2u * t; i < v; i += 4u * WG) {
+                let jj = min(vec4<u32>(i, i + 1u, i + 2u * WG, i + 2u * WG + 1u), vec4<u32>(v - 1u));
+                let xs = vec4<f32>(load_a(abase + jj.x), load_a(abase + jj.y), load_a(abase + jj.z), load_a(abase + jj.w));
+                let ys = vec4<f32>(load_b(bbase + jj.x), load_b(bbase + jj.y), load_b(bbase + jj.z), load_b(bbase + jj.w));
+                fl |= p1_block(&sp, &sq, xs, ys, i, v, it);
+            }
+        }
+        acc1_store(0u, t, sp);
+        acc1_store(6u, t, sq);
+        red_set(12u, t, f32(fl | F_PASS1_FULL));
+        red_merge_tree(t);
+    }
+    workgroupBarrier(); // every thread has read wg_active before thread 0 writes it again
+    let gp = acc1_load(0u, 0u);
+    let gq = acc1_load(6u, 0u);
+    if (t == 0u) {
+        var f = u32(red_sh[12u * MAX_WG]);
         if (gp.m <= EMPTY_MAX) {
             f |= F_A_EMPTY;
         }
@@ -581,10 +624,10 @@ fn main(
     }
     let dp = make_dir(gp);
     let dq = make_dir(gq);
-    // λ0 = lse_b − lse_a + c (scaled), c = c1 + c2 of p's direction
+    // λ0 = lse_b − lse_a + c (scaled), c of p's direction
     // the cross factors of both directions (see `lean` below); λ0 is p's plus the log-normalisers
-    let kx = ((dq.m - dp.yc) + (dp.mc - dp.m) + dp.c2) * it;
-    let ky = ((dp.m - dq.yc) + (dq.mc - dq.m) + dq.c2) * it;
+    let kx = ((dq.m - dp.m) + dp.c) * it;
+    let ky = ((dp.m - dq.m) + dq.c) * it;
     let lam0 = kx + dq.log_s - dp.log_s;
 
     // ---- pass 2 ----
@@ -689,7 +732,7 @@ fn main(
                 continue;
             }
             let p_i = exp((x - dp.m) * it) * dp.inv_s;
-            let vv = -((((x - y) - dp.c1) - dp.c2) * it) - lam;
+            let vv = -(((x - y) - dp.c) * it) - lam;
             if (abs(vv) <= 1.0) {
                 acc += p_i * abs(expm1_acc(vv));
             } else {

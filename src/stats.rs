@@ -254,7 +254,8 @@ impl Corrections {
 
 /// How the GPU vocabulary kernel read the valid rows of the last exact-divergence call on a
 /// context (`trmask::gpu::Context::last_vocab_passes`): every row is read twice (pass 1:
-/// normalisers and shifts; pass 2: the divergence sums), and a third time when the first-order
+/// normalisers and shifts; pass 2: the divergence sums); pass 1 once more, with per-element
+/// masks, when the row holds a −∞ (or a NaN / +∞) logit; and a third time when the first-order
 /// TV correction is not provably negligible (or a common-support mass underflowed). Pass 2
 /// takes its lean loop (two exponentials per element) when the row is well conditioned.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -263,16 +264,19 @@ pub struct VocabPasses {
     pub rows: u64,
     /// Rows whose pass 2 took the lean loop.
     pub lean_rows: u64,
+    /// Rows whose pass 1 ran again with per-element masks (a −∞, NaN or +∞ logit).
+    pub masked_pass1_rows: u64,
     /// Rows read a third time.
     pub third_pass_rows: u64,
 }
 
 impl VocabPasses {
-    /// Average reads of each logit: 2 + third-pass rows / rows (0 without rows).
+    /// Average reads of each logit: 2 + (masked pass-1 rows + third-pass rows) / rows (0
+    /// without rows).
     pub fn reads_per_logit(&self) -> f64 {
         if self.rows == 0 {
             return 0.0;
         }
-        2.0 + self.third_pass_rows as f64 / self.rows as f64
+        2.0 + (self.masked_pass1_rows + self.third_pass_rows) as f64 / self.rows as f64
     }
 }

@@ -80,6 +80,7 @@ const F_A_EMPTY: u32 = 64;
 const F_B_EMPTY: u32 = 128;
 const F_LEAN: u32 = 256;
 const F_THIRD_PASS: u32 = 512;
+const F_PASS1_FULL: u32 = 1024;
 
 fn ceil4(x: u64) -> u64 {
     x.div_ceil(4) * 4
@@ -403,6 +404,7 @@ fn vocab_passes(raw: &[f32], mask: &[bool]) -> VocabPasses {
         let flags = o[7] as u32;
         p.rows += 1;
         p.lean_rows += u64::from(flags & F_LEAN != 0);
+        p.masked_pass1_rows += u64::from(flags & F_PASS1_FULL != 0);
         p.third_pass_rows += u64::from(flags & F_THIRD_PASS != 0);
     }
     p
