@@ -1,8 +1,11 @@
 // Exact vocabulary divergences, one workgroup per row (token slot).
 // Composed as: common/prelude.wgsl (WG, MAX_WG, tree_half) + common/math.wgsl (sentinels,
-// w_of, expm1_acc, log1p_acc, log1p_minus_x) + common/unpack.wgsl + common/reduce_slots_wg.wgsl
-// (the three workgroup trees) + common/load_a_<rollout dtype>.wgsl +
-// common/load_b_<trainer dtype>.wgsl (bindings 1 and 2, `load_a` / `load_b`) + this file.
+// w_of, expm1_acc, log1p_acc, log1p_minus_x) + common/unpack.wgsl (decoders, `Oct`) +
+// common/reduce_slots_wg.wgsl (the three workgroup trees) + the loaders of bindings 1 and 2
+// (`load_a` / `load_b`: one element; `load8_a` / `load8_b`: eight): in the WIDE variant
+// common/load_a_<rollout dtype>_wide.wgsl + common/load_b_<trainer dtype>_wide.wgsl (vec4<u32>
+// words), else common/load_a_<rollout dtype>.wgsl + common/load_b_<trainer dtype>.wgsl +
+// common/load8_narrow.wgsl + this file.
 //
 // Per row, with x = rollout logits, y = trainer logits, it = 1/temperature,
 // a = x·it, b = y·it, p = softmax(a), q = softmax(b), d = a − b:
@@ -30,7 +33,6 @@
 const RED_SLOTS: u32 = 13u;
 const T_EXT: f32 = 30.0; // u < −T_EXT: e^{−u} handled in log space
 const TAU_KINK: f32 = 1.0e-5; // |log(q/p)| window around TV's kink (see pass 3)
-const P1_STEP: u32 = 4u; // pass 1: elements per thread and step (see `p1_step`)
 const LEAN_LAMBDA: f32 = 0.25; // pass 2's lean loop: |λ0| at most this
 const LEAN_K: f32 = 40.0; // ... and both cross factors |k| at most this (w_y·e^{k} ≤ e^{40})
 
@@ -61,11 +63,12 @@ struct VocabDivergenceParams {
     pad0: u32,
 }
 
-// true: V is even and every row of a 16-bit binding starts at an even element, so an element
-// pair (2k, 2k + 1) of a 16-bit row is one word (`load_pair_a` / `load_pair_b`; f32 rows read a
-// pair as two words wherever they start). A pipeline constant, not a uniform: each pipeline
-// holds only its own loops, which halves what the driver compiles for the main loops.
-override PAIRED: bool = false;
+// true (the WIDE variant, whose loaders read vec4<u32> words): V is a multiple of 8 and every
+// row starts on a 16-byte boundary, so each thread's eight elements i .. i + 7 (i a multiple of
+// 8) are one or two 16-byte loads and always inside the row. Every loop reads eight elements
+// per thread and step (`load8_a` / `load8_b`) in both variants, in the same order, so the two
+// give the same bits; a pipeline constant, so the WIDE pipeline compiles no range checks.
+override WIDE: bool = false;
 
 @group(0) @binding(0) var<uniform> params: VocabDivergenceParams;
 // per row: the sampled token id, or ROW_MASKED for an invalid slot
@@ -137,8 +140,8 @@ fn p1_elem(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, x: f32, y: f32, ux:
     acc1_add(sq, uy, y, x, ux, it);
 }
 
-// Pass 1's four elements of one step (`P1_STEP`): both states rescaled once to the step's
-// maxima, then the elements added in index order.
+// Four elements of pass 1: both states rescaled once to their maxima, then the elements added
+// in index order.
 fn p1_step(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xs: vec4<f32>, ys: vec4<f32>, it: f32) {
     let ux = vec4<bool>(usable(xs.x), usable(xs.y), usable(xs.z), usable(xs.w));
     let uy = vec4<bool>(usable(ys.x), usable(ys.y), usable(ys.z), usable(ys.w));
@@ -152,14 +155,33 @@ fn p1_step(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xs: vec4<f32>, ys: 
     p1_elem(sp, sq, xs.w, ys.w, ux.w, uy.w, it);
 }
 
-// Pass 1's step over the elements i, i + 1, i + 2·WG, i + 2·WG + 1 of the row (values xs, ys
-// as loaded; those at or past `v` are dropped): both states updated, the elements' flags back.
-fn p1_block(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xl: vec4<f32>, yl: vec4<f32>, i: u32, v: u32, it: f32) -> u32 {
-    let inr = vec4<u32>(i, i + 1u, i + 2u * WG, i + 2u * WG + 1u) < vec4<u32>(v);
-    let xs = select(vec4<f32>(NEG_SENTINEL), xl, inr);
-    let ys = select(vec4<f32>(NEG_SENTINEL), yl, inr);
-    p1_step(sp, sq, xs, ys, it);
-    return p1_flags(xs.x, ys.x) | p1_flags(xs.y, ys.y) | p1_flags(xs.z, ys.z) | p1_flags(xs.w, ys.w);
+// Which of the elements i .. i + 7 lie in the row (all of them in the WIDE variant).
+struct InRow {
+    lo: vec4<bool>,
+    hi: vec4<bool>,
+}
+
+fn in_row(i: u32, v: u32) -> InRow {
+    let lo = vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(v);
+    let hi = vec4<u32>(i) + vec4<u32>(4u, 5u, 6u, 7u) < vec4<u32>(v);
+    return InRow(lo | vec4<bool>(WIDE), hi | vec4<bool>(WIDE));
+}
+
+// Elements i .. i + 7 of both rows as loaded, those past the row replaced by −inf.
+fn masked_oct(o: Oct, r: InRow) -> Oct {
+    return Oct(select(vec4<f32>(NEG_SENTINEL), o.lo, r.lo), select(vec4<f32>(NEG_SENTINEL), o.hi, r.hi));
+}
+
+// The masked pass 1's step over elements i .. i + 7 (those past `v` count as −inf on both
+// sides: no flag, no sum): both states updated four elements at a time, the flags back.
+fn p1_block(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xl: Oct, yl: Oct, i: u32, v: u32, it: f32) -> u32 {
+    let r = in_row(i, v);
+    let x = masked_oct(xl, r);
+    let y = masked_oct(yl, r);
+    p1_step(sp, sq, x.lo, y.lo, it);
+    p1_step(sp, sq, x.hi, y.hi, it);
+    return p1_flags(x.lo.x, y.lo.x) | p1_flags(x.lo.y, y.lo.y) | p1_flags(x.lo.z, y.lo.z) | p1_flags(x.lo.w, y.lo.w)
+        | p1_flags(x.hi.x, y.hi.x) | p1_flags(x.hi.y, y.hi.y) | p1_flags(x.hi.z, y.hi.z) | p1_flags(x.hi.w, y.hi.w);
 }
 
 // The plain pass 1's element (rows whose every logit is finite, see `plain` in main): no masks
@@ -172,23 +194,30 @@ fn acc1_add_plain(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, it: f32) {
     (*st).su = (*st).su + e * (x - y);
 }
 
-// The plain pass 1's step over the elements i, i + 1, i + 2·WG, i + 2·WG + 1 (values as loaded:
-// those past `v` repeat elements of the row, so they move neither maximum nor minimum, and
-// add nothing). `lo`: the running minima of both sides, which with the maxima tell whether
-// the row held a −inf, NaN or +inf (then the masked pass 1 runs instead).
-fn p1_block_plain(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<function, vec2<f32>>, xs: vec4<f32>, ys: vec4<f32>, i: u32, v: u32, it: f32) {
-    let inr = vec4<u32>(i, i + 1u, i + 2u * WG, i + 2u * WG + 1u) < vec4<u32>(v);
+// The plain pass 1's four elements (`on`: in the row): both states rescaled once to their
+// maxima (elements past the row repeat elements of the row, see load8_narrow.wgsl, so they
+// move neither maximum nor minimum, and add nothing), the running minima `lo` of both sides
+// updated: with the maxima they tell whether the row held a −inf, NaN or +inf (then the
+// masked pass 1 runs instead).
+fn p1_quad_plain(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<function, vec2<f32>>, xs: vec4<f32>, ys: vec4<f32>, on: vec4<bool>, it: f32) {
     acc1_rescale(sp, max(max(xs.x, xs.y), max(xs.z, xs.w)), it);
     acc1_rescale(sq, max(max(ys.x, ys.y), max(ys.z, ys.w)), it);
     *lo = min(*lo, vec2<f32>(min(min(xs.x, xs.y), min(xs.z, xs.w)), min(min(ys.x, ys.y), min(ys.z, ys.w))));
-    acc1_add_plain(sp, inr.x, xs.x, ys.x, it);
-    acc1_add_plain(sq, inr.x, ys.x, xs.x, it);
-    acc1_add_plain(sp, inr.y, xs.y, ys.y, it);
-    acc1_add_plain(sq, inr.y, ys.y, xs.y, it);
-    acc1_add_plain(sp, inr.z, xs.z, ys.z, it);
-    acc1_add_plain(sq, inr.z, ys.z, xs.z, it);
-    acc1_add_plain(sp, inr.w, xs.w, ys.w, it);
-    acc1_add_plain(sq, inr.w, ys.w, xs.w, it);
+    acc1_add_plain(sp, on.x, xs.x, ys.x, it);
+    acc1_add_plain(sq, on.x, ys.x, xs.x, it);
+    acc1_add_plain(sp, on.y, xs.y, ys.y, it);
+    acc1_add_plain(sq, on.y, ys.y, xs.y, it);
+    acc1_add_plain(sp, on.z, xs.z, ys.z, it);
+    acc1_add_plain(sq, on.z, ys.z, xs.z, it);
+    acc1_add_plain(sp, on.w, xs.w, ys.w, it);
+    acc1_add_plain(sq, on.w, ys.w, xs.w, it);
+}
+
+// The plain pass 1's step over elements i .. i + 7.
+fn p1_block_plain(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<function, vec2<f32>>, x: Oct, y: Oct, i: u32, v: u32, it: f32) {
+    let r = in_row(i, v);
+    p1_quad_plain(sp, sq, lo, x.lo, y.lo, r.lo, it);
+    p1_quad_plain(sp, sq, lo, x.hi, y.hi, r.hi, it);
 }
 
 fn acc1_merge(p: Acc1, q: Acc1, it: f32) -> Acc1 {
@@ -412,20 +441,32 @@ struct P2Row {
     eky: f32,
 }
 
-// Elements i and i + 1 of the row for pass 2, loaded a pair at a time (`pairs`) or one by one;
-// an element at or past `v` reads as −inf on both sides (skipped).
-struct P2Pair {
-    x: vec2<f32>,
-    y: vec2<f32>,
-}
-
-fn p2_pair_scalar(abase: u32, bbase: u32, i: u32, v: u32) -> P2Pair {
-    let i1 = min(i + 1u, v - 1u);
-    let on = i + 1u < v;
-    return P2Pair(
-        vec2<f32>(load_a(abase + i), select(NEG_SENTINEL, load_a(abase + i1), on)),
-        vec2<f32>(load_b(bbase + i), select(NEG_SENTINEL, load_b(bbase + i1), on)),
-    );
+// Pass 2's step over elements i .. i + 7 of both rows (past the row: −inf, skipped), through
+// the lean or the general element.
+fn p2_block(st: ptr<function, P2Sums>, xl: Oct, yl: Oct, i: u32, v: u32, r: P2Row, lean: bool) {
+    let m = in_row(i, v);
+    let x = masked_oct(xl, m);
+    let y = masked_oct(yl, m);
+    let it = r.it;
+    if (lean) {
+        lean_add(st, p2_element(x.lo.x, y.lo.x, r.dp, r.dq, it), r);
+        lean_add(st, p2_element(x.lo.y, y.lo.y, r.dp, r.dq, it), r);
+        lean_add(st, p2_element(x.lo.z, y.lo.z, r.dp, r.dq, it), r);
+        lean_add(st, p2_element(x.lo.w, y.lo.w, r.dp, r.dq, it), r);
+        lean_add(st, p2_element(x.hi.x, y.hi.x, r.dp, r.dq, it), r);
+        lean_add(st, p2_element(x.hi.y, y.hi.y, r.dp, r.dq, it), r);
+        lean_add(st, p2_element(x.hi.z, y.hi.z, r.dp, r.dq, it), r);
+        lean_add(st, p2_element(x.hi.w, y.hi.w, r.dp, r.dq, it), r);
+    } else {
+        general_add(st, p2_element(x.lo.x, y.lo.x, r.dp, r.dq, it), r);
+        general_add(st, p2_element(x.lo.y, y.lo.y, r.dp, r.dq, it), r);
+        general_add(st, p2_element(x.lo.z, y.lo.z, r.dp, r.dq, it), r);
+        general_add(st, p2_element(x.lo.w, y.lo.w, r.dp, r.dq, it), r);
+        general_add(st, p2_element(x.hi.x, y.hi.x, r.dp, r.dq, it), r);
+        general_add(st, p2_element(x.hi.y, y.hi.y, r.dp, r.dq, it), r);
+        general_add(st, p2_element(x.hi.z, y.hi.z, r.dp, r.dq, it), r);
+        general_add(st, p2_element(x.hi.w, y.hi.w, r.dp, r.dq, it), r);
+    }
 }
 
 // The lean loop's element (see `lean` in main).
@@ -531,38 +572,23 @@ fn main(
     let it = params.inv_temp;
     let abase = params.a_first + row * v;
     let bbase = params.b_first + row * v;
-    let pairs = PAIRED;
+    let last_a = abase + v - 1u;
+    let last_b = bbase + v - 1u;
 
     // ---- pass 1 ----
-    // Four elements per thread and step, two adjacent pairs (i, i + 1, i + 2·WG, i + 2·WG + 1),
-    // so each state is rescaled once per four elements: software rasterizers run the
-    // rescale's branch, exponential included, for every element. With `pairs` (see the
-    // uniform) a pair of 16-bit logits is one word and one load; the loop is written once per
-    // way of loading, outside any branch inside it (llvmpipe runs both sides of every `if`
-    // inside a loop, but a loop none of whose invocations enters stops after one check).
-    // First the plain loop, which assumes every logit of the row finite and so needs no
-    // per-element masks (they cost llvmpipe a fifth of the kernel: 1024 × 65,536 bf16 pass 1
-    // 250 → 205 ms); when the row's minima or maxima show a −inf, NaN or +inf, the masked loop
-    // reads the row again (flag F_PASS1_FULL), in which indices past the row count as −inf on
-    // both sides (no flag, no sum).
+    // Eight elements per thread and step (i .. i + 7, i a multiple of 8: one or two 16-byte
+    // loads in the WIDE variant), each state rescaled once per four: software rasterizers run
+    // the rescale's branch, exponential included, for every element. First the plain loop,
+    // which assumes every logit of the row finite and so needs no per-element masks (they
+    // cost llvmpipe a fifth of the kernel); when the row's minima or maxima show a −inf, NaN
+    // or +inf, the masked loop reads the row again (flag F_PASS1_FULL). Each loop stands
+    // outside any branch inside it (llvmpipe runs both sides of every `if` inside a loop, but
+    // a loop none of whose invocations enters stops after one check).
     var sp = acc1_empty();
     var sq = acc1_empty();
     var lo = vec2<f32>(BIG);
-    if (pairs) {
-        for (var i = 2u * t; i < v; i += 4u * WG) {
-            // v is even: i < v reads i + 1 too; a pair past the row reads the row's last pair
-            let k = min(i + 2u * WG, v - 2u);
-            let xs = vec4<f32>(load_pair_a(abase + i), load_pair_a(abase + k));
-            let ys = vec4<f32>(load_pair_b(bbase + i), load_pair_b(bbase + k));
-            p1_block_plain(&sp, &sq, &lo, xs, ys, i, v, it);
-        }
-    } else {
-        for (var i = 2u * t; i < v; i += 4u * WG) {
-            let jj = min(vec4<u32>(i, i + 1u, i + 2u * WG, i + 2u * WG + 1u), vec4<u32>(v - 1u));
-            let xs = vec4<f32>(load_a(abase + jj.x), load_a(abase + jj.y), load_a(abase + jj.z), load_a(abase + jj.w));
-            let ys = vec4<f32>(load_b(bbase + jj.x), load_b(bbase + jj.y), load_b(bbase + jj.z), load_b(bbase + jj.w));
-            p1_block_plain(&sp, &sq, &lo, xs, ys, i, v, it);
-        }
+    for (var i = 8u * t; i < v; i += 8u * WG) {
+        p1_block_plain(&sp, &sq, &lo, load8_a(abase + i, last_a), load8_b(bbase + i, last_b), i, v, it);
     }
     sp.mc = sp.m;
     sq.mc = sq.m;
@@ -579,20 +605,8 @@ fn main(
         sp = acc1_empty();
         sq = acc1_empty();
         var fl = 0u;
-        if (pairs) {
-            for (var i = 2u * t; i < v; i += 4u * WG) {
-                let k = min(i + 2u * WG, v - 2u);
-                let xs = vec4<f32>(load_pair_a(abase + i), load_pair_a(abase + k));
-                let ys = vec4<f32>(load_pair_b(bbase + i), load_pair_b(bbase + k));
-                fl |= p1_block(&sp, &sq, xs, ys, i, v, it);
-            }
-        } else {
-            for (var i = 2u * t; i < v; i += 4u * WG) {
-                let jj = min(vec4<u32>(i, i + 1u, i + 2u * WG, i + 2u * WG + 1u), vec4<u32>(v - 1u));
-                let xs = vec4<f32>(load_a(abase + jj.x), load_a(abase + jj.y), load_a(abase + jj.z), load_a(abase + jj.w));
-                let ys = vec4<f32>(load_b(bbase + jj.x), load_b(bbase + jj.y), load_b(bbase + jj.z), load_b(bbase + jj.w));
-                fl |= p1_block(&sp, &sq, xs, ys, i, v, it);
-            }
+        for (var i = 8u * t; i < v; i += 8u * WG) {
+            fl |= p1_block(&sp, &sq, load8_a(abase + i, last_a), load8_b(bbase + i, last_b), i, v, it);
         }
         acc1_store(0u, t, sp);
         acc1_store(6u, t, sq);
@@ -640,37 +654,15 @@ fn main(
     // (they are folded into U and W exactly as `finish_dir` adds them back) and TV's
     // expm1(v) comes from the same terms. Two exponentials and two branch-free series per
     // element instead of seven and three; software rasterizers evaluate both sides of every
-    // `if` inside a loop, so each choice (lean or general, pairs or single loads) has its own
-    // loop, elements i and i + 1 per thread and step.
+    // `if` inside a loop, so the lean and the general loop are two loops.
     let lean = abs(lam0) <= LEAN_LAMBDA && abs(kx) <= LEAN_K && abs(ky) <= LEAN_K;
-    if (pairs && lean) {
-        for (var i = 2u * t; i < v; i += 2u * WG) {
-            let x = load_pair_a(abase + i);
-            let y = load_pair_b(bbase + i);
-            lean_add(&sums, p2_element(x.x, y.x, dp, dq, it), row_c);
-            lean_add(&sums, p2_element(x.y, y.y, dp, dq, it), row_c);
+    if (lean) {
+        for (var i = 8u * t; i < v; i += 8u * WG) {
+            p2_block(&sums, load8_a(abase + i, last_a), load8_b(bbase + i, last_b), i, v, row_c, true);
         }
-    }
-    if (pairs && !lean) {
-        for (var i = 2u * t; i < v; i += 2u * WG) {
-            let x = load_pair_a(abase + i);
-            let y = load_pair_b(bbase + i);
-            general_add(&sums, p2_element(x.x, y.x, dp, dq, it), row_c);
-            general_add(&sums, p2_element(x.y, y.y, dp, dq, it), row_c);
-        }
-    }
-    if (!pairs && lean) {
-        for (var i = 2u * t; i < v; i += 2u * WG) {
-            let e = p2_pair_scalar(abase, bbase, i, v);
-            lean_add(&sums, p2_element(e.x.x, e.y.x, dp, dq, it), row_c);
-            lean_add(&sums, p2_element(e.x.y, e.y.y, dp, dq, it), row_c);
-        }
-    }
-    if (!pairs && !lean) {
-        for (var i = 2u * t; i < v; i += 2u * WG) {
-            let e = p2_pair_scalar(abase, bbase, i, v);
-            general_add(&sums, p2_element(e.x.x, e.y.x, dp, dq, it), row_c);
-            general_add(&sums, p2_element(e.x.y, e.y.y, dp, dq, it), row_c);
+    } else {
+        for (var i = 8u * t; i < v; i += 8u * WG) {
+            p2_block(&sums, load8_a(abase + i, last_a), load8_b(bbase + i, last_b), i, v, row_c, false);
         }
     }
     let fp = sums.fp;

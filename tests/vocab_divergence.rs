@@ -903,14 +903,24 @@ fn gpu_lean_general_and_third_pass_rows_match_the_reference() {
 }
 
 #[test]
-fn pair_and_single_loads_give_the_same_bits() {
+fn wide_and_narrow_loads_give_the_same_bits() {
+    use trmask::gpu::pipeline::Op;
     use wgpu::util::DeviceExt;
-    let Some(gpu) = common::gpu() else { return };
+    if common::gpu().is_none() {
+        return;
+    }
+    // an engine of its own: its cache shows which variants this test's calls built
+    let gpu = trmask::gpu::GpuEngine::new().unwrap();
     let ctx = gpu.context();
     let seed = common::seed(0x5eed_0006);
-    // an even vocabulary of 16-bit logits: host rows start at even elements (pairs of logits
-    // read as one word); the same rows one element into a device buffer start at odd ones
-    // (read one by one). Same workgroup, same order: the same bits.
+    let wide_built = |da: DType, db: DType, wide: bool| {
+        ctx.built_kernels()
+            .iter()
+            .any(|k| k.op == Op::VocabDivergence(db) && k.dtype == da && k.variant == wide)
+    };
+    // a vocabulary that is a multiple of 8: host rows start on 16-byte boundaries (eight
+    // logits per vec4<u32> load, the WIDE variant); the same rows one element into a device
+    // buffer do not (read one by one). Same workgroup, same order: the same bits.
     for (i, (da, db)) in [(DType::BF16, DType::BF16), (DType::F16, DType::F32)]
         .into_iter()
         .enumerate()
@@ -930,16 +940,22 @@ fn pair_and_single_loads_give_the_same_bits() {
         let (sa, sb) = (da.size(), db.size());
         let la = Logits::device(mk(c.rollout.bytes(), sa), sa as u64, da, c.rows, c.vocab).unwrap();
         let lb = Logits::device(mk(c.train.bytes(), sb), sb as u64, db, c.rows, c.vocab).unwrap();
-        let single = gpu
+        let narrow = gpu
             .vocab_divergence(&la, &lb, Some(&c.responses), &c.mask, 0.8)
             .unwrap();
-        let pairs = gpu
+        assert!(wide_built(da, db, false), "{da:?}/{db:?}: narrow variant");
+        assert!(
+            !wide_built(da, db, true),
+            "{da:?}/{db:?}: no wide variant yet"
+        );
+        let wide = gpu
             .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.8)
             .unwrap();
-        assert_eq!(bits(&single), bits(&pairs), "{da:?}/{db:?}");
+        assert!(wide_built(da, db, true), "{da:?}/{db:?}: wide variant");
+        assert_eq!(bits(&narrow), bits(&wide), "{da:?}/{db:?}");
         let cpu = CpuEngine::new()
             .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.8)
             .unwrap();
-        compare("pairs", &pairs, &cpu, 0.8);
+        compare("wide loads", &wide, &cpu, 0.8);
     }
 }

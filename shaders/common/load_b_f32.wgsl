@@ -1,11 +1,7 @@
-// trainer logits as f32 words. Same functions as load_b_f16_packed / load_b_bf16_packed.wgsl.
+// trainer logits as f32 words. Same function as load_b_f16_packed / load_b_bf16_packed.wgsl.
 @group(0) @binding(2) var<storage, read> b_words: array<u32>;
 
 fn load_b(e: u32) -> f32 {
     return decode_f32_bits(b_words[e]);
 }
 
-// Elements e and e + 1 (the 16-bit loaders read both from one word).
-fn load_pair_b(e: u32) -> vec2<f32> {
-    return vec2<f32>(load_b(e), load_b(e + 1u));
-}

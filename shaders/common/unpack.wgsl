@@ -44,3 +44,30 @@ fn decode_bf16_bits(h: u32) -> f32 {
     }
     return bitcast<f32>(h << 16u);
 }
+
+// Eight consecutive elements of a row (the vocabulary kernel's unit of loading): e .. e + 3 in
+// `lo`, e + 4 .. e + 7 in `hi`.
+struct Oct {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+// The four words of a vec4<u32> as f32 values.
+fn quad_f32(q: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(decode_f32_bits(q.x), decode_f32_bits(q.y), decode_f32_bits(q.z), decode_f32_bits(q.w));
+}
+
+// The eight bfloat16 / binary16 halves of a vec4<u32>, low half of each word first.
+fn oct_bf16(q: vec4<u32>) -> Oct {
+    return Oct(
+        vec4<f32>(decode_bf16_bits(q.x & 0xffffu), decode_bf16_bits(q.x >> 16u), decode_bf16_bits(q.y & 0xffffu), decode_bf16_bits(q.y >> 16u)),
+        vec4<f32>(decode_bf16_bits(q.z & 0xffffu), decode_bf16_bits(q.z >> 16u), decode_bf16_bits(q.w & 0xffffu), decode_bf16_bits(q.w >> 16u)),
+    );
+}
+
+fn oct_f16(q: vec4<u32>) -> Oct {
+    return Oct(
+        vec4<f32>(decode_f16_bits(q.x & 0xffffu), decode_f16_bits(q.x >> 16u), decode_f16_bits(q.y & 0xffffu), decode_f16_bits(q.y >> 16u)),
+        vec4<f32>(decode_f16_bits(q.z & 0xffffu), decode_f16_bits(q.z >> 16u), decode_f16_bits(q.w & 0xffffu), decode_f16_bits(q.w >> 16u)),
+    );
+}

@@ -45,6 +45,7 @@ mod slots;
 mod token_stats;
 mod topk_divergence;
 mod vocab_divergence;
+mod wgsl;
 
 pub use crate::stats::VocabPasses;
 pub use capabilities::Capabilities;

@@ -4,7 +4,7 @@
 //! size). Its WGSL text is the concatenation of `shaders/common/prelude.wgsl`,
 //! `shaders/common/math.wgsl` (the one math library), the snippets the variant needs
 //! (`two_sum`, loaders for its dtypes, reductions for its flavour) and the op's own
-//! `shaders/<op>.wgsl`, all embedded with `include_str!`; the workgroup size is the `WG`
+//! `shaders/<op>.wgsl`, all embedded with `include_str!` (`wgsl.rs`); the workgroup size is the `WG`
 //! pipeline-overridable constant, never baked into text. Binding 0 of every kernel is the op's
 //! own uniform struct (declared in its shader, Rust twin in `src/gpu/<op>.rs`, size in
 //! [`OpSpec::params_size`]). Adding an op: an [`Op`] variant, its [`OpSpec`] here, its shader
@@ -16,47 +16,13 @@ use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, RwLock};
 
-/// `shaders/common/prelude.wgsl`: `WG`, `MAX_WG`, indexing helpers.
-pub const PRELUDE: &str = include_str!("../../shaders/common/prelude.wgsl");
-/// `shaders/common/math.wgsl`: sentinels, k3 / w(u) / expm1 / log1p, the estimators.
-pub const MATH: &str = include_str!("../../shaders/common/math.wgsl");
-/// `shaders/common/two_sum.wgsl`: TwoSum with the op's opaque `params.one`.
-pub const TWO_SUM: &str = include_str!("../../shaders/common/two_sum.wgsl");
-/// `shaders/common/reduce_wg.wgsl`: workgroup-memory tree reductions.
-pub const REDUCE_WG: &str = include_str!("../../shaders/common/reduce_wg.wgsl");
-/// `shaders/common/reduce_acc_wg.wgsl`: `reduce_acc`, workgroup flavour.
-pub const REDUCE_ACC_WG: &str = include_str!("../../shaders/common/reduce_acc_wg.wgsl");
-/// `shaders/common/reduce_sg.wgsl`: `reduce_acc`, subgroup flavour.
-pub const REDUCE_SG: &str = include_str!("../../shaders/common/reduce_sg.wgsl");
-/// `shaders/common/reduce_slots_wg.wgsl`: trees over many values per thread.
-pub const REDUCE_SLOTS_WG: &str = include_str!("../../shaders/common/reduce_slots_wg.wgsl");
-/// `shaders/common/segments.wgsl`: a segmented kernel's walk over a sequence or piece.
-pub const SEGMENTS: &str = include_str!("../../shaders/common/segments.wgsl");
-/// `shaders/common/unpack.wgsl`: f32 / f16 / bf16 decoders of packed words.
-pub const UNPACK: &str = include_str!("../../shaders/common/unpack.wgsl");
-const TOKEN_STATS: &str = include_str!("../../shaders/token_stats.wgsl");
-const MASKS: &str = include_str!("../../shaders/masks.wgsl");
-const SEGMENT_REDUCE: &str = include_str!("../../shaders/segment_reduce.wgsl");
-const TOPK_DIVERGENCE: &str = include_str!("../../shaders/topk_divergence.wgsl");
-const VOCAB_DIVERGENCE: &str = include_str!("../../shaders/vocab_divergence.wgsl");
-
-/// `load_a(e)` over binding 1 in `dtype`.
-fn load_a(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 => include_str!("../../shaders/common/load_a_f32.wgsl"),
-        DType::F16 => include_str!("../../shaders/common/load_a_f16_packed.wgsl"),
-        DType::BF16 => include_str!("../../shaders/common/load_a_bf16_packed.wgsl"),
-    }
-}
-
-/// `load_b(e)` over binding 2 in `dtype`.
-fn load_b(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 => include_str!("../../shaders/common/load_b_f32.wgsl"),
-        DType::F16 => include_str!("../../shaders/common/load_b_f16_packed.wgsl"),
-        DType::BF16 => include_str!("../../shaders/common/load_b_bf16_packed.wgsl"),
-    }
-}
+use super::wgsl::{
+    load_a, load_a_wide, load_b, load_b_wide, LOAD8_NARROW, MASKS, SEGMENT_REDUCE, TOKEN_STATS,
+    TOPK_DIVERGENCE, VOCAB_DIVERGENCE,
+};
+pub use super::wgsl::{
+    MATH, PRELUDE, REDUCE_ACC_WG, REDUCE_SG, REDUCE_SLOTS_WG, REDUCE_WG, SEGMENTS, TWO_SUM, UNPACK,
+};
 
 /// Entry point of every kernel.
 pub const ENTRY_POINT: &str = "main";
@@ -139,14 +105,15 @@ pub struct KernelKey {
     pub flavour: Flavour,
     /// Threads per workgroup (the `WG` override), 1..=[`MAX_WORKGROUP`].
     pub workgroup: u32,
-    /// The op's second variant, its boolean override [`OpSpec::variant`] set: `PAIRED` for
-    /// the vocabulary kernel (rows whose 16-bit elements pair into words), `SERIAL` for segment
-    /// reductions and masks (one thread per sequence); false for ops without one.
+    /// The op's second variant, its boolean override [`OpSpec::variant`] set: `WIDE` for the
+    /// vocabulary kernel (V a multiple of 8 and rows 16-byte aligned: eight elements per
+    /// `vec4<u32>` load), `SERIAL` for segment reductions and masks (one thread per sequence);
+    /// false for ops without one.
     pub variant: bool,
 }
 
 impl KernelKey {
-    /// A short label such as `token_stats/F32/Workgroup/wg256` (`…/paired`, `…/serial` for the
+    /// A short label such as `token_stats/F32/Workgroup/wg256` (`…/wide`, `…/serial` for the
     /// second variant).
     pub fn label(&self) -> String {
         format!(
@@ -202,6 +169,19 @@ pub struct OpSpec {
     /// The name of the op's boolean override constant, if it has a second variant
     /// ([`KernelKey::variant`] sets it).
     pub variant: Option<&'static str>,
+    /// The second variant's storage bindings where they differ from [`Self::bindings`] (the
+    /// vocabulary kernel's `WIDE` loads need 16 bytes of each logits binding).
+    pub variant_bindings: Option<&'static [BindingKind]>,
+}
+
+impl OpSpec {
+    /// The storage bindings of `key`'s variant.
+    pub fn bindings_of(&self, key: &KernelKey) -> &'static [BindingKind] {
+        match (key.variant, self.variant_bindings) {
+            (true, Some(b)) => b,
+            _ => self.bindings,
+        }
+    }
 }
 
 const RO4: BindingKind = BindingKind::ReadOnly { min_bytes: 4 };
@@ -218,6 +198,7 @@ static TOKEN_STATS_SPEC: OpSpec = OpSpec {
     flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
     variant: None,
+    variant_bindings: None,
 };
 
 static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
@@ -231,6 +212,7 @@ static SEGMENT_REDUCE_SPEC: OpSpec = OpSpec {
     flavours: &[Flavour::Workgroup, Flavour::Subgroup],
     default_workgroup: 256,
     variant: Some(SERIAL_OVERRIDE),
+    variant_bindings: None,
 };
 
 static TOPK_DIVERGENCE_SPEC: OpSpec = OpSpec {
@@ -250,6 +232,7 @@ static TOPK_DIVERGENCE_SPEC: OpSpec = OpSpec {
     flavours: &[Flavour::Workgroup, Flavour::Subgroup],
     default_workgroup: 256,
     variant: None,
+    variant_bindings: None,
 };
 
 /// f32 results per row of the vocabulary kernel.
@@ -264,7 +247,21 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
             Op::VocabDivergence(d) => d,
             _ => DType::F32,
         };
-        vec![UNPACK, REDUCE_SLOTS_WG, load_a(k.dtype), load_b(train)]
+        match k.variant {
+            true => vec![
+                UNPACK,
+                REDUCE_SLOTS_WG,
+                load_a_wide(k.dtype),
+                load_b_wide(train),
+            ],
+            false => vec![
+                UNPACK,
+                REDUCE_SLOTS_WG,
+                load_a(k.dtype),
+                load_b(train),
+                LOAD8_NARROW,
+            ],
+        }
     },
     params_struct: "VocabDivergenceParams",
     params_size: 32,
@@ -279,7 +276,15 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
     dtypes: &[DType::F32, DType::F16, DType::BF16],
     flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
-    variant: Some("PAIRED"),
+    variant: Some("WIDE"),
+    variant_bindings: Some(&[
+        BindingKind::ReadOnly { min_bytes: 16 },
+        BindingKind::ReadOnly { min_bytes: 16 },
+        RO4,
+        BindingKind::ReadWrite {
+            min_bytes: VOCAB_RESULTS_PER_ROW * 4,
+        },
+    ]),
 };
 
 static MASKS_SPEC: OpSpec = OpSpec {
@@ -293,6 +298,7 @@ static MASKS_SPEC: OpSpec = OpSpec {
     flavours: &[Flavour::Workgroup],
     default_workgroup: 256,
     variant: Some(SERIAL_OVERRIDE),
+    variant_bindings: None,
 };
 
 /// The override of the segmented ops' one-thread-per-segment variant ([`OpSpec::variant`]).
@@ -357,31 +363,7 @@ pub fn shader_source(key: &KernelKey) -> String {
 /// `var<workgroup>` the entry point uses, each rounded up to 16 bytes (wgpu 30 does not check
 /// this against `max_compute_workgroup_storage_size`; the cache does, before building).
 pub fn workgroup_storage_bytes(key: &KernelKey) -> Result<u64> {
-    let label = key.label();
-    let err = |message: String| Error::ShaderCompile {
-        kernel: label.clone(),
-        message,
-    };
-    let src = shader_source(key);
-    let module = naga::front::wgsl::parse_str(&src).map_err(|e| err(e.emit_to_string(&src)))?;
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .map_err(|e| err(e.emit_to_string(&src)))?;
-    let ep = module
-        .entry_points
-        .iter()
-        .position(|e| e.name == ENTRY_POINT)
-        .ok_or_else(|| err(format!("no entry point `{ENTRY_POINT}`")))?;
-    let used = info.get_entry_point(ep);
-    Ok(module
-        .global_variables
-        .iter()
-        .filter(|(h, g)| g.space == naga::AddressSpace::WorkGroup && !used[*h].is_empty())
-        .map(|(_, g)| u64::from(module.types[g.ty].inner.size(module.to_ctx())).div_ceil(16) * 16)
-        .sum())
+    super::wgsl::workgroup_storage_bytes(&key.label(), &shader_source(key), ENTRY_POINT)
 }
 
 /// A built kernel: pipeline plus its explicit bind-group layout.
@@ -393,11 +375,12 @@ pub struct Kernel {
     pub(crate) layout: wgpu::BindGroupLayout,
 }
 
-/// Lazily built pipelines keyed by [`KernelKey`], with shader modules cached beneath.
+/// Lazily built pipelines keyed by [`KernelKey`], with shader modules cached beneath (keyed by
+/// their WGSL text: variants that differ only in override constants share one module).
 #[derive(Debug, Default)]
 pub struct PipelineCache {
     kernels: RwLock<HashMap<KernelKey, Arc<Kernel>>>,
-    modules: RwLock<HashMap<(Op, DType, Flavour), wgpu::ShaderModule>>,
+    modules: RwLock<HashMap<String, wgpu::ShaderModule>>,
 }
 
 fn scope_error(device: &wgpu::Device, scope: wgpu::ErrorScopeGuard) -> Option<String> {
@@ -493,8 +476,13 @@ impl PipelineCache {
     }
 
     fn module(&self, device: &wgpu::Device, key: &KernelKey) -> Result<wgpu::ShaderModule> {
-        let mkey = (key.op, key.dtype, key.flavour);
-        if let Some(m) = self.modules.read().ok().and_then(|m| m.get(&mkey).cloned()) {
+        let source = shader_source(key);
+        if let Some(m) = self
+            .modules
+            .read()
+            .ok()
+            .and_then(|m| m.get(&source).cloned())
+        {
             return Ok(m);
         }
         let limit = u64::from(device.limits().max_compute_workgroup_storage_size);
@@ -508,9 +496,9 @@ impl PipelineCache {
                 limit,
             ));
         }
-        let module = compile(device, &key.label(), &shader_source(key))?;
+        let module = compile(device, &key.label(), &source)?;
         if let Ok(mut m) = self.modules.write() {
-            m.entry(mkey).or_insert_with(|| module.clone());
+            m.entry(source).or_insert_with(|| module.clone());
         }
         Ok(module)
     }
@@ -542,7 +530,7 @@ impl PipelineCache {
             },
             count: None,
         }];
-        for (i, b) in spec.bindings.iter().enumerate() {
+        for (i, b) in spec.bindings_of(&key).iter().enumerate() {
             let (read_only, min) = match *b {
                 BindingKind::ReadOnly { min_bytes } => (true, min_bytes),
                 BindingKind::ReadWrite { min_bytes } => (false, min_bytes),

@@ -49,15 +49,19 @@ pub struct VocabDivergenceParams {
     pub has_responses: u32,
     /// 1 / temperature.
     pub inv_temp: f32,
-    /// Padding (the pair loads are the pipeline constant `PAIRED`, see [`paired`]).
+    /// Padding (the wide loads are the kernel variant `WIDE`, see [`wide`]).
     pub pad0: u32,
 }
 
-/// Whether a chunk's rows can be read an element pair at a time (the kernel's `PAIRED`
-/// variant): V even and every 16-bit binding starting at an even element (`firsts`, with the
-/// element sizes); f32 rows read a pair as two words wherever they start.
-fn paired(vocab: usize, firsts: [(u32, u64); 2]) -> bool {
-    vocab.is_multiple_of(2) && firsts.iter().all(|&(f, s)| s == 4 || f.is_multiple_of(2))
+/// Whether a chunk's rows can be read eight elements at a time as `vec4<u32>` words (the
+/// kernel's `WIDE` variant): V a multiple of 8 and both bindings' first rows starting at a
+/// multiple of 16 bytes (`firsts`: first element and element size), so that every row starts
+/// and ends on a 16-byte boundary and each binding's length is a whole number of `vec4`s.
+fn wide(vocab: usize, firsts: [(u32, u64); 2]) -> bool {
+    vocab.is_multiple_of(8)
+        && firsts
+            .iter()
+            .all(|&(f, s)| (u64::from(f) * s).is_multiple_of(16))
 }
 
 /// The first element of the binding window of a tensor starting at byte `first` of its data:
@@ -131,9 +135,9 @@ fn plan(
     plan_rows(rows, row_bytes, &reduced)
 }
 
-/// The kernel variant for `rollout` / `train` on `ctx` with or without pair loads (the
+/// The kernel variant for `rollout` / `train` on `ctx` with or without wide loads (the
 /// loop-budget error when a row is too long for the driver).
-fn variant(ctx: &Context, rollout: &Logits, train: &Logits, paired: bool) -> Result<KernelKey> {
+fn variant(ctx: &Context, rollout: &Logits, train: &Logits, wide: bool) -> Result<KernelKey> {
     let vocab = rollout.vocab();
     // three strided passes over the row at most (the third only for flagged rows)
     let key = ctx.row_kernel_key(
@@ -143,7 +147,7 @@ fn variant(ctx: &Context, rollout: &Logits, train: &Logits, paired: bool) -> Res
         &|| format!("rollout_logits: a row of {vocab} logits"),
     )?;
     Ok(KernelKey {
-        variant: paired,
+        variant: wide,
         ..key
     })
 }
@@ -156,7 +160,7 @@ pub(super) fn kernel_key(ctx: &Context, rollout: &Logits, train: &Logits) -> Res
         (first_element(rollout, 0, sa), sa),
         (first_element(train, 0, sb), sb),
     ];
-    variant(ctx, rollout, train, paired(rollout.vocab(), firsts))
+    variant(ctx, rollout, train, wide(rollout.vocab(), firsts))
 }
 
 /// Runs the kernel over all rows of `rollout` / `train` (host or device logits of the same
@@ -193,7 +197,7 @@ fn run(
             ));
         }
     }
-    let unpaired = variant(ctx, rollout, train, false)?;
+    let narrow = variant(ctx, rollout, train, false)?;
     let limits = ctx.chunk_limits();
     let chunks = if on_device {
         plan(rows, vocab, da, db, &limits)?
@@ -264,8 +268,8 @@ fn run(
             pad0: 0,
         };
         let kernel = ctx.kernel_for(KernelKey {
-            variant: paired(vocab, [(firsts[0], sa), (firsts[1], sb)]),
-            ..unpaired
+            variant: wide(vocab, [(firsts[0], sa), (firsts[1], sb)]),
+            ..narrow
         })?;
         let bindings = vec![
             tensors[0],
