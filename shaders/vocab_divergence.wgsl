@@ -426,6 +426,7 @@ struct P2Sums {
     tv0: f32,
     g: f32,
     near: f32, // p-mass with |v| <= TAU_KINK (whose |·| may flip sign between λ0 and λ)
+    // (the lean loop sums tv0, g and near in units of p's weights, see `tv_unit`)
 }
 
 // Pass 2's row constants.
@@ -489,16 +490,15 @@ fn lean_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row) {
     (*st).fp.w += select(wx * sx, ex + wx * u, bx);
     (*st).fq.u += wy * ur;
     (*st).fq.w += select(wy * sy, ey + wy * ur, by);
-    let p_i = wx * r.dp.inv_s;
-    let q_i = wy * r.dq.inv_s;
     let vv = -u - r.lam0; // log(q_i / p_i) at λ0
-    // p_i·expm1(−u − λ0) = e^{−λ0}·p_i·expm1(−u) + p_i·expm1(−λ0); with |λ0| ≤ ¼ and
-    // |u| > ½ it is at least 0.22·p_i in magnitude, so the closed form is exact enough
-    let pm = (r.ek0 * ex + r.em0 * wx) * r.dp.inv_s;
-    let kink = abs(vv) <= 1.0;
-    (*st).tv0 += select(abs(p_i - q_i), abs(pm), kink);
-    (*st).g += select(sign(q_i - p_i) * q_i, sign(vv) * (p_i + pm), kink);
-    (*st).near += select(0.0, p_i, abs(vv) <= TAU_KINK);
+    // TV's sums in units of p's weights (the row's 1/s_p scales them after the reduction):
+    // w_x·expm1(−u − λ0) = e^{−λ0}·w_x·expm1(−u) + w_x·expm1(−λ0) for every element; with
+    // |λ0| ≤ ¼ it is at least 0.22·w_x in magnitude wherever |u| > ½, so the closed form is
+    // exact enough there, and where |u| ≤ ½ the series gave expm1(−u)
+    let pm = r.ek0 * ex + r.em0 * wx;
+    (*st).tv0 += abs(pm);
+    (*st).g += sign(vv) * (wx + pm);
+    (*st).near += select(0.0, wx, abs(vv) <= TAU_KINK);
 }
 
 // The general loop's element.
@@ -690,9 +690,11 @@ fn main(
     let rq = finish_dir(
         Dir2(red_sh[5u * MAX_WG], red_sh[6u * MAX_WG], red_sh[9u * MAX_WG], red_sh[7u * MAX_WG], red_sh[8u * MAX_WG]),
         dq, dp, it);
-    var tv = red_sh[10u * MAX_WG];
-    let gg = red_sh[11u * MAX_WG];
-    let near_mass = red_sh[12u * MAX_WG];
+    // the lean loop summed TV's terms in units of p's weights
+    let tv_unit = select(1.0, dp.inv_s, lean);
+    var tv = red_sh[10u * MAX_WG] * tv_unit;
+    let gg = red_sh[11u * MAX_WG] * tv_unit;
+    let near_mass = red_sh[12u * MAX_WG] * tv_unit;
     var nq = neg_log_in(dq);
     var np = neg_log_in(dp);
     var lam = lam0;
