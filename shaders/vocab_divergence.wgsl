@@ -449,24 +449,23 @@ fn p2_block(st: ptr<function, P2Sums>, xl: Oct, yl: Oct, i: u32, v: u32, r: P2Ro
     let x = masked_oct(xl, m);
     let y = masked_oct(yl, m);
     let it = r.it;
+    p2_add(st, p2_element(x.lo.x, y.lo.x, r.dp, r.dq, it), r, lean);
+    p2_add(st, p2_element(x.lo.y, y.lo.y, r.dp, r.dq, it), r, lean);
+    p2_add(st, p2_element(x.lo.z, y.lo.z, r.dp, r.dq, it), r, lean);
+    p2_add(st, p2_element(x.lo.w, y.lo.w, r.dp, r.dq, it), r, lean);
+    p2_add(st, p2_element(x.hi.x, y.hi.x, r.dp, r.dq, it), r, lean);
+    p2_add(st, p2_element(x.hi.y, y.hi.y, r.dp, r.dq, it), r, lean);
+    p2_add(st, p2_element(x.hi.z, y.hi.z, r.dp, r.dq, it), r, lean);
+    p2_add(st, p2_element(x.hi.w, y.hi.w, r.dp, r.dq, it), r, lean);
+}
+
+// One element of pass 2 through the lean or the general loop's element (`lean` is a constant
+// at each call site, so each loop compiles only its own).
+fn p2_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row, lean: bool) {
     if (lean) {
-        lean_add(st, p2_element(x.lo.x, y.lo.x, r.dp, r.dq, it), r);
-        lean_add(st, p2_element(x.lo.y, y.lo.y, r.dp, r.dq, it), r);
-        lean_add(st, p2_element(x.lo.z, y.lo.z, r.dp, r.dq, it), r);
-        lean_add(st, p2_element(x.lo.w, y.lo.w, r.dp, r.dq, it), r);
-        lean_add(st, p2_element(x.hi.x, y.hi.x, r.dp, r.dq, it), r);
-        lean_add(st, p2_element(x.hi.y, y.hi.y, r.dp, r.dq, it), r);
-        lean_add(st, p2_element(x.hi.z, y.hi.z, r.dp, r.dq, it), r);
-        lean_add(st, p2_element(x.hi.w, y.hi.w, r.dp, r.dq, it), r);
+        lean_add(st, e, r);
     } else {
-        general_add(st, p2_element(x.lo.x, y.lo.x, r.dp, r.dq, it), r);
-        general_add(st, p2_element(x.lo.y, y.lo.y, r.dp, r.dq, it), r);
-        general_add(st, p2_element(x.lo.z, y.lo.z, r.dp, r.dq, it), r);
-        general_add(st, p2_element(x.lo.w, y.lo.w, r.dp, r.dq, it), r);
-        general_add(st, p2_element(x.hi.x, y.hi.x, r.dp, r.dq, it), r);
-        general_add(st, p2_element(x.hi.y, y.hi.y, r.dp, r.dq, it), r);
-        general_add(st, p2_element(x.hi.z, y.hi.z, r.dp, r.dq, it), r);
-        general_add(st, p2_element(x.hi.w, y.hi.w, r.dp, r.dq, it), r);
+        general_add(st, e, r);
     }
 }
 
