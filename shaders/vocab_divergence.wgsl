@@ -47,7 +47,7 @@ const F_A_EMPTY: u32 = 64u;
 const F_B_EMPTY: u32 = 128u;
 const F_LEAN: u32 = 256u; // pass 2 took the lean loop
 const F_THIRD_PASS: u32 = 512u; // the row was read a third time (pass 3)
-const F_PASS1_FULL: u32 = 1024u; // pass 1 read the row again with masks (see `plain` in main)
+const F_PASS1_FULL: u32 = 1024u; // pass 1 read the row again with masks (see pass 1 in main)
 
 // The kernel's uniform; Rust twin `VocabDivergenceParams` in src/gpu/vocab_divergence.rs.
 struct VocabDivergenceParams {
@@ -184,7 +184,7 @@ fn p1_block(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xl: Oct, yl: Oct, 
         | p1_flags(x.hi.x, y.hi.x) | p1_flags(x.hi.y, y.hi.y) | p1_flags(x.hi.z, y.hi.z) | p1_flags(x.hi.w, y.hi.w);
 }
 
-// The plain pass 1's element (rows whose every logit is finite, see `plain` in main): no masks
+// The plain pass 1's element (rows whose every logit is finite, see pass 1 in main): no masks
 // but `on` (the element lies in the row), the common support is the whole row.
 fn acc1_add_plain(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, it: f32) {
     let lx = (x - (*st).m) * it;
