@@ -1,7 +1,10 @@
 //! Reused upload slots for host logits streaming through a GPU op (vocabulary and top-K paths
 //! alike): chunk `i` writes slot `i % n` once the submission that last read that slot has
 //! finished, so at most `n` chunks (and their upload staging) are in flight and host memory
-//! stays bounded, with no wait per chunk but for a slot's previous use.
+//! stays bounded, with no wait per chunk but for a slot's previous use. (Mesa's lavapipe runs a
+//! dispatch inside `vkQueueSubmit`, so there the upload of chunk k + 1 follows chunk k's compute
+//! instead of overlapping it; submitting from a helper thread measured no faster on two cores,
+//! see BENCHMARKS.md.)
 
 use super::context::{Context, Submission};
 use crate::error::Result;
