@@ -8,7 +8,8 @@
 //! 1. the adapter's buffer-copy bandwidth (`copy_buffer_to_buffer`, bytes read + written);
 //! 2. the vocabulary kernel on device-resident logits (timestamp queries: kernel time only),
 //!    bytes of logits read per second and the fraction of the copy bandwidth, checked against
-//!    the f64 CPU reference on the first rows at SPEC §9 tolerance;
+//!    the f64 CPU reference on the first rows at SPEC §9 tolerance; beside it the shader read
+//!    floor, a kernel that reads the same logits once in the same row shape and only sums them;
 //! 3. the same call on host logits (upload included; mapped uploads and staging copies where
 //!    the adapter has both) and on the CPU engine;
 //! 4. `analysis::analyze` on 1M tokens of log-probs as 1, 1,000 and 300,000 sequences, both
@@ -122,6 +123,119 @@ fn copy_bandwidth(ctx: &Context, size: u64, reps: usize) -> f64 {
     2.0 * size as f64 * reps as f64 / median(times)
 }
 
+/// The shader read floor: a kernel that reads every logit of the bf16 pair once (16-byte
+/// loads, one row per workgroup of `wg` threads, the vocabulary kernel's row shape) and only
+/// sums it. Seconds per pass over both tensors (median of three timed rounds of `reps`
+/// back-to-back dispatches after a warm-up round); `None` where V is not a multiple of 8.
+fn read_floor(
+    ctx: &Context,
+    (a, b): (&wgpu::Buffer, &wgpu::Buffer),
+    rows: usize,
+    vocab: usize,
+    wg: u32,
+    reps: usize,
+) -> Option<f64> {
+    const FLOOR: &str = r#"
+override WG: u32 = 64u;
+struct P { rows: u32, quads: u32, xdim: u32, pad: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> a: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> b: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> o: array<f32>;
+fn sum8(w: vec4<u32>) -> f32 {
+    let lo = bitcast<vec4<f32>>(w << vec4<u32>(16u));
+    let hi = bitcast<vec4<f32>>(w & vec4<u32>(0xffff0000u));
+    return dot(lo + hi, vec4<f32>(1.0));
+}
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let row = wid.y * p.xdim + wid.x;
+    if (row >= p.rows) { return; }
+    let base = row * p.quads;
+    var s = 0.0;
+    for (var i = t; i < p.quads; i += WG) {
+        s += sum8(a[base + i]) - sum8(b[base + i]);
+    }
+    o[row * WG + t] = s;
+}
+"#;
+    if !vocab.is_multiple_of(8) {
+        return None;
+    }
+    let dev = ctx.device();
+    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("read floor"),
+        source: wgpu::ShaderSource::Wgsl(FLOOR.into()),
+    });
+    let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("read floor"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: wgpu::PipelineCompilationOptions {
+            constants: &[("WG", f64::from(wg))],
+            ..Default::default()
+        },
+        cache: None,
+    });
+    let xdim = rows.min(65_535) as u32;
+    let ydim = rows.div_ceil(xdim as usize) as u32;
+    let params: [u32; 4] = [rows as u32, (vocab / 8) as u32, xdim, 0];
+    let uniform = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("read floor params"),
+        size: 16,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    ctx.queue()
+        .write_buffer(&uniform, 0, bytemuck::cast_slice(&params));
+    let out = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("read floor sums"),
+        size: (rows * wg as usize * 4) as u64,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("read floor"),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: uniform.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: a.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: b.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: out.as_entire_binding(),
+            },
+        ],
+    });
+    let mut times = Vec::new();
+    for round in 0..4 {
+        let mut enc = dev.create_command_encoder(&Default::default());
+        for _ in 0..reps {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(xdim, ydim, 1);
+        }
+        let t = Instant::now();
+        ctx.queue().submit([enc.finish()]);
+        let _ = dev.poll(wgpu::PollType::wait_indefinitely());
+        if round > 0 {
+            times.push(t.elapsed().as_secs_f64() / reps as f64);
+        }
+    }
+    Some(median(times))
+}
+
 fn gbs(bytes: f64, secs: f64) -> String {
     format!("{:.2} GB/s", bytes / secs / 1e9)
 }
@@ -213,8 +327,8 @@ fn main() -> anyhow::Result<()> {
         .collect();
     let mask = vec![true; rows];
     let (da, db) = (device_buffer(&ctx, &a), device_buffer(&ctx, &b));
-    let la = Logits::device(da, 0, DType::BF16, rows, vocab)?;
-    let lb = Logits::device(db, 0, DType::BF16, rows, vocab)?;
+    let la = Logits::device(da.clone(), 0, DType::BF16, rows, vocab)?;
+    let lb = Logits::device(db.clone(), 0, DType::BF16, rows, vocab)?;
     let mut dev_ns = Vec::new();
     let mut walls = Vec::new();
     let mut dev_stats = None;
@@ -284,8 +398,8 @@ fn main() -> anyhow::Result<()> {
         bytes / 1e9
     );
     println!("|---|---|---|---|");
-    if !dev_ns.is_empty() {
-        let t = median(dev_ns);
+    let kernel_t = (!dev_ns.is_empty()).then(|| median(dev_ns));
+    if let Some(t) = kernel_t {
         println!(
             "| GPU kernel, device-resident (timestamp queries) | {:.3} ms | {} | {:.1} % |",
             t * 1e3,
@@ -309,6 +423,27 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .find(|k| k.op == trmask::gpu::pipeline::Op::VocabDivergence(DType::BF16))
         .map_or(0, |k| k.workgroup);
+    let floor_reps = if quick { 4 } else { 10 };
+    let mut floor_line = None;
+    match read_floor(&ctx, (&da, &db), rows, vocab, default_wg.max(1), floor_reps) {
+        Some(t) => {
+            println!(
+                "| read-and-sum kernel, device-resident ({} threads per row: the shader read floor) | {:.3} ms | {} | {:.1} % |",
+                default_wg.max(1),
+                t * 1e3,
+                gbs(bytes, t),
+                100.0 * bytes / t / copy
+            );
+            floor_line = Some(format!(
+                "the vocabulary kernel takes {:.2}× the read floor's time ({}: {:.3} ms against {:.3} ms)",
+                kernel_t.unwrap_or(tw) / t,
+                if kernel_t.is_some() { "timestamp queries" } else { "wall" },
+                kernel_t.unwrap_or(tw) * 1e3,
+                t * 1e3
+            ));
+        }
+        None => println!("| read-and-sum kernel | (V = {vocab} is not a multiple of 8) | | |"),
+    }
     for wg in [32u32, 64, 128, 256] {
         if wg == default_wg || wg > ctx.capabilities().max_workgroup_invocations {
             continue;
@@ -390,6 +525,9 @@ fn main() -> anyhow::Result<()> {
         tc * 1e3,
         gbs(bytes, tc)
     );
+    if let Some(line) = floor_line {
+        println!("\n{line}");
+    }
 
     per_sequence(&gpu, cpu.as_ref(), quick)
 }

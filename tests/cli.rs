@@ -299,3 +299,56 @@ fn matches_cpu_through_the_binary(backend: &str) {
     }
     assert_eq!(g["seq_accept"], c["seq_accept"]);
 }
+
+/// SPEC §6: `rollout_is` with `rollout_is_threshold: null` skips IS as verl does (no weights,
+/// the mask and metrics of the same config without IS) with one `warning:` line.
+#[test]
+fn null_is_threshold_skips_importance_weighting_with_a_warning() {
+    let input = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/verl-golden/inputs/mild.json"
+    );
+    let rs = r#""rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.001"#;
+    let mut results = Vec::new();
+    for (name, cfg) in [
+        (
+            "null-token",
+            format!(r#"{{"rollout_is": "token", "rollout_is_threshold": null, {rs}}}"#),
+        ),
+        (
+            "null-seq",
+            format!(r#"{{"rollout_is": "sequence", "rollout_is_threshold": null, {rs}}}"#),
+        ),
+        ("no-is", format!("{{{rs}}}")),
+    ] {
+        let c = tmp(&format!("{name}.cfg.json"));
+        std::fs::write(&c, cfg).unwrap();
+        let (o, m) = (
+            tmp(&format!("{name}.out.json")),
+            tmp(&format!("{name}.m.json")),
+        );
+        let (code, _, err) = run(&[
+            "analyze",
+            input,
+            "--config",
+            c.to_str().unwrap(),
+            "--backend",
+            "cpu",
+            "--output",
+            o.to_str().unwrap(),
+            "--metrics",
+            m.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let warned = err
+            .lines()
+            .filter(|l| l.starts_with("warning: rollout_is is"))
+            .count();
+        assert_eq!(warned, usize::from(name != "no-is"), "{name}: {err}");
+        let out = std::fs::read_to_string(&o).unwrap();
+        assert!(!out.contains("rollout_is_weights"), "{name}");
+        results.push((out, std::fs::read_to_string(&m).unwrap()));
+    }
+    assert_eq!(results[0], results[2]);
+    assert_eq!(results[1], results[2]);
+}

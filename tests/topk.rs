@@ -918,3 +918,51 @@ fn gpu_errors_and_infinities() {
     let tr = TrainerTopk::from_batch(&b, 1.0).unwrap();
     assert!(engine.topk_divergence(&b, TopkSupport::Union, tr).is_err());
 }
+
+/// SPEC §3: logits without log-probs give the sampled-token log-probs, also where y_t is
+/// outside the rollout top-K (the support then needs log π_roll(y_t)).
+#[test]
+fn logits_without_log_probs_give_the_support_its_sampled_log_prob() {
+    let real = load();
+    let k = 2;
+    let given = real.batch(k);
+    let ids = given.rollout_topk_ids.as_ref().unwrap();
+    let outside = (0..real.n)
+        .filter(|&r| !ids[r * k..(r + 1) * k].contains(&real.y[r]))
+        .count();
+    assert!(
+        outside > 0,
+        "the test needs sampled tokens outside the top-K"
+    );
+    let bf16: Vec<u8> = real
+        .rollout
+        .iter()
+        .flat_map(|&x| half::bf16::from_f64(x).to_le_bytes())
+        .collect();
+    let rollout = Logits::from_bytes(bf16, DType::BF16, real.n, real.v).unwrap();
+    let given = given.with_logits("rollout_logits", rollout).unwrap();
+    let mut derived = given.clone();
+    derived.rollout_log_prob = None;
+    let cpu = trmask::cpu::CpuEngine::new();
+    let cfg = trmask::CorrectionConfig::default();
+    let a = trmask::analysis::analyze(&cpu, &given, &cfg).unwrap();
+    let b = trmask::analysis::analyze(&cpu, &derived, &cfg).unwrap();
+    let get = |an: &trmask::analysis::Analysis, n: &str| {
+        an.outputs
+            .iter()
+            .find(|o| o.name == n)
+            .unwrap_or_else(|| panic!("no output {n}"))
+            .data
+            .clone()
+    };
+    for name in [
+        "topk_kl",
+        "topk_tv",
+        "ddot_aggregated",
+        "ddot_uniform",
+        "log_ratio",
+        "k3",
+    ] {
+        assert_close(name, &get(&b, name), &get(&a, name), 1e-9, 1e-15, 0);
+    }
+}

@@ -228,6 +228,7 @@ fn analyze<'py>(
     arrays::reset_borrows();
     let cfg = config(config_json)?;
     let (eng, mut notes) = engine(py, backend)?;
+    notes.extend(cfg.warnings());
     let batch = match path {
         Some(p) => {
             let opts = trmask::io::ReadOptions { all_valid };
@@ -390,6 +391,13 @@ fn preset(name: &str) -> PyResult<String> {
         .to_string())
 }
 
+/// The config's `warning:` lines ([`CorrectionConfig::warnings`]); the package raises them as
+/// `UserWarning`s.
+#[pyfunction]
+fn config_warnings(config_json: &str) -> PyResult<Vec<String>> {
+    Ok(config(config_json)?.warnings())
+}
+
 /// Every preset name and alias.
 #[pyfunction]
 fn preset_names() -> Vec<&'static str> {
@@ -419,6 +427,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bounds, m)?)?;
     m.add_function(wrap_pyfunction!(preset, m)?)?;
     m.add_function(wrap_pyfunction!(preset_names, m)?)?;
+    m.add_function(wrap_pyfunction!(config_warnings, m)?)?;
     m.add_function(wrap_pyfunction!(engine_name, m)?)?;
     m.add_function(wrap_pyfunction!(last_borrows, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

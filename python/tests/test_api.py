@@ -290,3 +290,16 @@ def test_import_outside_the_repo(tmp_path):
                         "trmask.compute_rollout_correction_and_rejection_mask(np.zeros((1,2)), np.zeros((1,2)), np.ones((1,2)), backend='cpu'); "
                         "print('torch' in sys.modules)"], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+def test_null_is_threshold_skips_is_with_a_warning():
+    # SPEC §6: verl weights only when rollout_is and its threshold are both set
+    kw = dict(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.05, backend="cpu")
+    with pytest.warns(UserWarning, match="rollout_is_threshold is null"):
+        w, m, metrics = trmask.compute_rollout_correction_and_rejection_mask(
+            OLD, ROLLOUT, MASK, rollout_is="token", rollout_is_threshold=None, **kw
+        )
+    w0, m0, metrics0 = trmask.compute_rollout_correction_and_rejection_mask(OLD, ROLLOUT, MASK, **kw)
+    assert w is None and w0 is None
+    assert m.tolist() == m0.tolist()
+    assert metrics == metrics0

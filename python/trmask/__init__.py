@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -64,6 +65,13 @@ def _json(config: Mapping[str, Any]) -> str:
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"invalid config `{k}`: must be finite, got {v}")
     return json.dumps(clean, default=default)
+
+
+def _warn_config(config_json: str) -> None:
+    # what the CLI prints as `warning:` lines (e.g. rollout_is with a null threshold)
+    for w in _native.config_warnings(config_json):
+        text = w[len("warning: ") :] if w.startswith("warning: ") else w
+        warnings.warn(text, UserWarning, stacklevel=3)
 
 
 def preset(name: str) -> Dict[str, Any]:
@@ -198,6 +206,7 @@ def compute_rollout_correction_and_rejection_mask(
     ):
         if x is not None:
             tensors[name], kinds[name] = borrow(x, name, role)
+    _warn_config(_json(cfg))
     if _exchange is None:
         out = _native.correct(tensors, _json(cfg), backend)
     else:  # trmask.distributed: (rank, world size, all_gather)
@@ -350,6 +359,7 @@ def analyze(
     ``all_valid=True`` states that a batch without ``response_mask`` / ``cu_seqlens`` has no
     padding (the CLI's ``--all-valid``)."""
     cfg = _config(config, preset, {}, {})
+    _warn_config(_json(cfg))
     if isinstance(batch, Mapping):
         tensors: Dict[str, Any] = {}
         torch_in = False

@@ -135,6 +135,9 @@ fn setup(c: &Common) -> Result<Ctx, trmask::Error> {
         trmask::config::check_temperature("--temperature", t)?;
         cfg.temperature = t;
     }
+    for w in cfg.warnings() {
+        eprintln!("{w}");
+    }
     let mut notes = Vec::new();
     let engine = open_engine(backend, &mut notes)?;
     for n in &notes {

@@ -14,15 +14,10 @@ impl CorrectionConfig {
         if self.legacy {
             return self.resolve_legacy();
         }
-        let is = match self.rollout_is {
-            None => None,
-            Some(level) => {
-                let spec = self.rollout_is_threshold.as_ref().ok_or_else(|| {
-                    Error::config(
-                        "rollout_is_threshold",
-                        "rollout_is_threshold must be a float or a string threshold specification.",
-                    )
-                })?;
+        // verl weights only when both are set: a null threshold skips IS (SPEC §6; the
+        // `warning:` line is `warnings()`'s)
+        let is = match (self.rollout_is, &self.rollout_is_threshold) {
+            (Some(level), Some(spec)) => {
                 let (upper, lower) = parse_is_threshold(spec)?;
                 Some(IsSpec {
                     level,
@@ -31,6 +26,7 @@ impl CorrectionConfig {
                     batch_normalize: self.rollout_is_batch_normalize,
                 })
             }
+            _ => None,
         };
         let mut criteria = Vec::new();
         if let Some(rs) = &self.rollout_rs {
@@ -100,6 +96,31 @@ impl CorrectionConfig {
                 None => None,
             },
         })
+    }
+
+    /// What verl accepts silently but a user should hear of, as `warning:` lines (the CLI prints
+    /// them on stderr, the Python package raises them as `UserWarning`s): today `rollout_is`
+    /// with a null `rollout_is_threshold`, which skips importance weighting as verl does.
+    ///
+    /// ```
+    /// let cfg = trmask::CorrectionConfig::from_json_str(
+    ///     r#"{"rollout_is": "token", "rollout_is_threshold": null}"#,
+    /// )?;
+    /// assert!(cfg.resolve()?.is.is_none());
+    /// assert!(cfg.warnings()[0].starts_with("warning: rollout_is"));
+    /// # Ok::<(), trmask::Error>(())
+    /// ```
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let (Some(level), None) = (self.rollout_is, &self.rollout_is_threshold) {
+            out.push(format!(
+                "warning: rollout_is is '{}' but rollout_is_threshold is null: importance \
+                 weighting is skipped as verl does (no rollout_is_weights; mask and metrics as \
+                 without IS)",
+                level.name()
+            ));
+        }
+        out
     }
 
     /// The support of the `topk_*` statistics: `dppo.top_k_support`, else the union.

@@ -136,8 +136,9 @@ pub fn token_table_with_support(
             .stats
             .insert("training_entropy".into(), v.training_entropy);
     }
-    // Without full rollout logits, the sampled-token log-probs may come from the top-K (the
-    // rollout's, where every valid y_t is among it) and from old_logits (the trainer's).
+    // Without log-probs, the sampled-token log-probs come from the logits (SPEC §3: a
+    // log-softmax gather of `responses`), else, for the rollout, from its top-K where every
+    // valid y_t is among it.
     let mut roll = batch
         .rollout_log_prob
         .as_ref()
@@ -145,13 +146,27 @@ pub fn token_table_with_support(
     let mut train = training_log_prob_for(batch, bypass)?.or(derived.as_ref().map(|d| &d.1));
     let from_topk;
     if roll.is_none() {
-        from_topk = topk_sampled_rollout_log_prob(batch);
+        from_topk = match (&batch.rollout_logits, &batch.responses) {
+            // SPEC §3: logits without log-probs give the sampled-token log-probs
+            (Some(logits), Some(y)) => Some(sampled_log_probs(
+                batch,
+                ("rollout_logits", logits),
+                y,
+                temperature,
+            )?),
+            _ => topk_sampled_rollout_log_prob(batch),
+        };
         roll = from_topk.as_ref();
     }
     let from_logits;
     if train.is_none() {
         if let (Some(logits), Some(y)) = (&batch.old_logits, &batch.responses) {
-            from_logits = Some(sampled_log_probs(batch, logits, y, temperature)?);
+            from_logits = Some(sampled_log_probs(
+                batch,
+                ("old_logits", logits),
+                y,
+                temperature,
+            )?);
             train = from_logits.as_ref();
         }
     }
@@ -199,8 +214,23 @@ pub fn token_table_with_support(
         ));
     }
     if topk_missing_input(batch).is_none() {
-        let s =
-            engine.topk_divergence(batch, support, TrainerTopk::from_batch(batch, temperature)?)?;
+        // the support needs log π_roll(y) where y is outside the top-K: derived from the
+        // rollout logits when the batch carries no `rollout_log_prob` (logits are shared)
+        let with_log_prob;
+        let topk_batch = match (&batch.rollout_log_prob, roll) {
+            (None, Some(r)) if batch.rollout_logits.is_some() => {
+                let mut b = batch.clone();
+                b.rollout_log_prob = Some(r.clone());
+                with_log_prob = b;
+                &with_log_prob
+            }
+            _ => batch,
+        };
+        let s = engine.topk_divergence(
+            topk_batch,
+            support,
+            TrainerTopk::from_batch(batch, temperature)?,
+        )?;
         for (name, v) in [
             ("topk_kl", &s.topk_kl),
             ("topk_tv", &s.topk_tv),
@@ -238,7 +268,7 @@ fn topk_sampled_rollout_log_prob(batch: &Batch) -> Option<Vec<f64>> {
 /// the max factored out and a compensated sum, so log-probs near 0 keep full precision.
 fn sampled_log_probs(
     batch: &Batch,
-    logits: &crate::Logits,
+    (name, logits): (&'static str, &crate::Logits),
     responses: &[i64],
     temperature: f64,
 ) -> Result<Vec<f64>> {
@@ -252,7 +282,7 @@ fn sampled_log_probs(
     let v = logits.vocab();
     if logits.rows() != mask.len() || responses.len() != mask.len() {
         return Err(Error::input(
-            "old_logits",
+            name,
             format!("has {} rows, the batch {} slots", logits.rows(), mask.len()),
         ));
     }
@@ -280,7 +310,7 @@ fn sampled_log_probs(
                 for (i, x) in buf.iter_mut().enumerate() {
                     if x.is_nan() || *x == f64::INFINITY {
                         return Err(Error::input(
-                            "old_logits",
+                            name,
                             format!("value {x} at row {}, column {i}", batch.position(r)),
                         ));
                     }
@@ -292,7 +322,7 @@ fn sampled_log_probs(
                 }
                 if arg == usize::MAX {
                     return Err(Error::input(
-                        "old_logits",
+                        name,
                         format!("row {}: every entry is -inf", batch.position(r)),
                     ));
                 }
