@@ -177,7 +177,7 @@ pub fn analyze_shard(
     );
     // the whole batch's statistics: every rank's partial merged (as is with one process)
     let merged = exchange(ex, partial)?;
-    correction::check_valid_tokens(&merged)?;
+    correction::check_valid_tokens(&merged, batch.layout())?;
     let certificate = certificate_finish(&merged)?;
     let mut metrics = merged.finish()?;
     corrections.metrics = merged.restricted_to(&corr_keys).finish()?;

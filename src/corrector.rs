@@ -322,7 +322,7 @@ impl Corrector {
         let (mut c, p) =
             correction::compute_shard(self.engine.as_ref(), &batch, &table, &self.resolved, ex)?;
         let merged = exchange(ex, p)?;
-        correction::check_valid_tokens(&merged)?;
+        correction::check_valid_tokens(&merged, batch.layout())?;
         c.metrics = merged.finish()?;
         Ok(c)
     }

@@ -352,3 +352,167 @@ fn null_is_threshold_skips_importance_weighting_with_a_warning() {
     assert_eq!(results[0], results[2]);
     assert_eq!(results[1], results[2]);
 }
+
+/// SPEC §2: empty sequences are legal, so a packed safetensors batch may hold more sequences
+/// than tokens (as JSON always could).
+#[test]
+fn packed_batch_with_more_sequences_than_tokens() {
+    use safetensors::tensor::{Dtype as D, TensorView};
+    let f64s = |v: &[f64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let (roll, old) = (f64s(&[-1.0, -0.5]), f64s(&[-1.0, -0.4]));
+    let cu: Vec<u8> = [0i64, 0, 1, 1, 2]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let views = vec![
+        (
+            "rollout_log_prob",
+            TensorView::new(D::F64, vec![2], &roll).unwrap(),
+        ),
+        (
+            "old_log_prob",
+            TensorView::new(D::F64, vec![2], &old).unwrap(),
+        ),
+        ("cu_seqlens", TensorView::new(D::I64, vec![5], &cu).unwrap()),
+    ];
+    let p = tmp("s-gt-n.safetensors");
+    std::fs::write(&p, safetensors::serialize(views, None).unwrap()).unwrap();
+    let o = tmp("s-gt-n.out.json");
+    let (code, _, err) = run(&[
+        "analyze",
+        p.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--output",
+        o.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let out = common::load_json(&o);
+    assert_eq!(
+        common::json_flatten(&out["seq_len"]),
+        vec![0.0, 1.0, 0.0, 1.0]
+    );
+    // offsets are int32 / int64 (SPEC §2)
+    let cu_f32: Vec<u8> = [0f32, 1.0, 2.0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let views = vec![
+        (
+            "rollout_log_prob",
+            TensorView::new(D::F64, vec![2], &roll).unwrap(),
+        ),
+        (
+            "old_log_prob",
+            TensorView::new(D::F64, vec![2], &old).unwrap(),
+        ),
+        (
+            "cu_seqlens",
+            TensorView::new(D::F32, vec![3], &cu_f32).unwrap(),
+        ),
+    ];
+    let p = tmp("cu-f32.safetensors");
+    std::fs::write(&p, safetensors::serialize(views, None).unwrap()).unwrap();
+    assert_bad(
+        run(&["analyze", p.to_str().unwrap(), "--backend", "cpu"]),
+        &["`cu_seqlens`", "F32"],
+    );
+    // a batch whose every sequence is empty names the packed layout's tensor
+    assert_bad(
+        analyze_json(
+            "all-empty.json",
+            r#"{"rollout_log_prob": [], "old_log_prob": [], "cu_seqlens": [0, 0, 0]}"#,
+        ),
+        &["`cu_seqlens`", "every sequence is empty"],
+    );
+}
+
+/// SPEC §3: null at padding is accepted in logits too (a null at a valid row is an error
+/// naming the tensor); verl's string `uid`s are group labels; booleans only in the mask.
+#[test]
+fn json_nulls_labels_and_booleans() {
+    let good = r#"{"rollout_logits": [[[0, 1], [null, null]]], "old_logits": [[[0, 1], [0, 1]]],
+        "responses": [[1, 0]], "response_mask": [[1, 0]]}"#;
+    let nan = good.replace("[null, null]", r#"["NaN", "NaN"]"#);
+    let mut outs = Vec::new();
+    for (name, text) in [("lnull.json", good.to_string()), ("lnan.json", nan)] {
+        let p = tmp(name);
+        std::fs::write(&p, text).unwrap();
+        let o = tmp(&format!("{name}.out.json"));
+        let (code, _, err) = run(&[
+            "analyze",
+            p.to_str().unwrap(),
+            "--backend",
+            "cpu",
+            "--output",
+            o.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{name}: {err}");
+        outs.push(std::fs::read_to_string(o).unwrap());
+    }
+    assert_eq!(outs[0], outs[1]);
+    assert_bad(
+        analyze_json(
+            "lnull-valid.json",
+            &good.replace("[[0, 1], [null", "[[0, null], [null"),
+        ),
+        &[
+            "`rollout_logits`",
+            "null at valid position [0, 0], column 1",
+        ],
+    );
+    let lp = r#""response_mask": [[1, 1], [1, 0]], "rollout_log_prob": [[-1, -1], [-1, 0]], "old_log_prob": [[-1.1, -1], [-0.9, 0]]"#;
+    let metrics = |name: &str, uid: &str| {
+        let p = tmp(name);
+        std::fs::write(&p, format!("{{\"uid\": {uid}, {lp}}}")).unwrap();
+        let m = tmp(&format!("{name}.m.json"));
+        let (code, _, err) = run(&[
+            "analyze",
+            p.to_str().unwrap(),
+            "--backend",
+            "cpu",
+            "--metrics",
+            m.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{name}: {err}");
+        std::fs::read_to_string(m).unwrap()
+    };
+    assert_eq!(
+        metrics("uid-s.json", r#"["a", "b"]"#),
+        metrics("uid-n.json", "[4, 9]")
+    );
+    assert_ne!(
+        metrics("uid-s.json", r#"["a", "a"]"#),
+        metrics("uid-n.json", "[4, 9]")
+    );
+    assert_bad(
+        analyze_json(
+            "bool.json",
+            &format!("{{{}}}", lp.replace("[[-1, -1]", "[[-1, true]")),
+        ),
+        &["`rollout_log_prob`", "true is not a number"],
+    );
+}
+
+/// `--output` names a .safetensors or .json file: never `-` (the summary's stream), never
+/// another extension (its format would be a guess).
+#[test]
+fn output_must_name_a_file_of_a_known_format() {
+    let input = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/verl-golden/inputs/mild.json"
+    );
+    for bad in ["-", "out.txt", "out"] {
+        let p = tmp(bad);
+        let arg = if bad == "-" {
+            "-".to_string()
+        } else {
+            p.display().to_string()
+        };
+        assert_bad(
+            run(&["analyze", input, "--backend", "cpu", "--output", &arg]),
+            &["`--output`"],
+        );
+        assert!(bad == "-" || !p.exists(), "{bad} was written");
+    }
+}

@@ -303,3 +303,25 @@ def test_null_is_threshold_skips_is_with_a_warning():
     assert w is None and w0 is None
     assert m.tolist() == m0.tolist()
     assert metrics == metrics0
+
+
+def test_uid_strings_are_group_labels():
+    # verl's uid: one string per prompt; the group metrics see the same groups as integer ids
+    rng = np.random.default_rng(3)
+    old = rng.normal(-1, 0.3, (6, 5))
+    roll = old + rng.normal(0, 0.1, (6, 5))
+    mask = np.ones((6, 5))
+    labels = np.array(["p0", "p1", "p0", "p2", "p1", "p0"], dtype=object)
+    ints = np.array([7, 3, 7, 11, 3, 7])
+    runs = [
+        trmask.compute_rollout_correction_and_rejection_mask(
+            old, roll, mask, backend="cpu", uid=u, trmask_metrics=True
+        )[2]
+        for u in (labels, labels.astype(str), ints)
+    ]
+    assert any(k.startswith("trmask/group") for k in runs[0])
+    assert runs[0] == runs[1] == runs[2]
+    with pytest.raises(ValueError, match="uid"):
+        trmask.compute_rollout_correction_and_rejection_mask(
+            old, roll, mask, backend="cpu", uid=np.array(["p0", 1, 2, 3, 4, 5], dtype=object)
+        )

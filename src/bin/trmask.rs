@@ -235,6 +235,9 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             all_metrics,
             distributed,
         } => {
+            if let Some(p) = &output {
+                check_output_name(p)?;
+            }
             if let Some(kind) = distributed {
                 if metrics_jsonl.is_some() {
                     return Err(trmask::Error::config(
@@ -505,6 +508,29 @@ mod ranked {
 
 /// No output may overwrite an input, the config or another output (same device + inode, so
 /// `./x/../y`, symlinks and hard links count): exit code 2 before anything is written.
+/// `--output` names a file whose extension says its format: `.safetensors` or `.json` (never
+/// standard output, where the summary goes).
+fn check_output_name(p: &Path) -> Result<(), trmask::Error> {
+    if p.as_os_str() == "-" {
+        return Err(trmask::Error::config(
+            "--output",
+            "cannot be `-`: the summary goes to standard output; give a .safetensors or .json \
+             path (metrics go to standard output with --metrics -)",
+        ));
+    }
+    let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if !ext.eq_ignore_ascii_case("json") && !ext.eq_ignore_ascii_case("safetensors") {
+        return Err(trmask::Error::config(
+            "--output",
+            format!(
+                "{}: the name must end in .safetensors or .json (the format it is written in)",
+                p.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn check_outputs(
     inputs: &[PathBuf],
     config: Option<&Path>,

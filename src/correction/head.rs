@@ -3,7 +3,7 @@
 //! the DPPO / PDM mask and every metric.
 
 use super::dppo::dppo_keep;
-use crate::batch::Batch;
+use crate::batch::{Batch, Layout};
 use crate::bounds::lntrm_weight;
 use crate::config::{Agg, Criterion, IsLevel, Resolved, Stat};
 use crate::engine::Engine;
@@ -54,7 +54,7 @@ pub(crate) fn compute_partial(
         b,
     };
     if n_tok == 0 && ex.size() <= 1 {
-        return Err(no_valid_token());
+        return Err(no_valid_token(batch.layout()));
     }
     let mut metrics = Partial::new();
     metrics.put(VALID_TOKENS, Acc::Count(n_tok as u64));
@@ -179,17 +179,25 @@ pub(crate) fn compute_partial(
 /// The internal count of valid tokens in a corrections partial.
 const VALID_TOKENS: &str = "#valid_tokens";
 
-fn no_valid_token() -> Error {
-    Error::input(
-        "response_mask",
-        "response_mask must contain at least one valid token (1).",
-    )
+/// verl's error for a batch without a valid token, naming the tensor that says so: the
+/// `response_mask` of a padded batch, the `cu_seqlens` of a packed one (every sequence empty).
+fn no_valid_token(layout: &Layout) -> Error {
+    match layout {
+        Layout::Padded { .. } => Error::input(
+            "response_mask",
+            "response_mask must contain at least one valid token (1).",
+        ),
+        Layout::Packed { .. } => Error::input(
+            "cu_seqlens",
+            "the batch must contain at least one valid token: every sequence is empty",
+        ),
+    }
 }
 
 /// The error a whole batch without a valid token gives, checked on the merged partial.
-pub(crate) fn check_valid_tokens(merged: &Partial) -> Result<()> {
+pub(crate) fn check_valid_tokens(merged: &Partial, layout: &Layout) -> Result<()> {
     if merged.count(VALID_TOKENS) == 0 {
-        return Err(no_valid_token());
+        return Err(no_valid_token(layout));
     }
     Ok(())
 }

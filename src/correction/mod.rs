@@ -103,7 +103,7 @@ pub fn correct_shard(
     let table = token_table_config(engine, batch, config)?;
     let (mut c, p) = compute_shard(engine, batch, &table, &resolved, ex)?;
     let merged = exchange(ex, p)?;
-    check_valid_tokens(&merged)?;
+    check_valid_tokens(&merged, batch.layout())?;
     c.metrics = merged.finish()?;
     Ok(c)
 }

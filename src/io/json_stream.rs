@@ -157,11 +157,13 @@ impl<'de> Visitor<'de> for Tensors<'_> {
                 data: Vec::new(),
                 nulls: Vec::new(),
             };
+            let mut labels = Labels::default();
             map.next_value_seed(Flat {
                 name,
                 depth: 0,
                 st: &mut st,
                 out: &mut d,
+                labels: &mut labels,
                 failure: self.failure,
             })?;
             d.shape = st.finish();
@@ -197,11 +199,32 @@ impl Shape {
     }
 }
 
+/// Group labels: verl's `uid` holds strings (one UUID per prompt). Each string becomes the
+/// group id [`label_id`], the same on every rank of a data-parallel job and in the Python
+/// package. A `uid` holds labels or numbers, not both.
+#[derive(Default)]
+struct Labels {
+    strings: bool,
+    numbers: bool,
+}
+
+/// The group id of a string label: FNV-1a (64 bits) of its UTF-8 bytes, cut to 52 bits so that
+/// it is an exact f64 integer (the Python package computes the same).
+pub(crate) fn label_id(s: &str) -> f64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in s.as_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h & ((1 << 52) - 1)) as f64
+}
+
 struct Flat<'a> {
     name: &'a str,
     depth: usize,
     st: &'a mut Shape,
     out: &'a mut Dense,
+    labels: &'a mut Labels,
     failure: &'a RefCell<Option<Error>>,
 }
 
@@ -223,6 +246,20 @@ impl Flat<'_> {
         ))
     }
     fn number<E: de::Error>(self, x: Option<f64>) -> Result<(), E> {
+        self.labels.numbers |= x.is_some();
+        if self.labels.numbers && self.labels.strings {
+            return Err(self.fail("mixes numbers and string labels".into()));
+        }
+        self.value(x)
+    }
+    fn label<E: de::Error>(self, s: &str) -> Result<(), E> {
+        self.labels.strings = true;
+        if self.labels.numbers {
+            return Err(self.fail("mixes numbers and string labels".into()));
+        }
+        self.value(Some(label_id(s)))
+    }
+    fn value<E: de::Error>(self, x: Option<f64>) -> Result<(), E> {
         match self.st.leaf {
             None => self.st.leaf = Some(self.depth),
             Some(l) if l != self.depth => return Err(self.ragged("a number")),
@@ -271,6 +308,7 @@ impl<'de> Visitor<'de> for Flat<'_> {
                 depth: self.depth + 1,
                 st: &mut *self.st,
                 out: &mut *self.out,
+                labels: &mut *self.labels,
                 failure: self.failure,
             };
             if seq.next_element_seed(child)?.is_none() {
@@ -306,6 +344,12 @@ impl<'de> Visitor<'de> for Flat<'_> {
         self.number(Some(v as f64))
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        // true / false only in the mask: a boolean log-prob or id is a mistake, not 1 / 0
+        if self.name != "response_mask" {
+            return Err(self.fail(format!(
+                "{v} is not a number (booleans are accepted only in response_mask)"
+            )));
+        }
         self.number(Some(v as u8 as f64))
     }
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
@@ -314,9 +358,57 @@ impl<'de> Visitor<'de> for Flat<'_> {
     fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
         match lenient_json::non_finite(s) {
             Some(v) => self.number(Some(v)),
+            None if self.name == "uid" => self.label(s),
             None => Err(self.fail(format!(
                 "string {s:?} is not a number (only \"NaN\", \"Infinity\", \"-Infinity\")"
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_ids_are_fnv1a_cut_to_52_bits() {
+        // FNV-1a 64 of "" is the offset basis; of "a" the published 0xaf63dc4c8601ec8c
+        assert_eq!(
+            label_id(""),
+            (0xcbf2_9ce4_8422_2325u64 & ((1 << 52) - 1)) as f64
+        );
+        assert_eq!(
+            label_id("a"),
+            (0xaf63_dc4c_8601_ec8cu64 & ((1 << 52) - 1)) as f64
+        );
+        assert_ne!(label_id("a"), label_id("b"));
+    }
+
+    fn read(text: &str, key: &str) -> Result<Vec<(String, Dense)>> {
+        let wanted = BTreeMap::from([(key.to_string(), key.to_string())]);
+        flatten(text, &wanted)
+    }
+
+    #[test]
+    fn uid_strings_are_labels_booleans_only_in_the_mask() {
+        let t = read(r#"{"uid": ["x", "y", "x"]}"#, "uid").unwrap();
+        let d = &t[0].1.data;
+        assert_eq!(d[0], d[2]);
+        assert_ne!(d[0], d[1]);
+        let e = read(r#"{"uid": ["x", 3]}"#, "uid").unwrap_err().to_string();
+        assert!(e.contains("`uid`") && e.contains("mixes"), "{e}");
+        let m = read(r#"{"response_mask": [[true, false]]}"#, "response_mask").unwrap();
+        assert_eq!(m[0].1.data, vec![1.0, 0.0]);
+        let e = read(r#"{"old_log_prob": [true]}"#, "old_log_prob")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`old_log_prob`") && e.contains("true is not a number"),
+            "{e}"
+        );
+        let e = read(r#"{"responses": ["x"]}"#, "responses")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`responses`"), "{e}");
     }
 }

@@ -258,6 +258,9 @@ fn layout(raw: &mut Raw, opts: &ReadOptions) -> Result<Batch> {
 }
 
 fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
+    let implied = opts.all_valid
+        && !raw.dense.contains_key("response_mask")
+        && !raw.dense.contains_key("cu_seqlens");
     let mut batch = layout(&mut raw, opts)?;
     let tshape = batch.token_shape();
     // TRL's advantages are per sequence, [B]: one value for every token of the row.
@@ -346,7 +349,24 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
                     len,
                     dtype,
                 } => Logits::mapped(map, offset, len, dtype, rows, vocab),
-                LogitsSource::Values(v) => Logits::from_f32(&v, rows, vocab),
+                LogitsSource::Values(v, nulls) => {
+                    // a null row of logits is legal only at padding (SPEC §3), like NaN there
+                    let valid_null = nulls
+                        .iter()
+                        .find(|&&i| mask.get(i / vocab.max(1)).copied().unwrap_or(true));
+                    if let Some(&i) = valid_null {
+                        return Err(Error::input(
+                            name,
+                            format!(
+                                "null at valid position {}, column {} (logits must be numbers; \
+                                 -Infinity masks a token)",
+                                batch.position(i / vocab.max(1)),
+                                i % vocab.max(1)
+                            ),
+                        ));
+                    }
+                    Logits::from_f32(&v, rows, vocab)
+                }
             }
             .map_err(|e| match e {
                 Error::InvalidInput { problem, .. } => Error::input(name, problem),
@@ -404,6 +424,17 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
         ));
     }
     batch.validate()?;
+    if implied && batch.slots() == 0 {
+        // the layout-less batch has no token: say so rather than name a mask it lacks
+        let name = ["rollout_log_prob", "old_log_prob", "log_prob"]
+            .into_iter()
+            .find(|n| raw.sources.iter().any(|(t, _, _)| t == n))
+            .unwrap_or("rollout_log_prob");
+        return Err(Error::input(
+            name,
+            "is empty: --all-valid needs at least one valid token",
+        ));
+    }
     Ok(Input {
         batch,
         renames: raw.renames,

@@ -19,7 +19,8 @@ pub(super) enum LogitsSource {
         len: usize,
         dtype: DType,
     },
-    Values(Vec<f32>),
+    /// Values from JSON, and the flat indices that held `null` (legal only at padding).
+    Values(Vec<f32>, Vec<usize>),
 }
 
 /// What a file gave: dense tensors and logits under trmask names, plus what was renamed.
@@ -137,6 +138,18 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
             };
             raw.logits.insert(name.clone(), (shape, src));
         } else {
+            // SPEC §2: offsets are int32 / int64 (a float or byte-wide tensor is a mix-up)
+            if name == "cu_seqlens"
+                && !matches!(
+                    view.dtype(),
+                    safetensors::Dtype::I32 | safetensors::Dtype::I64
+                )
+            {
+                return Err(Error::input(
+                    name,
+                    format!("dtype {:?} is not supported (I32 or I64)", view.dtype()),
+                ));
+            }
             let data = widen(name, view.dtype(), bytes)?;
             let nulls = Vec::new();
             raw.dense.insert(name.clone(), Dense { shape, data, nulls });
@@ -167,7 +180,6 @@ fn shapes_fit(shapes: &BTreeMap<&str, Vec<usize>>) -> Result<()> {
     let Some((source, token)) = token else {
         return Ok(());
     };
-    let slots: usize = token.iter().product();
     for (name, shape) in shapes {
         let fits = match *name {
             "rollout_log_prob" | "old_log_prob" | "log_prob" | "responses" | "response_mask" => {
@@ -177,10 +189,10 @@ fn shapes_fit(shapes: &BTreeMap<&str, Vec<usize>>) -> Result<()> {
             "rollout_topk_ids" | "rollout_topk_log_prob" | "rollout_logits" | "old_logits" => {
                 shape.len() == token.len() + 1 && shape[..token.len()] == token[..]
             }
-            // One offset or group id per sequence: never more than one per slot, plus one.
-            "cu_seqlens" | "uid" => {
-                shape.len() == 1 && shape[0] <= slots.max(token.first().copied().unwrap_or(0)) + 1
-            }
+            // One offset or group id per sequence: 1-D, any length (empty sequences are legal,
+            // SPEC §2, so a packed batch may hold more sequences than tokens; the values are in
+            // the file, so the length is bounded by its size)
+            "cu_seqlens" | "uid" => shape.len() == 1,
             _ => true,
         };
         if !fits {
@@ -256,17 +268,11 @@ pub(super) fn read_json(text: &str) -> Result<Raw> {
         raw.sources
             .push((name.clone(), source.clone(), "json".to_string()));
         if LOGITS_NAMES.contains(&name.as_str()) {
-            if let Some(&i) = d.nulls.first() {
-                return Err(Error::input(
-                    name,
-                    format!(
-                        "null at flat index {i} (logits must be numbers; -Infinity masks a token)"
-                    ),
-                ));
-            }
             let values = d.data.iter().map(|&x| x as f32).collect();
-            raw.logits
-                .insert(name.clone(), (d.shape, LogitsSource::Values(values)));
+            raw.logits.insert(
+                name.clone(),
+                (d.shape, LogitsSource::Values(values, d.nulls)),
+            );
         } else {
             raw.dense.insert(name.clone(), d);
         }
