@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 #[path = "cli/os.rs"]
 mod os;
+#[path = "cli/paths.rs"]
+mod paths;
+use paths::{check_output_name, check_outputs};
 
 /// `println!` that never panics: a closed stdout (`trmask analyze … | head`) ends output
 /// quietly; any other failed write (`> /dev/full`) makes the exit code 1.
@@ -508,45 +511,6 @@ mod ranked {
 
 /// No output may overwrite an input, the config or another output (same device + inode, so
 /// `./x/../y`, symlinks and hard links count): exit code 2 before anything is written.
-/// `--output` names a file whose extension says its format: `.safetensors` or `.json` (never
-/// standard output, where the summary goes).
-fn check_output_name(p: &Path) -> Result<(), trmask::Error> {
-    if p.as_os_str() == "-" {
-        return Err(trmask::Error::config(
-            "--output",
-            "cannot be `-`: the summary goes to standard output; give a .safetensors or .json \
-             path (metrics go to standard output with --metrics -)",
-        ));
-    }
-    let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
-    if !ext.eq_ignore_ascii_case("json") && !ext.eq_ignore_ascii_case("safetensors") {
-        return Err(trmask::Error::config(
-            "--output",
-            format!(
-                "{}: the name must end in .safetensors or .json (the format it is written in)",
-                p.display()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-fn check_outputs(
-    inputs: &[PathBuf],
-    config: Option<&Path>,
-    outputs: &[(&str, Option<&Path>)],
-) -> Result<(), trmask::Error> {
-    let mut ins: Vec<(&str, &Path)> = inputs.iter().map(|p| ("input", p.as_path())).collect();
-    if let Some(c) = config {
-        ins.push(("--config", c));
-    }
-    let outs: Vec<(&str, &Path)> = outputs
-        .iter()
-        .filter_map(|(f, p)| p.map(|p| (*f, p)))
-        .collect();
-    trmask::io::check_distinct(&ins, &outs)
-}
-
 /// `--horizon`: an integer (also written `1e9`) in `[1, 2^53]`; larger is "out of range".
 fn parse_horizon(s: &str) -> Result<usize, String> {
     let max = trmask::bounds::MAX_HORIZON;

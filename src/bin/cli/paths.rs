@@ -1,0 +1,43 @@
+//! Checks of the command line's output paths before any work: a known format, and no output
+//! that is an input or another output.
+
+use std::path::{Path, PathBuf};
+
+/// `--output` names a file whose extension says its format: `.safetensors` or `.json` (never
+/// standard output, where the summary goes).
+pub fn check_output_name(p: &Path) -> Result<(), trmask::Error> {
+    if p.as_os_str() == "-" {
+        return Err(trmask::Error::config(
+            "--output",
+            "cannot be `-`: the summary goes to standard output; give a .safetensors or .json \
+             path (metrics go to standard output with --metrics -)",
+        ));
+    }
+    let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if !ext.eq_ignore_ascii_case("json") && !ext.eq_ignore_ascii_case("safetensors") {
+        return Err(trmask::Error::config(
+            "--output",
+            format!(
+                "{}: the name must end in .safetensors or .json (the format it is written in)",
+                p.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub fn check_outputs(
+    inputs: &[PathBuf],
+    config: Option<&Path>,
+    outputs: &[(&str, Option<&Path>)],
+) -> Result<(), trmask::Error> {
+    let mut ins: Vec<(&str, &Path)> = inputs.iter().map(|p| ("input", p.as_path())).collect();
+    if let Some(c) = config {
+        ins.push(("--config", c));
+    }
+    let outs: Vec<(&str, &Path)> = outputs
+        .iter()
+        .filter_map(|(f, p)| p.map(|p| (*f, p)))
+        .collect();
+    trmask::io::check_distinct(&ins, &outs)
+}
