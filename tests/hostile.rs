@@ -134,6 +134,31 @@ fn declared_counts_never_size_an_allocation() {
     .unwrap();
     let r = run_in(&d, &["analyze", "cu.json", "--backend", "cpu"]);
     assert_exit(r, 2, &["cu_seqlens"], "cu_seqlens 1e15");
+    // a declared shape that its data_offsets cannot hold, or that no address fits: the
+    // message names the tensor (the safetensors crate's own error does not)
+    for (what, shape, needle) in [
+        (
+            "2^40 x 3",
+            vec![1u64 << 40, 3],
+            "needs 13194139533312 bytes",
+        ),
+        (
+            "2^31 x 2^31",
+            vec![1 << 31, 1 << 31],
+            "too large to address",
+        ),
+    ] {
+        let p = d.join("shape.safetensors");
+        safetensors(
+            &p,
+            &[
+                ("rollout_log_prob", "F32", vec![2, 3], f32s(&[-1.0; 6])),
+                ("old_log_prob", "F32", shape, f32s(&[-1.0; 6])),
+            ],
+        );
+        let r = run_in(&d, &["analyze", "shape.safetensors", "--backend", "cpu"]);
+        assert_exit(r, 2, &["`old_log_prob`", needle], what);
+    }
 }
 
 /// Class 2: `trmask bounds` runs in O(1) memory and rejects horizons past 2^53.

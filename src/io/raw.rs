@@ -77,8 +77,10 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
     // library users who read files that another process rewrites should copy them first.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(&p, &e))?;
     let map = Arc::new(map);
-    let st = safetensors::SafeTensors::deserialize(&map)
-        .map_err(|e| Error::file(&p, format!("not a valid safetensors file: {e}")))?;
+    let st = safetensors::SafeTensors::deserialize(&map).map_err(|e| {
+        bad_tensor_entry(&map)
+            .unwrap_or_else(|| Error::file(&p, format!("not a valid safetensors file: {e}")))
+    })?;
     let step = safetensors::SafeTensors::read_metadata(&map)
         .ok()
         .and_then(|(_, m)| {
@@ -156,6 +158,56 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
         }
     }
     Ok(raw)
+}
+
+/// Which header entry makes a safetensors file invalid, when one does: a shape whose size
+/// overflows or disagrees with its `data_offsets` (the crate's error names no tensor).
+fn bad_tensor_entry(bytes: &[u8]) -> Option<Error> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let header = bytes.get(8..8usize.checked_add(usize::try_from(n).ok()?)?)?;
+    let v: serde_json::Value = serde_json::from_slice(header).ok()?;
+    for (name, t) in v.as_object()? {
+        if name == "__metadata__" {
+            continue;
+        }
+        let width: u64 = match t.get("dtype")?.as_str()? {
+            "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
+            "U16" | "I16" | "F16" | "BF16" => 2,
+            "U32" | "I32" | "F32" => 4,
+            "U64" | "I64" | "F64" => 8,
+            _ => continue,
+        };
+        let shape: Option<Vec<u64>> = t
+            .get("shape")?
+            .as_array()?
+            .iter()
+            .map(|d| d.as_u64())
+            .collect();
+        let offsets: Option<Vec<u64>> = t
+            .get("data_offsets")?
+            .as_array()?
+            .iter()
+            .map(|d| d.as_u64())
+            .collect();
+        let (Some(shape), Some(offsets)) = (shape, offsets) else {
+            continue;
+        };
+        let [start, end] = offsets[..] else { continue };
+        let size = shape
+            .iter()
+            .try_fold(width, |acc, &d| acc.checked_mul(d))
+            .filter(|&b| usize::try_from(b).is_ok());
+        let problem = match size {
+            None => format!("shape {shape:?} is too large to address"),
+            Some(b) if end.checked_sub(start) != Some(b) => format!(
+                "shape {shape:?} needs {b} bytes, its data_offsets [{start}, {end}] hold {}",
+                end.saturating_sub(start)
+            ),
+            _ => continue,
+        };
+        return Some(Error::input(name.as_str(), problem));
+    }
+    None
 }
 
 /// Checks the shapes of a file's tensors against each other before any of them is widened to
