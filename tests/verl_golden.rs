@@ -554,6 +554,17 @@ fn threshold_parsing_matches_verl() {
         total += 1;
         let cfg = parsing_config(case);
         let got = CorrectionConfig::from_json_value(&cfg).and_then(|c| c.resolve());
+        // verl's parser rejects None, but its pipeline never calls it with None: a null IS
+        // threshold skips importance weighting there, so it does here, with a warning
+        if case["fn"] == "_parse_rollout_is_threshold" && case["spec"].is_null() {
+            let warned = CorrectionConfig::from_json_value(&cfg).unwrap().warnings();
+            if matches!(&got, Ok(r) if r.is.is_none()) && warned.len() == 1 {
+                pass += 1;
+            } else {
+                println!("FAIL threshold case {i} (null skips IS): {got:?} {warned:?}");
+            }
+            continue;
+        }
         let ok = match (case.get("error"), &got) {
             (Some(e), Err(err)) => {
                 // CLI: exit 2 with the reason

@@ -39,6 +39,66 @@ fn mask_f64(m: MaskValues<'_>) -> Vec<f64> {
 }
 
 /// Builds and validates a batch from `d` (values: NumPy arrays or `("bfloat16", bits)`).
+/// Every tensor in the batch's token shape (`[B, T]` or `[N]`; top-K and logits with one more
+/// axis; TRL's `[B]` advantages): equal element counts in another shape are an error naming
+/// the tensor, never a silent reshape.
+fn check_shapes(
+    arrs: &BTreeMap<&str, Arr<'_>>,
+    objs: &BTreeMap<String, Bound<'_, PyAny>>,
+    tshape: &[usize],
+) -> PyResult<()> {
+    let want = |extra: bool| {
+        if extra {
+            format!("{tshape:?} + [K or V]")
+        } else {
+            format!("{tshape:?}")
+        }
+    };
+    let mut shapes: Vec<(&str, Vec<usize>, bool)> = Vec::new();
+    for name in [
+        "rollout_log_prob",
+        "old_log_prob",
+        "log_prob",
+        "responses",
+        "response_mask",
+        "advantages",
+    ] {
+        if let Some(a) = arrs.get(name) {
+            shapes.push((name, a.shape(), false));
+        }
+    }
+    for name in ["rollout_topk_ids", "rollout_topk_log_prob"] {
+        if let Some(a) = arrs.get(name) {
+            shapes.push((name, a.shape(), true));
+        }
+    }
+    for name in ["rollout_logits", "old_logits"] {
+        if let Some(s) = objs
+            .get(name)
+            .and_then(|l| l.getattr("shape").ok()?.extract::<Vec<usize>>().ok())
+        {
+            shapes.push((name, s, true));
+        }
+    }
+    for (name, shape, extra) in shapes {
+        let fits = if extra {
+            shape.len() == tshape.len() + 1 && shape[..tshape.len()] == *tshape
+        } else {
+            shape == tshape || (name == "advantages" && tshape.len() == 2 && shape == tshape[..1])
+        };
+        if !fits {
+            return Err(to_py(Error::input(
+                name,
+                format!(
+                    "shape {shape:?} does not match the batch layout {}",
+                    want(extra)
+                ),
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Renames)> {
     let mut objs: BTreeMap<String, Bound<'_, PyAny>> = BTreeMap::new();
     for (k, v) in d.iter() {
@@ -97,11 +157,16 @@ pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Ren
                 "is missing: no per-token tensor found (need log-probs or logits)",
             ))
         })?;
-        match (arrs.get("response_mask"), shape.as_slice()) {
+        // the mask, when given, fixes [B, T]; every other tensor is checked against it below
+        let mask_shape = arrs.get("response_mask").map(Arr::shape);
+        match (
+            arrs.get("response_mask"),
+            mask_shape.as_deref().unwrap_or(&shape),
+        ) {
             (Some(m), [b, t]) => Batch::padded(*b, *t, &mask_f64(m.mask("response_mask")?)),
-            (Some(_), _) => Err(Error::input(
+            (Some(m), _) => Err(Error::input(
                 "response_mask",
-                format!("must be 2-D [B, T], got shape {shape:?}"),
+                format!("must be 2-D [B, T], got shape {:?}", m.shape()),
             )),
             (None, _) if !all_valid => Err(Error::input(
                 "response_mask",
@@ -121,6 +186,7 @@ pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Ren
     }
     .map_err(to_py)?;
     let tshape = batch.token_shape();
+    check_shapes(&arrs, &objs, &tshape)?;
     for name in ["rollout_log_prob", "old_log_prob", "log_prob", "advantages"] {
         if let Some(a) = arrs.get(name) {
             let mut v = a.to_f64(name)?;

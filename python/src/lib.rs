@@ -129,6 +129,53 @@ fn correct_with<'py>(
     let old_logits = get(tensors, "old_logits")?
         .map(|v| arrays::logits("old_logits", &v))
         .transpose()?;
+    // the layout's token shape: every per-token tensor has it (logits one more axis), so equal
+    // element counts in another shape are an error naming the tensor, never a reshape
+    let tshape: Vec<usize> = match (arrs.get("cu_seqlens"), arrs.get("response_mask")) {
+        (Some(cu), _) => {
+            let n = cu.ids("cu_seqlens")?.last().copied().unwrap_or(0);
+            vec![usize::try_from(n).unwrap_or(0)]
+        }
+        (None, Some(m)) => m.shape(),
+        (None, None) => Vec::new(),
+    };
+    for name in [
+        "rollout_log_prob",
+        "old_log_prob",
+        "log_prob",
+        "advantages",
+        "responses",
+    ] {
+        if let Some(a) = arrs.get(name) {
+            if a.shape() != tshape {
+                return Err(to_py(trmask::Error::input(
+                    name,
+                    format!(
+                        "shape {:?} does not match the batch layout {tshape:?}",
+                        a.shape()
+                    ),
+                )));
+            }
+        }
+    }
+    for name in ["rollout_logits", "old_logits"] {
+        // bfloat16 comes as ("bfloat16", uint16 bits)
+        let shape = get(tensors, name)?.and_then(|v| {
+            let arr = match v.cast::<pyo3::types::PyTuple>() {
+                Ok(t) => t.get_item(1).ok()?,
+                Err(_) => v,
+            };
+            arr.getattr("shape").ok()?.extract::<Vec<usize>>().ok()
+        });
+        if let Some(shape) = shape {
+            if shape.len() != tshape.len() + 1 || shape[..tshape.len()] != tshape[..] {
+                return Err(to_py(trmask::Error::input(
+                    name,
+                    format!("shape {shape:?} does not match the batch layout {tshape:?} + [V]"),
+                )));
+            }
+        }
+    }
     let mut step = match (arrs.get("cu_seqlens"), arrs.get("response_mask")) {
         (Some(cu), _) => {
             let s = Step::packed(cu.ids("cu_seqlens")?);

@@ -325,3 +325,24 @@ def test_uid_strings_are_group_labels():
         trmask.compute_rollout_correction_and_rejection_mask(
             old, roll, mask, backend="cpu", uid=np.array(["p0", 1, 2, 3, 4, 5], dtype=object)
         )
+
+
+def test_shapes_must_match_the_layout():
+    # equal element counts in another shape are an error naming the tensor (verl: a torch
+    # broadcast error), never a silent reshape
+    rng = np.random.default_rng(3)
+    old = rng.normal(-1, 0.3, (4, 6))
+    roll, mask = old + 0.1, np.ones((4, 6))
+    f = trmask.compute_rollout_correction_and_rejection_mask
+    for args, name in [
+        ((old.reshape(6, 4), roll, mask), "old_log_prob"),
+        ((old, roll, mask.reshape(6, 4)), "rollout_log_prob"),  # the mask fixes [B, T]
+        ((old[None], roll[None], mask), "rollout_log_prob"),
+    ]:
+        with pytest.raises(ValueError, match=f"`{name}`"):
+            f(*args, rollout_is="token", backend="cpu")
+    with pytest.raises(ValueError, match="`old_log_prob`"):
+        trmask.analyze(
+            {"rollout_log_prob": roll, "old_log_prob": old.reshape(6, 4), "response_mask": mask},
+            backend="cpu",
+        )

@@ -208,7 +208,19 @@ def test_error_cases_are_value_errors():
     assert len(errs) == 2
     for set_name, cid, config, _, _ in errs:
         x = inputs(set_name)
-        with pytest.raises(ValueError, match=r"^invalid config `"):
+        # verl raises ZeroDivisionError here: the exception is that too, and a ValueError
+        with pytest.raises(ZeroDivisionError, match=r"^invalid config `") as info:
             trmask.compute_rollout_correction_and_rejection_mask(
                 x["old_log_prob"], x["rollout_log_prob"], x["response_mask"], config=config, backend="cpu"
             )
+        assert isinstance(info.value, ValueError)
+
+
+def test_boolean_threshold_is_verls_type_error():
+    x = inputs("mild")
+    with pytest.raises(TypeError, match="not a boolean") as info:
+        trmask.compute_rollout_correction_and_rejection_mask(
+            x["old_log_prob"], x["rollout_log_prob"], x["response_mask"], rollout_is="token",
+            rollout_is_threshold=True, backend="cpu",
+        )
+    assert isinstance(info.value, ValueError)

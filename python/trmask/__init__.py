@@ -39,6 +39,8 @@ __all__ = [
     "preset",
     "preset_names",
     "backend_name",
+    "VerlZeroDivisionError",
+    "VerlTypeError",
     "__version__",
 ]
 
@@ -65,6 +67,25 @@ def _json(config: Mapping[str, Any]) -> str:
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"invalid config `{k}`: must be finite, got {v}")
     return json.dumps(clean, default=default)
+
+
+class VerlZeroDivisionError(ValueError, ZeroDivisionError):
+    """Where verl raises ``ZeroDivisionError`` (sequence IS whose every weight is zero, so the
+    effective sample size is 1/0); also a ``ValueError``, like every trmask input error."""
+
+
+class VerlTypeError(ValueError, TypeError):
+    """Where verl raises ``TypeError`` (a boolean threshold); also a ``ValueError``."""
+
+
+def _verl_exception(e: ValueError) -> ValueError:
+    # the native message names the exception verl raises for the same input
+    text = str(e)
+    if "verl raises ZeroDivisionError" in text:
+        return VerlZeroDivisionError(text)
+    if "threshold specification, not a boolean" in text:
+        return VerlTypeError(text)
+    return e
 
 
 def _warn_config(config_json: str) -> None:
@@ -206,11 +227,17 @@ def compute_rollout_correction_and_rejection_mask(
     ):
         if x is not None:
             tensors[name], kinds[name] = borrow(x, name, role)
-    _warn_config(_json(cfg))
-    if _exchange is None:
-        out = _native.correct(tensors, _json(cfg), backend)
-    else:  # trmask.distributed: (rank, world size, all_gather)
-        out = _native.correct_shard(tensors, _json(cfg), backend, *_exchange)
+    try:
+        _warn_config(_json(cfg))
+        if _exchange is None:
+            out = _native.correct(tensors, _json(cfg), backend)
+        else:  # trmask.distributed: (rank, world size, all_gather)
+            out = _native.correct_shard(tensors, _json(cfg), backend, *_exchange)
+    except ValueError as e:
+        verl = _verl_exception(e)
+        if verl is e:
+            raise
+        raise verl from None
     shape = next(
         (shape_of(tensors[n]) for n in ("old_log_prob", "rollout_log_prob", "response_mask") if n in tensors),
         None,
