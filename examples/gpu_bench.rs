@@ -123,20 +123,24 @@ fn copy_bandwidth(ctx: &Context, size: u64, reps: usize) -> f64 {
     2.0 * size as f64 * reps as f64 / median(times)
 }
 
-/// The shader read floor: a kernel that reads every logit of the bf16 pair once (16-byte
-/// loads, one row per workgroup of `wg` threads, the vocabulary kernel's row shape) and only
-/// sums it. Seconds per pass over both tensors (median of three timed rounds of `reps`
-/// back-to-back dispatches after a warm-up round); `None` where V is not a multiple of 8.
+/// The shader floors: a kernel that reads every logit of the bf16 pair once (16-byte loads,
+/// one row per workgroup of `wg` threads, the vocabulary kernel's row shape) and only sums it
+/// (`softmax` false), or computes both rows' online softmax with one cross sum (`softmax`:
+/// a third of the vocabulary kernel's sums). Seconds per pass over both tensors (median of
+/// three timed rounds of `reps` back-to-back dispatches after a warm-up round); `None` where V
+/// is not a multiple of 8.
 fn read_floor(
     ctx: &Context,
     (a, b): (&wgpu::Buffer, &wgpu::Buffer),
-    rows: usize,
-    vocab: usize,
-    wg: u32,
+    (rows, vocab): (usize, usize),
+    (wg, softmax): (u32, bool),
     reps: usize,
 ) -> Option<f64> {
     const FLOOR: &str = r#"
 override WG: u32 = 64u;
+// 0: read and sum; 1: the online softmax of both rows (running maxima, rescaled Σe^{a−m},
+// Σe^{b−m}, Σe^{a−m}(a−b)): a third of the vocabulary kernel's sums, one read
+override MODE: u32 = 0u;
 struct P { rows: u32, quads: u32, xdim: u32, pad: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> a: array<vec4<u32>>;
@@ -153,8 +157,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (row >= p.rows) { return; }
     let base = row * p.quads;
     var s = 0.0;
-    for (var i = t; i < p.quads; i += WG) {
-        s += sum8(a[base + i]) - sum8(b[base + i]);
+    if (MODE == 0u) {
+        for (var i = t; i < p.quads; i += WG) {
+            s += sum8(a[base + i]) - sum8(b[base + i]);
+        }
+    } else {
+        var ma = -3.0e38;
+        var mb = -3.0e38;
+        var sa = 0.0;
+        var sb = 0.0;
+        var sd = 0.0;
+        for (var i = t; i < p.quads; i += WG) {
+            let wa = a[base + i];
+            let wb = b[base + i];
+            for (var h = 0u; h < 2u; h++) {
+                let xa = select(bitcast<vec4<f32>>(wa & vec4<u32>(0xffff0000u)), bitcast<vec4<f32>>(wa << vec4<u32>(16u)), h == 0u);
+                let xb = select(bitcast<vec4<f32>>(wb & vec4<u32>(0xffff0000u)), bitcast<vec4<f32>>(wb << vec4<u32>(16u)), h == 0u);
+                let na = max(ma, max(max(xa.x, xa.y), max(xa.z, xa.w)));
+                let nb = max(mb, max(max(xb.x, xb.y), max(xb.z, xb.w)));
+                let ka = exp(ma - na);
+                sa *= ka;
+                sd *= ka;
+                sb *= exp(mb - nb);
+                ma = na;
+                mb = nb;
+                let ea = exp(xa - vec4<f32>(ma));
+                sa += dot(ea, vec4<f32>(1.0));
+                sb += dot(exp(xb - vec4<f32>(mb)), vec4<f32>(1.0));
+                sd += dot(ea, xa - xb);
+            }
+        }
+        s = sa + sb + sd + ma + mb;
     }
     o[row * WG + t] = s;
 }
@@ -173,7 +206,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         module: &module,
         entry_point: Some("main"),
         compilation_options: wgpu::PipelineCompilationOptions {
-            constants: &[("WG", f64::from(wg))],
+            constants: &[
+                ("WG", f64::from(wg)),
+                ("MODE", f64::from(u8::from(softmax))),
+            ],
             ..Default::default()
         },
         cache: None,
@@ -425,24 +461,55 @@ fn main() -> anyhow::Result<()> {
         .map_or(0, |k| k.workgroup);
     let floor_reps = if quick { 4 } else { 10 };
     let mut floor_line = None;
-    match read_floor(&ctx, (&da, &db), rows, vocab, default_wg.max(1), floor_reps) {
-        Some(t) => {
-            println!(
-                "| read-and-sum kernel, device-resident ({} threads per row: the shader read floor) | {:.3} ms | {} | {:.1} % |",
-                default_wg.max(1),
-                t * 1e3,
-                gbs(bytes, t),
-                100.0 * bytes / t / copy
-            );
-            floor_line = Some(format!(
-                "the vocabulary kernel takes {:.2}× the read floor's time ({}: {:.3} ms against {:.3} ms)",
-                kernel_t.unwrap_or(tw) / t,
-                if kernel_t.is_some() { "timestamp queries" } else { "wall" },
-                kernel_t.unwrap_or(tw) * 1e3,
-                t * 1e3
-            ));
+    let kernel = kernel_t.unwrap_or(tw);
+    let mut floors = Vec::new();
+    for (softmax, what) in [
+        (
+            false,
+            "read-and-sum kernel, device-resident (the shader read floor)",
+        ),
+        (
+            true,
+            "online-softmax kernel, device-resident (a third of the sums, one read)",
+        ),
+    ] {
+        let dims = (rows, vocab);
+        match read_floor(
+            &ctx,
+            (&da, &db),
+            dims,
+            (default_wg.max(1), softmax),
+            floor_reps,
+        ) {
+            Some(t) => {
+                println!(
+                    "| {what} | {:.3} ms | {} | {:.1} % |",
+                    t * 1e3,
+                    gbs(bytes, t),
+                    100.0 * bytes / t / copy
+                );
+                floors.push(format!(
+                    "{:.2}× the {} floor's ({:.3} ms)",
+                    kernel / t,
+                    if softmax { "softmax" } else { "read" },
+                    t * 1e3
+                ));
+            }
+            None => println!("| {what} | (V = {vocab} is not a multiple of 8) | | |"),
         }
-        None => println!("| read-and-sum kernel | (V = {vocab} is not a multiple of 8) | | |"),
+    }
+    if !floors.is_empty() {
+        floor_line = Some(format!(
+            "the vocabulary kernel's time ({}: {:.3} ms, {} threads per row) is {}",
+            if kernel_t.is_some() {
+                "timestamp queries"
+            } else {
+                "wall"
+            },
+            kernel * 1e3,
+            default_wg.max(1),
+            floors.join(" and ")
+        ));
     }
     for wg in [32u32, 64, 128, 256] {
         if wg == default_wg || wg > ctx.capabilities().max_workgroup_invocations {
