@@ -20,6 +20,28 @@ fn analyze_json(name: &str, json: &str) -> (i32, String, String) {
     run(&["analyze", p.to_str().unwrap(), "--backend", "cpu"])
 }
 
+/// Writes `json` to a temp file, runs `analyze --backend cpu FLAG …json` on it (exit 0
+/// expected; FLAG `--output` or `--metrics`) and returns that file's text.
+fn analyze_to(name: &str, json: &str, flag: &str) -> String {
+    let p = tmp(name);
+    std::fs::write(&p, json).unwrap();
+    let o = tmp(&format!("{name}{flag}.json"));
+    let (code, _, err) = run(&[
+        "analyze",
+        p.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        flag,
+        o.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{name}: {err}");
+    std::fs::read_to_string(o).unwrap()
+}
+
+fn analyze_output(name: &str, json: &str) -> String {
+    analyze_to(name, json, "--output")
+}
+
 fn assert_bad(res: (i32, String, String), needles: &[&str]) {
     let (code, _, err) = res;
     assert_eq!(code, 2, "expected exit 2, stderr: {err}");
@@ -169,25 +191,7 @@ fn bad_tensors_exit_2_naming_the_tensor() {
 fn padding_garbage_changes_nothing() {
     let a = r#"{"rollout_log_prob": [[-1, -2, 5], [-1, 0, 0]], "old_log_prob": [[-1.5, -2, 7], [-1, 0, 0]], "response_mask": [[1, 1, 0], [1, 0, 0]]}"#;
     let b = r#"{"rollout_log_prob": [[-1, -2, "NaN"], [-1, "Infinity", 3]], "old_log_prob": [[-1.5, -2, "-Infinity"], [-1, 99, "NaN"]], "response_mask": [[1, 1, 0], [1, 0, 0]]}"#;
-    let outs: Vec<String> = [("pa.json", a), ("pb.json", b)]
-        .iter()
-        .map(|(n, j)| {
-            let p = tmp(n);
-            std::fs::write(&p, j).unwrap();
-            let o = tmp(&format!("{n}.out.json"));
-            let (code, _, err) = run(&[
-                "analyze",
-                p.to_str().unwrap(),
-                "--backend",
-                "cpu",
-                "--output",
-                o.to_str().unwrap(),
-            ]);
-            assert_eq!(code, 0, "{err}");
-            std::fs::read_to_string(o).unwrap()
-        })
-        .collect();
-    assert_eq!(outs[0], outs[1]);
+    assert_eq!(analyze_output("pa.json", a), analyze_output("pb.json", b));
 }
 
 #[test]
@@ -358,25 +362,41 @@ fn null_is_threshold_skips_importance_weighting_with_a_warning() {
 #[test]
 fn packed_batch_with_more_sequences_than_tokens() {
     use safetensors::tensor::{Dtype as D, TensorView};
-    let f64s = |v: &[f64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-    let (roll, old) = (f64s(&[-1.0, -0.5]), f64s(&[-1.0, -0.4]));
-    let cu: Vec<u8> = [0i64, 0, 1, 1, 2]
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let views = vec![
-        (
-            "rollout_log_prob",
-            TensorView::new(D::F64, vec![2], &roll).unwrap(),
-        ),
-        (
-            "old_log_prob",
-            TensorView::new(D::F64, vec![2], &old).unwrap(),
-        ),
-        ("cu_seqlens", TensorView::new(D::I64, vec![5], &cu).unwrap()),
-    ];
-    let p = tmp("s-gt-n.safetensors");
-    std::fs::write(&p, safetensors::serialize(views, None).unwrap()).unwrap();
+    let bytes = |v: &[f64], d: D| -> Vec<u8> {
+        v.iter()
+            .flat_map(|&x| match d {
+                D::F32 => (x as f32).to_le_bytes().to_vec(),
+                D::I64 => (x as i64).to_le_bytes().to_vec(),
+                _ => x.to_le_bytes().to_vec(),
+            })
+            .collect()
+    };
+    // a packed pair of log-probs with these offsets, written to `name`
+    let file = |name: &str, cu: &[f64], d: D| {
+        let (roll, old, cu_b) = (
+            bytes(&[-1.0, -0.5], D::F64),
+            bytes(&[-1.0, -0.4], D::F64),
+            bytes(cu, d),
+        );
+        let views = vec![
+            (
+                "rollout_log_prob",
+                TensorView::new(D::F64, vec![2], &roll).unwrap(),
+            ),
+            (
+                "old_log_prob",
+                TensorView::new(D::F64, vec![2], &old).unwrap(),
+            ),
+            (
+                "cu_seqlens",
+                TensorView::new(d, vec![cu.len()], &cu_b).unwrap(),
+            ),
+        ];
+        let p = tmp(name);
+        std::fs::write(&p, safetensors::serialize(views, None).unwrap()).unwrap();
+        p
+    };
+    let p = file("s-gt-n.safetensors", &[0.0, 0.0, 1.0, 1.0, 2.0], D::I64);
     let o = tmp("s-gt-n.out.json");
     let (code, _, err) = run(&[
         "analyze",
@@ -393,26 +413,7 @@ fn packed_batch_with_more_sequences_than_tokens() {
         vec![0.0, 1.0, 0.0, 1.0]
     );
     // offsets are int32 / int64 (SPEC §2)
-    let cu_f32: Vec<u8> = [0f32, 1.0, 2.0]
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let views = vec![
-        (
-            "rollout_log_prob",
-            TensorView::new(D::F64, vec![2], &roll).unwrap(),
-        ),
-        (
-            "old_log_prob",
-            TensorView::new(D::F64, vec![2], &old).unwrap(),
-        ),
-        (
-            "cu_seqlens",
-            TensorView::new(D::F32, vec![3], &cu_f32).unwrap(),
-        ),
-    ];
-    let p = tmp("cu-f32.safetensors");
-    std::fs::write(&p, safetensors::serialize(views, None).unwrap()).unwrap();
+    let p = file("cu-f32.safetensors", &[0.0, 1.0, 2.0], D::F32);
     assert_bad(
         run(&["analyze", p.to_str().unwrap(), "--backend", "cpu"]),
         &["`cu_seqlens`", "F32"],
@@ -434,23 +435,10 @@ fn json_nulls_labels_and_booleans() {
     let good = r#"{"rollout_logits": [[[0, 1], [null, null]]], "old_logits": [[[0, 1], [0, 1]]],
         "responses": [[1, 0]], "response_mask": [[1, 0]]}"#;
     let nan = good.replace("[null, null]", r#"["NaN", "NaN"]"#);
-    let mut outs = Vec::new();
-    for (name, text) in [("lnull.json", good.to_string()), ("lnan.json", nan)] {
-        let p = tmp(name);
-        std::fs::write(&p, text).unwrap();
-        let o = tmp(&format!("{name}.out.json"));
-        let (code, _, err) = run(&[
-            "analyze",
-            p.to_str().unwrap(),
-            "--backend",
-            "cpu",
-            "--output",
-            o.to_str().unwrap(),
-        ]);
-        assert_eq!(code, 0, "{name}: {err}");
-        outs.push(std::fs::read_to_string(o).unwrap());
-    }
-    assert_eq!(outs[0], outs[1]);
+    assert_eq!(
+        analyze_output("lnull.json", good),
+        analyze_output("lnan.json", &nan)
+    );
     assert_bad(
         analyze_json(
             "lnull-valid.json",
@@ -462,21 +450,8 @@ fn json_nulls_labels_and_booleans() {
         ],
     );
     let lp = r#""response_mask": [[1, 1], [1, 0]], "rollout_log_prob": [[-1, -1], [-1, 0]], "old_log_prob": [[-1.1, -1], [-0.9, 0]]"#;
-    let metrics = |name: &str, uid: &str| {
-        let p = tmp(name);
-        std::fs::write(&p, format!("{{\"uid\": {uid}, {lp}}}")).unwrap();
-        let m = tmp(&format!("{name}.m.json"));
-        let (code, _, err) = run(&[
-            "analyze",
-            p.to_str().unwrap(),
-            "--backend",
-            "cpu",
-            "--metrics",
-            m.to_str().unwrap(),
-        ]);
-        assert_eq!(code, 0, "{name}: {err}");
-        std::fs::read_to_string(m).unwrap()
-    };
+    let metrics =
+        |name: &str, uid: &str| analyze_to(name, &format!("{{\"uid\": {uid}, {lp}}}"), "--metrics");
     assert_eq!(
         metrics("uid-s.json", r#"["a", "b"]"#),
         metrics("uid-n.json", "[4, 9]")
