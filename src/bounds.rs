@@ -38,7 +38,8 @@
 //! # Ok::<(), trmask::Error>(())
 //! ```
 
-use crate::bounds_sums::{constant_profile_sum, sum};
+pub use crate::bounds_sums::Dbar;
+use crate::bounds_sums::{constant_profile_sum, dbar_max, sum};
 pub use crate::bounds_sums::{EXACT_TERMS, MAX_HORIZON};
 use crate::error::{Error, Result};
 use serde::Serialize;
@@ -351,30 +352,10 @@ pub struct ResolvedInputs {
     pub kl_seq: f64,
     /// `D_TV^seq` (given, or `√(D_KL^seq/2)`).
     pub tv_seq: f64,
-    /// `D̄_t` for `t = 1..=T` (given, or `min(1, ε, √(δ/2))` everywhere). Not serialized:
-    /// it is either the caller's own profile or constant.
-    #[serde(skip)]
+    /// `D̄_t` for `t = 1..=T` (given, or `min(1, ε, √(δ/2))` everywhere). Serialized as its
+    /// maximum (the filled constant, or the largest value of the caller's own profile).
+    #[serde(serialize_with = "dbar_max")]
     pub dbar: Dbar,
-}
-
-/// The per-position TV profile `D̄_t` the adaptive bounds used.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Dbar {
-    /// The same value at every position (the filled profile; never materialised, so a
-    /// horizon of 2^53 costs no memory).
-    Constant(f64),
-    /// The caller's profile, one value per position.
-    Profile(Vec<f64>),
-}
-
-impl Dbar {
-    /// The largest value of the profile (0 for an empty one).
-    pub fn max(&self) -> f64 {
-        match self {
-            Dbar::Constant(v) => *v,
-            Dbar::Profile(p) => p.iter().copied().fold(0.0, f64::max),
-        }
-    }
 }
 
 /// Every bound of SPEC §8 for one set of inputs. Serializes to JSON with the keys

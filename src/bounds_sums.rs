@@ -100,6 +100,33 @@ pub(crate) fn constant_profile_sum(
     d * sum([linear, root, (horizon - sat) as f64])
 }
 
+pub(crate) fn dbar_max<S: serde::Serializer>(
+    d: &Dbar,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.max())
+}
+
+/// The per-position TV profile `D̄_t` the adaptive bounds used.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dbar {
+    /// The same value at every position (the filled profile; never materialised, so a
+    /// horizon of 2^53 costs no memory).
+    Constant(f64),
+    /// The caller's profile, one value per position.
+    Profile(Vec<f64>),
+}
+
+impl Dbar {
+    /// The largest value of the profile (0 for an empty one).
+    pub fn max(&self) -> f64 {
+        match self {
+            Dbar::Constant(v) => *v,
+            Dbar::Profile(p) => p.iter().copied().fold(0.0, f64::max),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

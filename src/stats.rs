@@ -84,6 +84,16 @@ pub enum TopkDivergence {
     TopkTv,
 }
 
+impl TopkDivergence {
+    /// The config's spelling (`topk_kl`, `topk_tv`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TopkDivergence::TopkKl => "topk_kl",
+            TopkDivergence::TopkTv => "topk_tv",
+        }
+    }
+}
+
 /// Which quantity's sign, multiplied by the advantage, decides that a token over δ is dropped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -95,6 +105,17 @@ pub enum DppoDirection {
     PredictiveAggregated,
     /// PDM: `A · ddot_uniform > 0`.
     PredictiveUniform,
+}
+
+impl DppoDirection {
+    /// The config's spelling (`ratio`, `predictive_aggregated`, `predictive_uniform`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DppoDirection::Ratio => "ratio",
+            DppoDirection::PredictiveAggregated => "predictive_aggregated",
+            DppoDirection::PredictiveUniform => "predictive_uniform",
+        }
+    }
 }
 
 /// How the sampled token joins the support when it is not among the rollout top-K.

@@ -491,3 +491,80 @@ fn output_must_name_a_file_of_a_known_format() {
         assert!(bad == "-" || !p.exists(), "{bad} was written");
     }
 }
+
+/// What a user reads: a config from a pipe (`--config <(echo …)`, as the README shows), the
+/// DPPO line in the config's own words, warnings naming their input when several share a
+/// run, integral JSONL steps, `bounds --json` listing the filled `dbar`, and `devices` saying
+/// what `--backend auto` runs on.
+#[test]
+fn what_the_user_reads() {
+    let bin = env!("CARGO_BIN_EXE_trmask");
+    let topk = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/sample/real-small-topk.safetensors"
+    );
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            r#"{bin} analyze {topk} --backend cpu --config <(echo '{{"dppo": {{"delta": 1e-4, "direction": "predictive_aggregated"}}}}')"#
+        ))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("DPPO token mask: topk_kl > 1.000e-4 (direction predictive_aggregated)"),
+        "{text}"
+    );
+    assert!(text.contains("rejected 0 sequences, "), "{text}");
+
+    let causal = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/causal-sample/batch.safetensors"
+    );
+    let small = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/sample/real-small.safetensors"
+    );
+    let jsonl = tmp("two.jsonl");
+    let _ = std::fs::remove_file(&jsonl);
+    let (code, _, err) = run(&[
+        "analyze",
+        small,
+        causal,
+        "--backend",
+        "cpu",
+        "--metrics-jsonl",
+        jsonl.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let offset = err
+        .lines()
+        .find(|l| l.contains("a constant offset"))
+        .expect(&err);
+    assert!(
+        offset.starts_with(&format!("warning: {causal}: log_ratio has mean")),
+        "{offset}"
+    );
+    let lines = std::fs::read_to_string(&jsonl).unwrap();
+    assert!(
+        lines.lines().nth(1).unwrap().contains(r#""step":1,"#),
+        "{lines}"
+    );
+
+    let (code, json, _) = run(&["bounds", "--horizon", "4096", "--delta", "1e-4", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["inputs"]["dbar"], v["inputs"]["eps"], "{json}");
+
+    let (code, devices, _) = run(&["devices"]);
+    assert_eq!(code, 0);
+    assert!(
+        devices.contains("--backend auto (the default) runs on: "),
+        "{devices}"
+    );
+}

@@ -16,6 +16,8 @@ macro_rules! say {
         crate::os::say(format_args!($($t)*));
     }};
 }
+#[path = "cli/devices.rs"]
+mod devices;
 use std::process::ExitCode;
 use trmask::backend::{open_engine, Backend};
 use trmask::Engine;
@@ -34,12 +36,14 @@ struct Cli {
 /// Options shared by `analyze` and `report`.
 #[derive(clap::Args)]
 struct Common {
-    /// auto (GPU when an adapter exists), gpu, cpu (the f64 reference) or cpu-fast (the CPU
-    /// with the vocabulary divergences in f32, at the GPU's tolerance).
+    /// auto (a hardware GPU when one exists, else the CPU reference), gpu (any adapter,
+    /// software ones too), cpu (the f64 reference) or cpu-fast (the CPU with the vocabulary
+    /// divergences in f32, at the GPU's tolerance).
     #[arg(long, default_value = "auto")]
     backend: String,
-    /// Correction config: JSON or YAML (.yaml/.yml) with verl's `rollout_correction` keys
-    /// (flat, or nested as `algorithm: rollout_correction:`) plus trmask's.
+    /// Correction config, a file or a pipe: JSON or YAML (.yaml/.yml) with verl's
+    /// `rollout_correction` keys (flat, or nested as `algorithm: rollout_correction:`) and
+    /// trmask's own (temperature, ln_trm, token_veto, dppo).
     #[arg(long, conflicts_with = "preset")]
     config: Option<PathBuf>,
     /// A verl preset or paper alias (listed below).
@@ -183,9 +187,11 @@ struct Done {
 type Analyse<'a> =
     dyn FnMut(&trmask::Batch) -> Result<trmask::analysis::Analysis, trmask::Error> + 'a;
 
+/// Reads and analyses one input, printing its notes and `warning:` lines on stderr (each
+/// naming the input when `several` inputs share the run).
 fn analyse_one(
     ctx: &Ctx,
-    path: &Path,
+    (path, several): (&Path, bool),
     c: &Common,
     analyse: &mut Analyse,
 ) -> Result<Done, trmask::Error> {
@@ -205,7 +211,10 @@ fn analyse_one(
             config: &ctx.cfg,
             temperature_flag: c.temperature.is_some(),
         }) {
-            eprintln!("{w}");
+            match w.strip_prefix("warning: ") {
+                Some(rest) if several => eprintln!("warning: {}: {rest}", path.display()),
+                _ => eprintln!("{w}"),
+            }
         }
         Ok(Done { input, analysis })
     })();
@@ -276,7 +285,7 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             let mut commit = trmask::io::Commit::new();
             let mut texts = Vec::new();
             for (k, path) in inputs.iter().enumerate() {
-                let d = analyse_one(&ctx, path, &common, &mut |b| {
+                let d = analyse_one(&ctx, (path, inputs.len() > 1), &common, &mut |b| {
                     trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg)
                 })?;
                 let mut written = Vec::new();
@@ -335,7 +344,7 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                 &[("--output", Some(output.as_path()))],
             )?;
             let ctx = setup(&common)?;
-            let d = analyse_one(&ctx, &input, &common, &mut |b| {
+            let d = analyse_one(&ctx, (&input, false), &common, &mut |b| {
                 trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg)
             })?;
             let name = input.display().to_string();
@@ -373,22 +382,7 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             Ok(())
         }
         Command::Devices => {
-            let adapters = trmask::gpu::list_adapters();
-            if adapters.is_empty() {
-                say!("no GPU adapter found (WGPU_BACKEND / WGPU_ADAPTER_NAME select one)");
-            }
-            for a in &adapters {
-                say!("adapter: {a}");
-            }
-            match trmask::GpuEngine::new() {
-                Ok(gpu) => say!(
-                    "selected: {}\n{}",
-                    gpu.name(),
-                    gpu.capabilities().describe()
-                ),
-                Err(e) => say!("selected: none ({e})"),
-            }
-            say!("cpu: {}", trmask::cpu::CpuEngine::new().name());
+            devices::devices();
             Ok(())
         }
     }
@@ -466,7 +460,7 @@ mod ranked {
                 common.config.as_deref(),
                 &[("--output", output.as_deref()), ("--metrics", metrics)],
             )?;
-            let d = analyse_one(&ctx, &input, common, &mut |batch| {
+            let d = analyse_one(&ctx, (&input, false), common, &mut |batch| {
                 trmask::distributed::analyze(ctx.engine.as_ref(), batch, &ctx.cfg, &world)
             })?;
             // this rank's outputs all or nothing, like the single-process run

@@ -233,27 +233,33 @@ impl CorrectionConfig {
     /// Reads a config file: YAML for `.yaml` / `.yml`, JSON otherwise.
     pub fn from_file(path: &std::path::Path) -> Result<Self> {
         let p = path.display().to_string();
-        // A config is small: a regular file of at most 1 MiB (not a FIFO, device or directory).
+        // A config is small: at most 1 MiB, read from a file or a pipe (`--config <(echo …)`),
+        // never more than the limit from an endless source.
         const LIMIT: u64 = 1 << 20;
-        let m = std::fs::metadata(path).map_err(|e| Error::file(&p, e.to_string()))?;
-        if !m.is_file() {
-            let what = if m.is_dir() {
-                "a directory"
-            } else {
-                "not a regular file"
-            };
-            return Err(Error::file(
-                &p,
-                format!("is {what}; a config is a JSON or YAML file"),
-            ));
-        }
-        if m.len() > LIMIT {
-            return Err(Error::file(
+        let too_large = || {
+            Error::file(
                 &p,
                 format!("is larger than the {LIMIT}-byte limit for a config"),
+            )
+        };
+        let m = std::fs::metadata(path).map_err(|e| Error::file(&p, e.to_string()))?;
+        if m.is_dir() {
+            return Err(Error::file(
+                &p,
+                "is a directory; a config is a JSON or YAML file",
             ));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| Error::file(&p, e.to_string()))?;
+        if m.is_file() && m.len() > LIMIT {
+            return Err(too_large());
+        }
+        let mut bytes = Vec::new();
+        let file = std::fs::File::open(path).map_err(|e| Error::file(&p, e.to_string()))?;
+        std::io::Read::read_to_end(&mut std::io::Read::take(file, LIMIT + 1), &mut bytes)
+            .map_err(|e| Error::file(&p, e.to_string()))?;
+        if bytes.len() as u64 > LIMIT {
+            return Err(too_large());
+        }
+        let text = String::from_utf8(bytes).map_err(|_| Error::file(&p, "is not UTF-8 text"))?;
         let yaml = path
             .extension()
             .and_then(|e| e.to_str())

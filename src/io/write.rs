@@ -157,7 +157,13 @@ pub fn append_metrics_line(
 pub fn metrics_line(input: &str, step: f64, metrics: &BTreeMap<String, f64>) -> Result<Vec<u8>> {
     let mut obj = serde_json::Map::new();
     obj.insert("input".into(), input.into());
-    obj.insert("step".into(), json_value(step));
+    // an integral step is written as an integer (W&B / TensorBoard steps are integers)
+    let step_value = if step.fract() == 0.0 && step.abs() <= 9_007_199_254_740_992.0 {
+        serde_json::Value::from(step as i64)
+    } else {
+        json_value(step)
+    };
+    obj.insert("step".into(), step_value);
     obj.extend(metrics_json(metrics));
     let mut line = serde_json::to_string(&serde_json::Value::Object(obj))
         .map_err(|e| Error::file("<metrics-jsonl>", e.to_string()))?;

@@ -39,7 +39,13 @@ pub(crate) fn num(x: f64) -> String {
     } else if x != 0.0 && !(1e-3..1e5).contains(&x.abs()) {
         format!("{x:.3e}")
     } else {
-        let s = format!("{x:.4}");
+        // four significant digits below 1 (0.001411, not 0.0014), four decimals above
+        let decimals = if x.abs() < 1.0 {
+            (3 - x.abs().log10().floor() as i32).clamp(4, 6) as usize
+        } else {
+            4
+        };
+        let s = format!("{x:.decimals$}");
         s.trim_end_matches('0').trim_end_matches('.').to_string()
     }
 }
@@ -166,10 +172,10 @@ pub(crate) fn config_words(config: &CorrectionConfig, preset: Option<&str>) -> V
     }
     if let Some(d) = &r.dppo {
         parts.push(format!(
-            "DPPO token mask: {:?} > {} ({:?})",
-            d.divergence,
+            "DPPO token mask: {} > {} (direction {})",
+            d.divergence.name(),
             num(d.delta),
-            d.direction
+            d.direction.name()
         ));
     }
     if r.legacy.is_some() {

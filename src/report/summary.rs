@@ -97,10 +97,13 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
             .collect();
         (!l.is_empty()).then(|| l.iter().sum::<f64>() / l.len() as f64)
     };
+    let plural = |k: usize, what: &str| format!("{k} {what}{}", if k == 1 { "" } else { "s" });
     let mut line = format!(
-        "accepted: {acc} of {n} sequences, {kept} of {valid} tokens; rejected {} sequences, {} tokens",
-        n - acc,
-        valid - kept
+        "accepted: {acc} of {}, {kept} of {}; rejected {}, {}",
+        plural(n, "sequence"),
+        plural(valid, "token"),
+        plural(n - acc, "sequence"),
+        plural(valid - kept, "token")
     );
     if let (Some(r), Some(k)) = (mean_len(false), mean_len(true)) {
         line.push_str(&format!(

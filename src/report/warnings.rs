@@ -125,8 +125,9 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
         if mean.abs() > 1e-3 && mean.abs() > 3.0 * sd {
             out.push(format!(
                 "warning: log_ratio has mean {} but spread only {}: a constant offset, not \
-                 token-level mismatch (different temperatures? log-probs of different tokens? \
-                 a missing normalisation?)",
+                 token-level mismatch (top-p / top-k sampling, whose rollout log-probs are of \
+                 the renormalised distribution? different temperatures? log-probs of different \
+                 tokens? a missing normalisation?)",
                 num(mean),
                 num(sd)
             ));
