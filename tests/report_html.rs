@@ -73,6 +73,8 @@ fn render(input: &Path, tag: &str, preset: &str) -> PathBuf {
         "Worst sequences",
         "Bound certificate",
         "B*",
+        "<th>PM-TV</th>",
+        "<th>Mix-TV</th>",
     ] {
         assert!(text.contains(section), "{section} missing");
     }
@@ -163,4 +165,38 @@ fn drifting_batch_report_renders() {
         "the drifting tails are rejected"
     );
     check_in_browser(&html, "drift");
+}
+
+/// The report shows the `warning:` lines the command line prints (here the causal sample's
+/// constant offset from top-p sampling), says so when nothing was rejected instead of an empty
+/// chart, and is written only under an HTML name.
+#[test]
+fn causal_report_shows_the_warnings() {
+    let html = render(
+        Path::new("data/causal-sample/batch.safetensors"),
+        "causal",
+        "decoupled_k3_rs",
+    );
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(text.contains("<h2>Warnings</h2>"), "no warnings section");
+    assert!(
+        text.contains("a constant offset"),
+        "the offset warning is missing"
+    );
+    assert!(text.contains("No sequence was rejected by any criterion."));
+    let pdf = common::scratch("report", "causal.pdf");
+    let out = common::trmask_bin()
+        .args([
+            "report",
+            "data/causal-sample/batch.safetensors",
+            "--backend",
+            "cpu",
+            "-o",
+        ])
+        .arg(&pdf)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("name a .html file"));
+    assert!(!pdf.exists());
 }

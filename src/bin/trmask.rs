@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 mod os;
 #[path = "cli/paths.rs"]
 mod paths;
-use paths::{check_output_name, check_outputs};
+use paths::{check_output_name, check_outputs, check_report_name};
 
 /// `println!` that never panics: a closed stdout (`trmask analyze … | head`) ends output
 /// quietly; any other failed write (`> /dev/full`) makes the exit code 1.
@@ -99,7 +99,7 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes .
+    /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes.
     Bounds {
         /// T, the response length (horizon), at most 2^53.
         #[arg(long, value_parser = parse_horizon)]
@@ -343,6 +343,7 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                 common.config.as_deref(),
                 &[("--output", Some(output.as_path()))],
             )?;
+            check_report_name(&output)?;
             let ctx = setup(&common)?;
             let d = analyse_one(&ctx, (&input, false), &common, &mut |b| {
                 trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg)

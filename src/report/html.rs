@@ -58,10 +58,7 @@ fn position_chart(s: &Subject) -> String {
         .iter()
         .flat_map(|(_, p)| p.iter().flat_map(|q| [q.1, q.2]));
     let y = Axis::fit(all, true);
-    let x = Axis::fit(
-        series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)),
-        false,
-    );
+    let x = Axis::counts(series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)));
     let mut f = Frame::new(
         x,
         y,
@@ -76,7 +73,7 @@ fn position_chart(s: &Subject) -> String {
             false,
         );
         f.line(&pts.iter().map(|p| (p.0, p.2)).collect::<Vec<_>>(), c, true);
-        f.legend(i, c, &format!("{name}: mean (solid), p90 (dashed)"));
+        f.legend(i, c, name);
     }
     f.finish()
 }
@@ -94,7 +91,7 @@ fn length_chart(s: &Subject) -> String {
         ys.extend(lo);
     }
     let y = Axis::fit(ys.into_iter(), log);
-    let x = Axis::fit(idx.iter().map(|&i| c.seq_len[i] as f64), false);
+    let x = Axis::counts(idx.iter().map(|&i| c.seq_len[i] as f64));
     let mut f = Frame::new(x, y, "sequence length (valid tokens)", &r.name);
     for &i in &idx {
         let col = if c.seq_accept[i] {
@@ -145,7 +142,7 @@ fn criterion_histograms(s: &Subject) -> String {
         for v in &vals {
             counts[(((v - x.lo) / wid) as usize).min(bins - 1)] += 1;
         }
-        let y = Axis::fit(counts.iter().map(|&n| n as f64), false);
+        let y = Axis::counts(counts.iter().map(|&n| n as f64));
         let mut f = Frame::new(x, y, &crit.output_name, "sequences");
         for (k, &n) in counts.iter().enumerate() {
             let lo = x.lo + k as f64 * wid;
@@ -178,13 +175,17 @@ fn rejections_chart(s: &Subject) -> String {
         .map(|k| k.seq_reject.iter().filter(|&&r| r).count())
         .collect();
     let n = counts.len() as f64;
+    if counts.iter().all(|&k| k == 0) {
+        return "<p>No sequence was rejected by any criterion.</p>".into();
+    }
     let x = Axis {
         lo: 0.0,
         hi: n,
         log: false,
         categorical: true,
+        integer: false,
     };
-    let y = Axis::fit(counts.iter().map(|&k| k as f64), false);
+    let y = Axis::counts(counts.iter().map(|&k| k as f64));
     let names: Vec<&str> = c.criteria.iter().map(|k| k.name.as_str()).collect();
     let mut f = Frame::new(
         x,
@@ -242,27 +243,35 @@ fn certificate(s: &Subject) -> String {
     };
     let mut html = String::from(
         "<table><tr><th>set</th><th>T</th><th>&delta;</th><th>&epsilon;</th><th>classical KL</th>\
-         <th>PM-KL</th><th>Mix-KL</th><th>coupling</th><th>adaptive</th><th>B*</th><th>argmin</th><th>reading</th></tr>",
+         <th>PM-KL</th><th>PM-TV</th><th>Mix-KL</th><th>Mix-TV</th><th>coupling</th><th>adaptive</th>\
+         <th>B* (the least of the six after classical)</th><th>argmin</th><th>reading</th></tr>",
     );
     for (set, b) in [("all", &cert.all), ("accepted", &cert.accepted)] {
-        if let Some(b) = b {
+        let Some(b) = b else {
             let _ = write!(
                 html,
-                "<tr><td>{set}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-                 <td>{}</td><td>{}</td><td><b>{}</b></td><td>{}</td><td>{}</td></tr>",
-                b.inputs.horizon,
-                num(b.inputs.delta),
-                num(b.inputs.eps),
-                num(b.classical_kl),
-                num(b.pm_kl),
-                num(b.mix_kl),
-                num(b.coupling),
-                num(b.adaptive),
-                num(b.unified),
-                b.argmin,
-                bound_reading(b.unified)
+                "<tr><td>{set}</td><td colspan=\"13\">no {set} sequence</td></tr>"
             );
-        }
+            continue;
+        };
+        let _ = write!(
+            html,
+            "<tr><td>{set}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><b>{}</b></td><td>{}</td><td>{}</td></tr>",
+            b.inputs.horizon,
+            num(b.inputs.delta),
+            num(b.inputs.eps),
+            num(b.classical_kl),
+            num(b.pm_kl),
+            num(b.pm_tv),
+            num(b.mix_kl),
+            num(b.mix_tv),
+            num(b.coupling),
+            num(b.adaptive),
+            num(b.unified),
+            b.argmin,
+            bound_reading(b.unified)
+        );
     }
     let _ = write!(
         html,
@@ -286,10 +295,30 @@ pub fn render_html(s: &Subject) -> String {
     );
     let _ = write!(h, "<h1>trmask report: {}</h1>", esc(s.input));
     let _ = write!(h, "<h2>Summary</h2><pre>{}</pre>", esc(&summary(s, &[])));
+    // the `warning:` lines the command line prints for this input and config
+    let mut warned = s.config.warnings();
+    warned.extend(super::warnings::warnings(&super::warnings::WarningInputs {
+        batch: s.batch,
+        analysis: s.analysis,
+        config: s.config,
+        temperature_flag: false,
+    }));
+    if !warned.is_empty() {
+        h.push_str("<h2>Warnings</h2><ul>");
+        for w in &warned {
+            let _ = write!(
+                h,
+                "<li class=\"bad\">{}</li>",
+                esc(w.trim_start_matches("warning: "))
+            );
+        }
+        h.push_str("</ul>");
+    }
     let _ = write!(
         h,
         "<h2>Divergence by token position</h2><p class=\"note\">k3 from the sampled-token \
-         log-probs{}; log scale.</p>{}",
+         log-probs{}; per position bucket the mean (solid) and the 90th percentile (dashed); log \
+         scale.</p>{}",
         if output(s.analysis, "kl").is_some() {
             ", exact KL and TV from the logits"
         } else {

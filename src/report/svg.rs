@@ -4,10 +4,10 @@
 use std::fmt::Write as _;
 
 pub const W: f64 = 560.0;
-pub const H: f64 = 260.0;
+pub const H: f64 = 274.0;
 const L: f64 = 64.0; // left margin
 const R: f64 = 16.0;
-const T: f64 = 16.0;
+const T: f64 = 30.0; // top margin: the legend row
 const B: f64 = 40.0;
 
 /// Escapes text for HTML / SVG.
@@ -26,13 +26,20 @@ pub struct Axis {
     pub log: bool,
     /// No tick labels (bar positions of categories; the legend names them).
     pub categorical: bool,
+    /// Whole-number ticks only (counts).
+    pub integer: bool,
 }
 
 impl Axis {
     /// An axis covering `values` (finite ones; positive ones for a log axis).
     pub fn fit(values: impl Iterator<Item = f64>, log: bool) -> Axis {
         let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-        for v in values.filter(|v| v.is_finite() && (!log || *v > 0.0)) {
+        let mut nonpositive = false;
+        for v in values.filter(|v| v.is_finite()) {
+            if log && v <= 0.0 {
+                nonpositive = true;
+                continue;
+            }
             lo = lo.min(v);
             hi = hi.max(v);
         }
@@ -40,7 +47,8 @@ impl Axis {
             (lo, hi) = if log { (1e-6, 1.0) } else { (0.0, 1.0) };
         }
         if log {
-            lo = 10f64.powf(lo.log10().floor());
+            // values ≤ 0 sit on the floor (hollow, see `Frame::point`): a decade below the rest
+            lo = 10f64.powf(lo.log10().floor() - if nonpositive { 1.0 } else { 0.0 });
             hi = 10f64.powf(hi.log10().ceil().max(lo.log10() + 1.0));
         } else {
             if hi == lo {
@@ -53,6 +61,16 @@ impl Axis {
             hi,
             log,
             categorical: false,
+            integer: false,
+        }
+    }
+    /// A linear axis for counts: from 0, at least to 1, whole-number ticks.
+    pub fn counts(values: impl Iterator<Item = f64>) -> Axis {
+        let a = Axis::fit(values, false);
+        Axis {
+            hi: a.hi.ceil().max(1.0),
+            integer: true,
+            ..a
         }
     }
     fn t(&self, v: f64) -> f64 {
@@ -75,6 +93,7 @@ impl Axis {
                 .collect()
         } else {
             let raw = (self.hi - self.lo) / 5.0;
+            let raw = if self.integer { raw.max(1.0) } else { raw };
             let mag = 10f64.powf(raw.log10().floor());
             let step = [1.0, 2.0, 5.0, 10.0]
                 .iter()
@@ -104,6 +123,8 @@ pub struct Frame {
     pub x: Axis,
     pub y: Axis,
     svg: String,
+    /// Where the next legend entry starts in the row above the plot.
+    legend_x: f64,
 }
 
 impl Frame {
@@ -119,6 +140,7 @@ impl Frame {
             x,
             y,
             svg: String::new(),
+            legend_x: L,
         };
         for v in x.ticks() {
             let px = f.px(v);
@@ -155,7 +177,12 @@ impl Frame {
             (T + H - B) / 2.0,
             esc(ylabel)
         );
-        Frame { x, y, svg }
+        Frame {
+            x,
+            y,
+            svg,
+            legend_x: L,
+        }
     }
     pub fn px(&self, v: f64) -> f64 {
         L + self.x.t(v) * (W - L - R)
@@ -181,11 +208,18 @@ impl Frame {
             d.join(" ")
         );
     }
+    /// A dot; on a log axis a value ≤ 0 is a hollow ring on the axis floor (it has no place
+    /// on the scale, and a filled dot there would read as the floor's value).
     pub fn point(&mut self, x: f64, y: f64, color: &str) {
         if x.is_finite() && y.is_finite() {
+            let fill = if self.y.log && y <= 0.0 {
+                format!("fill=\"none\" stroke=\"{color}\"")
+            } else {
+                format!("fill=\"{color}\" fill-opacity=\"0.7\"")
+            };
             let _ = write!(
                 self.svg,
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\" fill-opacity=\"0.7\"/>",
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" {fill}/>",
                 self.px(x),
                 self.py(y)
             );
@@ -232,16 +266,31 @@ impl Frame {
             esc(text)
         );
     }
-    /// A legend entry at row `i` of the top-left corner.
+    /// A legend entry: in the row above the plot, left to right (never over the data); entries
+    /// that do not fit there stack in the plot's top-left corner on a white box (row `i`).
     pub fn legend(&mut self, i: usize, color: &str, text: &str) {
+        let width = 14.0 + 6.5 * text.chars().count() as f64;
+        if self.legend_x + width <= W - R {
+            let x = self.legend_x;
+            let _ = write!(
+                self.svg,
+                "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/>\
+                 <text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                T - 19.0,
+                x + 14.0,
+                T - 10.0,
+                esc(text)
+            );
+            self.legend_x += width + 14.0;
+            return;
+        }
         let y = T + 14.0 + 14.0 * i as f64;
         let _ = write!(
             self.svg,
-            "<rect x=\"{}\" y=\"{:.1}\" width=\"{:.0}\" height=\"14\" fill=\"#fff\" \
+            "<rect x=\"{}\" y=\"{:.1}\" width=\"{width:.0}\" height=\"14\" fill=\"#fff\" \
              fill-opacity=\"0.85\"/>",
             L + 4.0,
-            y - 11.0,
-            14.0 + 6.5 * text.chars().count() as f64
+            y - 11.0
         );
         let _ = write!(
             self.svg,

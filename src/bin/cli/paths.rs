@@ -41,3 +41,17 @@ pub fn check_outputs(
         .collect();
     trmask::io::check_distinct(&ins, &outs)
 }
+
+/// `report --output` names an HTML file (`.html` / `.htm`): the page is written as such.
+pub fn check_report_name(p: &Path) -> Result<(), trmask::Error> {
+    let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if p.as_os_str() == "-"
+        || !(ext.eq_ignore_ascii_case("html") || ext.eq_ignore_ascii_case("htm"))
+    {
+        return Err(trmask::Error::config(
+            "--output",
+            format!("{}: the report is HTML; name a .html file", p.display()),
+        ));
+    }
+    Ok(())
+}
