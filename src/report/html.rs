@@ -9,7 +9,7 @@ const BUCKETS: usize = 64;
 
 /// `(bucket start, mean, p90)` per position bucket.
 type Buckets = Vec<(f64, f64, f64)>;
-const COLORS: [&str; 3] = ["#1f6fb4", "#d1741f", "#2e9e4f"];
+const COLORS: [&str; 5] = ["#1f6fb4", "#d1741f", "#2e9e4f", "#8e44ad", "#7f8c8d"];
 
 /// Per-position mean and p90 of a per-token statistic over the valid tokens of every
 /// sequence, in at most [`BUCKETS`] position buckets: `(bucket start, mean, p90)`.
@@ -49,7 +49,7 @@ fn by_position(s: &Subject, values: &[f64]) -> Buckets {
 }
 
 fn position_chart(s: &Subject) -> String {
-    let stats: Vec<(&str, &[f64])> = ["k3", "kl", "tv"]
+    let stats: Vec<(&str, &[f64])> = ["k3", "kl", "tv", "topk_kl", "topk_tv"]
         .iter()
         .filter_map(|n| output(s.analysis, n).map(|v| (*n, v)))
         .collect();
@@ -319,10 +319,14 @@ pub fn render_html(s: &Subject) -> String {
         "<h2>Divergence by token position</h2><p class=\"note\">k3 from the sampled-token \
          log-probs{}; per position bucket the mean (solid) and the 90th percentile (dashed); log \
          scale.</p>{}",
-        if output(s.analysis, "kl").is_some() {
-            ", exact KL and TV from the logits"
-        } else {
-            ""
+        match (
+            output(s.analysis, "kl").is_some(),
+            output(s.analysis, "topk_kl").is_some()
+        ) {
+            (true, true) => ", exact KL and TV from the logits, top-K KL and TV from the top-K",
+            (true, false) => ", exact KL and TV from the logits",
+            (false, true) => ", KL and TV on the rollout top-K support",
+            (false, false) => "",
         },
         position_chart(s)
     );

@@ -64,11 +64,12 @@ impl Axis {
             integer: false,
         }
     }
-    /// A linear axis for counts: from 0, at least to 1, whole-number ticks.
+    /// A linear axis for counts: from 0, at least to 1, whole-number ticks, and a little room
+    /// past the largest value so that a dot there is not cut by the frame.
     pub fn counts(values: impl Iterator<Item = f64>) -> Axis {
         let a = Axis::fit(values, false);
         Axis {
-            hi: a.hi.ceil().max(1.0),
+            hi: (a.hi * 1.04).ceil().max(1.0),
             integer: true,
             ..a
         }
