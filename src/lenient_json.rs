@@ -6,11 +6,15 @@
 
 use std::borrow::Cow;
 
-/// Whether `b` may hold a number literal beyond f64's range: an exponent of three or more
-/// digits, or a run of more than 308 digits.
-fn may_overflow(b: &[u8]) -> bool {
+/// Whether `b` needs rewriting: it holds an `N` or `I` (a bare `NaN` / `Infinity` may be
+/// among them) or may hold a number literal beyond f64's range (an exponent of three or more
+/// digits, or a run of more than 308 digits). One pass over the text.
+fn needs_rewrite(b: &[u8]) -> bool {
     let mut run = 0usize;
     for (i, &c) in b.iter().enumerate() {
+        if c == b'N' || c == b'I' {
+            return true;
+        }
         run = if c.is_ascii_digit() { run + 1 } else { 0 };
         if run > 308 {
             return true;
@@ -58,7 +62,7 @@ fn number_end(b: &[u8], mut i: usize) -> usize {
 /// replaced by the quoted infinity of their sign (borrowed when there are none).
 pub fn quote_non_finite(text: &str) -> Cow<'_, str> {
     let b = text.as_bytes();
-    if !b.iter().any(|&c| c == b'N' || c == b'I') && !may_overflow(b) {
+    if !needs_rewrite(b) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 16);

@@ -39,22 +39,26 @@ fn mask_f64(m: MaskValues<'_>) -> Vec<f64> {
 }
 
 /// Builds and validates a batch from `d` (values: NumPy arrays or `("bfloat16", bits)`).
-/// Every tensor in the batch's token shape (`[B, T]` or `[N]`; top-K and logits with one more
-/// axis; TRL's `[B]` advantages): equal element counts in another shape are an error naming
-/// the tensor, never a silent reshape.
-fn check_shapes(
-    arrs: &BTreeMap<&str, Arr<'_>>,
-    objs: &BTreeMap<String, Bound<'_, PyAny>>,
-    tshape: &[usize],
-) -> PyResult<()> {
-    let want = |extra: bool| {
-        if extra {
-            format!("{tshape:?} + [K or V]")
-        } else {
-            format!("{tshape:?}")
-        }
+/// An array's shape (bfloat16 comes as `("bfloat16", uint16 bits)`).
+fn shape_of(v: &Bound<'_, PyAny>) -> Option<Vec<usize>> {
+    let arr = match v.cast::<pyo3::types::PyTuple>() {
+        Ok(t) => t.get_item(1).ok()?,
+        Err(_) => v.clone(),
     };
-    let mut shapes: Vec<(&str, Vec<usize>, bool)> = Vec::new();
+    arr.getattr("shape").ok()?.extract::<Vec<usize>>().ok()
+}
+
+/// Every tensor in the batch's token shape `tshape` (`[B, T]` or `[N]`; top-K and logits with
+/// one more axis; with `per_row_advantages`, TRL's `[B]` advantages): equal element counts in
+/// another shape are an error naming the tensor, never a silent reshape. `logits` are the
+/// (name, object) of the logits given.
+pub fn check_shapes(
+    arrs: &BTreeMap<&str, Arr<'_>>,
+    logits: &[(&str, &Bound<'_, PyAny>)],
+    tshape: &[usize],
+    per_row_advantages: bool,
+) -> PyResult<()> {
+    let mut shapes: Vec<(&str, Vec<usize>, Option<&str>)> = Vec::new();
     for name in [
         "rollout_log_prob",
         "old_log_prob",
@@ -64,35 +68,38 @@ fn check_shapes(
         "advantages",
     ] {
         if let Some(a) = arrs.get(name) {
-            shapes.push((name, a.shape(), false));
+            shapes.push((name, a.shape(), None));
         }
     }
     for name in ["rollout_topk_ids", "rollout_topk_log_prob"] {
         if let Some(a) = arrs.get(name) {
-            shapes.push((name, a.shape(), true));
+            shapes.push((name, a.shape(), Some("K")));
         }
     }
-    for name in ["rollout_logits", "old_logits"] {
-        if let Some(s) = objs
-            .get(name)
-            .and_then(|l| l.getattr("shape").ok()?.extract::<Vec<usize>>().ok())
-        {
-            shapes.push((name, s, true));
+    for (name, v) in logits {
+        if let Some(s) = shape_of(v) {
+            shapes.push((name, s, Some("V")));
         }
     }
     for (name, shape, extra) in shapes {
-        let fits = if extra {
-            shape.len() == tshape.len() + 1 && shape[..tshape.len()] == *tshape
-        } else {
-            shape == tshape || (name == "advantages" && tshape.len() == 2 && shape == tshape[..1])
+        let fits = match extra {
+            Some(_) => shape.len() == tshape.len() + 1 && shape[..tshape.len()] == *tshape,
+            None => {
+                shape == tshape
+                    || (per_row_advantages
+                        && name == "advantages"
+                        && tshape.len() == 2
+                        && shape == tshape[..1])
+            }
         };
         if !fits {
+            let want = match extra {
+                Some(axis) => format!("{tshape:?} + [{axis}]"),
+                None => format!("{tshape:?}"),
+            };
             return Err(to_py(Error::input(
                 name,
-                format!(
-                    "shape {shape:?} does not match the batch layout {}",
-                    want(extra)
-                ),
+                format!("shape {shape:?} does not match the batch layout {want}"),
             )));
         }
     }
@@ -186,7 +193,11 @@ pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Ren
     }
     .map_err(to_py)?;
     let tshape = batch.token_shape();
-    check_shapes(&arrs, &objs, &tshape)?;
+    let logits: Vec<(&str, &Bound<'_, PyAny>)> = ["rollout_logits", "old_logits"]
+        .into_iter()
+        .filter_map(|n| objs.get(n).map(|v| (n, v)))
+        .collect();
+    check_shapes(&arrs, &logits, &tshape, true)?;
     for name in ["rollout_log_prob", "old_log_prob", "log_prob", "advantages"] {
         if let Some(a) = arrs.get(name) {
             let mut v = a.to_f64(name)?;

@@ -139,43 +139,12 @@ fn correct_with<'py>(
         (None, Some(m)) => m.shape(),
         (None, None) => Vec::new(),
     };
-    for name in [
-        "rollout_log_prob",
-        "old_log_prob",
-        "log_prob",
-        "advantages",
-        "responses",
-    ] {
-        if let Some(a) = arrs.get(name) {
-            if a.shape() != tshape {
-                return Err(to_py(trmask::Error::input(
-                    name,
-                    format!(
-                        "shape {:?} does not match the batch layout {tshape:?}",
-                        a.shape()
-                    ),
-                )));
-            }
-        }
-    }
-    for name in ["rollout_logits", "old_logits"] {
-        // bfloat16 comes as ("bfloat16", uint16 bits)
-        let shape = get(tensors, name)?.and_then(|v| {
-            let arr = match v.cast::<pyo3::types::PyTuple>() {
-                Ok(t) => t.get_item(1).ok()?,
-                Err(_) => v,
-            };
-            arr.getattr("shape").ok()?.extract::<Vec<usize>>().ok()
-        });
-        if let Some(shape) = shape {
-            if shape.len() != tshape.len() + 1 || shape[..tshape.len()] != tshape[..] {
-                return Err(to_py(trmask::Error::input(
-                    name,
-                    format!("shape {shape:?} does not match the batch layout {tshape:?} + [V]"),
-                )));
-            }
-        }
-    }
+    let logit_objs: Vec<(&str, Bound<'py, PyAny>)> = ["rollout_logits", "old_logits"]
+        .into_iter()
+        .filter_map(|n| get(tensors, n).transpose().map(|v| v.map(|v| (n, v))))
+        .collect::<PyResult<_>>()?;
+    let logits: Vec<(&str, &Bound<'py, PyAny>)> = logit_objs.iter().map(|(n, v)| (*n, v)).collect();
+    batch::check_shapes(&arrs, &logits, &tshape, false)?;
     let mut step = match (arrs.get("cu_seqlens"), arrs.get("response_mask")) {
         (Some(cu), _) => {
             let s = Step::packed(cu.ids("cu_seqlens")?);
@@ -445,6 +414,16 @@ fn config_warnings(config_json: &str) -> PyResult<Vec<String>> {
     Ok(config(config_json)?.warnings())
 }
 
+/// The group ids of string labels (verl's `uid`): [`trmask::io::label_id`] of each, the ids
+/// the command line gives the same labels in JSON.
+#[pyfunction]
+fn label_ids(labels: Vec<String>) -> Vec<i64> {
+    labels
+        .iter()
+        .map(|s| trmask::io::label_id(s) as i64)
+        .collect()
+}
+
 /// Every preset name and alias.
 #[pyfunction]
 fn preset_names() -> Vec<&'static str> {
@@ -475,6 +454,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(preset, m)?)?;
     m.add_function(wrap_pyfunction!(preset_names, m)?)?;
     m.add_function(wrap_pyfunction!(config_warnings, m)?)?;
+    m.add_function(wrap_pyfunction!(label_ids, m)?)?;
     m.add_function(wrap_pyfunction!(engine_name, m)?)?;
     m.add_function(wrap_pyfunction!(last_borrows, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -227,12 +227,13 @@ def compute_rollout_correction_and_rejection_mask(
     ):
         if x is not None:
             tensors[name], kinds[name] = borrow(x, name, role)
+    config_json = _json(cfg)
     try:
-        _warn_config(_json(cfg))
+        _warn_config(config_json)
         if _exchange is None:
-            out = _native.correct(tensors, _json(cfg), backend)
+            out = _native.correct(tensors, config_json, backend)
         else:  # trmask.distributed: (rank, world size, all_gather)
-            out = _native.correct_shard(tensors, _json(cfg), backend, *_exchange)
+            out = _native.correct_shard(tensors, config_json, backend, *_exchange)
     except ValueError as e:
         verl = _verl_exception(e)
         if verl is e:
@@ -385,8 +386,8 @@ def analyze(
     ``config`` is a dict of config keys (verl's plus trmask's), or use ``preset=``;
     ``all_valid=True`` states that a batch without ``response_mask`` / ``cu_seqlens`` has no
     padding (the CLI's ``--all-valid``)."""
-    cfg = _config(config, preset, {}, {})
-    _warn_config(_json(cfg))
+    config_json = _json(_config(config, preset, {}, {}))
+    _warn_config(config_json)
     if isinstance(batch, Mapping):
         tensors: Dict[str, Any] = {}
         torch_in = False
@@ -398,10 +399,10 @@ def analyze(
                 continue
             torch_in = torch_in or is_torch(x)
             tensors[name], _ = borrow(x, name, role)
-        out = _native.analyze(tensors, _json(cfg), backend, all_valid, None)
+        out = _native.analyze(tensors, config_json, backend, all_valid, None)
     else:
         torch_in = False
-        out = _native.analyze({}, _json(cfg), backend, all_valid, str(batch))
+        out = _native.analyze({}, config_json, backend, all_valid, str(batch))
     kind = Kind(torch_in, None)
     return {
         "outputs": {k: kind.out(v) for k, v in out["outputs"].items()},

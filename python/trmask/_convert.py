@@ -4,9 +4,11 @@ allows and without importing torch unless the caller passed a tensor."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
+
+from . import _native
 
 # What the native module borrows as is; anything else is converted (a copy).
 _VALUE_DTYPES = {np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16)}
@@ -100,29 +102,21 @@ def borrow(x: Any, name: str, role: str) -> Tuple[Any, Kind]:
     return _numpy(a, name, role), kind
 
 
-def _label_id(s: str) -> int:
-    # FNV-1a (64 bits) of the UTF-8 bytes cut to 52 bits: the CLI's group id of a JSON label
-    h = 0xCBF29CE484222325
-    for b in s.encode("utf-8"):
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h & ((1 << 52) - 1)
-
-
 def _labels(a: np.ndarray, name: str) -> np.ndarray:
-    """verl's ``uid`` (strings, one per prompt) as group ids, equal on every rank."""
+    """verl's ``uid`` (strings, one per prompt) as group ids, equal on every rank: the native
+    library's hash of each label, the ids the command line gives them."""
     flat = a.ravel().tolist()
     if all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
         return np.asarray(flat, dtype=np.int64).reshape(a.shape)
-    ids: Dict[Any, int] = {}
+    texts = []
     for v in flat:
-        if v not in ids:
-            if isinstance(v, bytes):
-                ids[v] = _label_id(v.decode("utf-8", "replace"))
-            elif isinstance(v, str):
-                ids[v] = _label_id(v)
-            else:
-                raise _bad(name, f"mixes numbers and string labels ({v!r})")
-    return np.asarray([ids[v] for v in flat], dtype=np.int64).reshape(a.shape)
+        if isinstance(v, bytes):
+            texts.append(v.decode("utf-8", "replace"))
+        elif isinstance(v, str):
+            texts.append(v)
+        else:
+            raise _bad(name, f"mixes numbers and string labels ({v!r})")
+    return np.asarray(_native.label_ids(texts), dtype=np.int64).reshape(a.shape)
 
 
 def _numpy(a: np.ndarray, name: str, role: str) -> np.ndarray:

@@ -181,6 +181,8 @@ fn spinner(what: String) -> Option<indicatif::ProgressBar> {
 struct Done {
     input: trmask::io::Input,
     analysis: trmask::analysis::Analysis,
+    /// The `warning:` lines printed for this input (the report shows them too).
+    warnings: Vec<String>,
 }
 
 /// How a batch is analysed: in this process, or as one rank of a data-parallel job.
@@ -205,18 +207,23 @@ fn analyse_one(
             eprintln!("{note}");
         }
         let analysis = analyse(&input.batch)?;
-        for w in trmask::report::warnings(&trmask::report::WarningInputs {
+        let warnings = trmask::report::warnings(&trmask::report::WarningInputs {
             batch: &input.batch,
             analysis: &analysis,
             config: &ctx.cfg,
             temperature_flag: c.temperature.is_some(),
-        }) {
+        });
+        for w in &warnings {
             match w.strip_prefix("warning: ") {
                 Some(rest) if several => eprintln!("warning: {}: {rest}", path.display()),
                 _ => eprintln!("{w}"),
             }
         }
-        Ok(Done { input, analysis })
+        Ok(Done {
+            input,
+            analysis,
+            warnings,
+        })
     })();
     if let Some(pb) = pb {
         pb.finish_and_clear();
@@ -233,6 +240,7 @@ fn subject<'a>(ctx: &'a Ctx, path: &'a str, d: &'a Done) -> trmask::report::Subj
         preset: ctx.preset.as_deref(),
         analysis: &d.analysis,
         engine: &ctx.engine_name,
+        warnings: &d.warnings,
     }
 }
 

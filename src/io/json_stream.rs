@@ -19,7 +19,14 @@ pub(super) struct Dense {
     pub nulls: Vec<usize>,
 }
 
-/// The top-level keys holding arrays (sorted) and the numeric `step`, if any.
+/// `text` as the two passes read it: Python's bare non-finite literals quoted, numbers beyond
+/// f64's range as quoted infinities ([`lenient_json::quote_non_finite`]; done once per file).
+pub(super) fn prepare(text: &str) -> std::borrow::Cow<'_, str> {
+    lenient_json::quote_non_finite(text)
+}
+
+/// The top-level keys holding arrays (sorted) and the numeric `step`, if any, of a
+/// [`prepare`]d text.
 pub(super) fn scan(text: &str) -> Result<(Vec<String>, Option<f64>)> {
     if !text.trim_start().starts_with('{') {
         // Still a JSON error first when the text is not JSON at all.
@@ -29,8 +36,7 @@ pub(super) fn scan(text: &str) -> Result<(Vec<String>, Option<f64>)> {
             "the top level must be an object of tensors",
         ));
     }
-    let text = lenient_json::quote_non_finite(text);
-    let mut de = serde_json::Deserializer::from_str(&text);
+    let mut de = serde_json::Deserializer::from_str(text);
     let (mut keys, step) = de::Deserializer::deserialize_any(&mut de, Scan).map_err(not_json)?;
     de.end().map_err(not_json)?;
     keys.sort();
@@ -38,13 +44,13 @@ pub(super) fn scan(text: &str) -> Result<(Vec<String>, Option<f64>)> {
     Ok((keys, step))
 }
 
-/// Flattens the arrays under `wanted` (file key → tensor name) into dense tensors.
+/// Flattens the arrays under `wanted` (file key → tensor name) of a [`prepare`]d text into
+/// dense tensors.
 pub(super) fn flatten(
     text: &str,
     wanted: &BTreeMap<String, String>,
 ) -> Result<Vec<(String, Dense)>> {
-    let text = lenient_json::quote_non_finite(text);
-    let mut de = serde_json::Deserializer::from_str(&text);
+    let mut de = serde_json::Deserializer::from_str(text);
     let failure = RefCell::new(None);
     let r = de::Deserializer::deserialize_map(
         &mut de,
@@ -209,8 +215,12 @@ struct Labels {
 }
 
 /// The group id of a string label: FNV-1a (64 bits) of its UTF-8 bytes, cut to 52 bits so that
-/// it is an exact f64 integer (the Python package computes the same).
-pub(crate) fn label_id(s: &str) -> f64 {
+/// it is an exact f64 integer (the Python package calls this one too).
+///
+/// ```
+/// assert_eq!(trmask::io::label_id("a"), (0xaf63_dc4c_8601_ec8cu64 & ((1 << 52) - 1)) as f64);
+/// ```
+pub fn label_id(s: &str) -> f64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in s.as_bytes() {
         h ^= u64::from(b);
@@ -386,7 +396,7 @@ mod tests {
 
     fn read(text: &str, key: &str) -> Result<Vec<(String, Dense)>> {
         let wanted = BTreeMap::from([(key.to_string(), key.to_string())]);
-        flatten(text, &wanted)
+        flatten(&prepare(text), &wanted)
     }
 
     #[test]

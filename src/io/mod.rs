@@ -20,6 +20,7 @@ mod raw;
 mod write;
 
 pub use files::{check_distinct, open_input, read_text, Commit, JSON_LIMIT};
+pub use json_stream::label_id;
 pub use names::Renames;
 pub use write::{
     append_metrics_line, metrics_bytes, metrics_json, metrics_line, outputs_bytes, seq_output,

@@ -165,47 +165,31 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
 fn bad_tensor_entry(bytes: &[u8]) -> Option<Error> {
     let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
     let header = bytes.get(8..8usize.checked_add(usize::try_from(n).ok()?)?)?;
-    let v: serde_json::Value = serde_json::from_slice(header).ok()?;
-    for (name, t) in v.as_object()? {
-        if name == "__metadata__" {
-            continue;
-        }
-        let width: u64 = match t.get("dtype")?.as_str()? {
-            "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
-            "U16" | "I16" | "F16" | "BF16" => 2,
-            "U32" | "I32" | "F32" => 4,
-            "U64" | "I64" | "F64" => 8,
-            _ => continue,
-        };
-        let shape: Option<Vec<u64>> = t
-            .get("shape")?
-            .as_array()?
-            .iter()
-            .map(|d| d.as_u64())
-            .collect();
-        let offsets: Option<Vec<u64>> = t
-            .get("data_offsets")?
-            .as_array()?
-            .iter()
-            .map(|d| d.as_u64())
-            .collect();
-        let (Some(shape), Some(offsets)) = (shape, offsets) else {
+    let entries: BTreeMap<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    for (name, entry) in entries.into_iter().filter(|(k, _)| k != "__metadata__") {
+        // the crate's own header entry, so its dtype table sizes the data
+        let Ok(t) = serde_json::from_value::<safetensors::tensor::TensorInfo>(entry) else {
             continue;
         };
-        let [start, end] = offsets[..] else { continue };
-        let size = shape
+        let (start, end) = t.data_offsets;
+        let size = t
+            .shape
             .iter()
-            .try_fold(width, |acc, &d| acc.checked_mul(d))
+            .try_fold(t.dtype.bitsize() as u64, |acc, &d| {
+                acc.checked_mul(d as u64)
+            })
+            .map(|bits| bits.div_ceil(8))
             .filter(|&b| usize::try_from(b).is_ok());
         let problem = match size {
-            None => format!("shape {shape:?} is too large to address"),
-            Some(b) if end.checked_sub(start) != Some(b) => format!(
-                "shape {shape:?} needs {b} bytes, its data_offsets [{start}, {end}] hold {}",
+            None => format!("shape {:?} is too large to address", t.shape),
+            Some(b) if end.checked_sub(start).map(|h| h as u64) != Some(b) => format!(
+                "shape {:?} needs {b} bytes, its data_offsets [{start}, {end}] hold {}",
+                t.shape,
                 end.saturating_sub(start)
             ),
             _ => continue,
         };
-        return Some(Error::input(name.as_str(), problem));
+        return Some(Error::input(name, problem));
     }
     None
 }
@@ -300,7 +284,8 @@ fn widen(name: &str, dtype: safetensors::Dtype, b: &[u8]) -> Result<Vec<f64>> {
 }
 
 pub(super) fn read_json(text: &str) -> Result<Raw> {
-    let (keys, step) = super::json_stream::scan(text)?;
+    let prepared = super::json_stream::prepare(text);
+    let (keys, step) = super::json_stream::scan(&prepared)?;
     let (mapping, renames) = map_names(&keys)?;
     let mut raw = Raw {
         keys,
@@ -313,7 +298,7 @@ pub(super) fn read_json(text: &str) -> Result<Raw> {
         .iter()
         .map(|(name, source)| (source.clone(), name.clone()))
         .collect();
-    let mut tensors = super::json_stream::flatten(text, &wanted)?;
+    let mut tensors = super::json_stream::flatten(&prepared, &wanted)?;
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, d) in tensors {
         let source = mapping[&name].clone();

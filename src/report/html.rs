@@ -295,14 +295,9 @@ pub fn render_html(s: &Subject) -> String {
     );
     let _ = write!(h, "<h1>trmask report: {}</h1>", esc(s.input));
     let _ = write!(h, "<h2>Summary</h2><pre>{}</pre>", esc(&summary(s, &[])));
-    // the `warning:` lines the command line prints for this input and config
+    // the `warning:` lines the command line printed for this config and input
     let mut warned = s.config.warnings();
-    warned.extend(super::warnings::warnings(&super::warnings::WarningInputs {
-        batch: s.batch,
-        analysis: s.analysis,
-        config: s.config,
-        temperature_flag: false,
-    }));
+    warned.extend_from_slice(s.warnings);
     if !warned.is_empty() {
         h.push_str("<h2>Warnings</h2><ul>");
         for w in &warned {

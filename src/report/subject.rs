@@ -18,6 +18,8 @@ pub struct Subject<'a> {
     pub analysis: &'a Analysis,
     /// The engine's name.
     pub engine: &'a str,
+    /// The data's `warning:` lines ([`super::warnings()`]), as printed on stderr.
+    pub warnings: &'a [String],
 }
 
 /// An output tensor of the analysis by name.

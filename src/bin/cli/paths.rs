@@ -3,6 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
+/// Whether `p`'s extension is one of `exts` (any case; `-` has none).
+fn has_extension(p: &Path, exts: &[&str]) -> bool {
+    let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+    exts.iter().any(|e| ext.eq_ignore_ascii_case(e))
+}
+
 /// `--output` names a file whose extension says its format: `.safetensors` or `.json` (never
 /// standard output, where the summary goes).
 pub fn check_output_name(p: &Path) -> Result<(), trmask::Error> {
@@ -13,8 +19,7 @@ pub fn check_output_name(p: &Path) -> Result<(), trmask::Error> {
              path (metrics go to standard output with --metrics -)",
         ));
     }
-    let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
-    if !ext.eq_ignore_ascii_case("json") && !ext.eq_ignore_ascii_case("safetensors") {
+    if !has_extension(p, &["json", "safetensors"]) {
         return Err(trmask::Error::config(
             "--output",
             format!(
@@ -44,10 +49,7 @@ pub fn check_outputs(
 
 /// `report --output` names an HTML file (`.html` / `.htm`): the page is written as such.
 pub fn check_report_name(p: &Path) -> Result<(), trmask::Error> {
-    let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
-    if p.as_os_str() == "-"
-        || !(ext.eq_ignore_ascii_case("html") || ext.eq_ignore_ascii_case("htm"))
-    {
+    if !has_extension(p, &["html", "htm"]) {
         return Err(trmask::Error::config(
             "--output",
             format!("{}: the report is HTML; name a .html file", p.display()),
