@@ -1,5 +1,5 @@
 //! Batch layouts (padded `[B,T]` + `response_mask`, or packed `[N]` + `cu_seqlens`) and the
-//! validation of every input tensor (SPEC §2–§3).
+//! validation of every input tensor.
 //!
 //! Every per-token tensor is stored flat, in the input's layout: `B·T` slots for a padded batch,
 //! `N` slots for a packed one. [`Batch::segments`] gives each sequence's slot range and
@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 
 use crate::logits::impossible_sample;
 use crate::logits::Logits;
+use crate::tensors;
 
 /// How sequences are laid out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,20 +283,44 @@ impl Batch {
     /// (`rollout_log_prob`, `old_log_prob`, `log_prob`, `advantages`).
     pub fn with_log_probs(mut self, name: &str, values: Vec<f64>) -> Result<Self> {
         self.check_token_shape(name, values.len())?;
-        let slot = match name {
-            "rollout_log_prob" => &mut self.rollout_log_prob,
-            "old_log_prob" => &mut self.old_log_prob,
-            "log_prob" => &mut self.log_prob,
-            "advantages" => &mut self.advantages,
-            other => {
+        match self.values_slot(name) {
+            Some(slot) => *slot = Some(values),
+            None => {
                 return Err(Error::input(
-                    other,
+                    name,
                     "is not a per-token f64 tensor (see docs/FORMAT.md)",
                 ))
             }
-        };
-        *slot = Some(values);
+        }
         Ok(self)
+    }
+
+    /// The per-token f64 tensor `name` (one of [`tensors::per_token_values`]), if given.
+    pub fn values(&self, name: &str) -> Option<&[f64]> {
+        let i = tensors::per_token_values()
+            .iter()
+            .position(|n| *n == name)?;
+        [
+            &self.rollout_log_prob,
+            &self.old_log_prob,
+            &self.log_prob,
+            &self.advantages,
+        ][i]
+            .as_deref()
+    }
+
+    fn values_slot(&mut self, name: &str) -> Option<&mut Option<Vec<f64>>> {
+        let i = tensors::per_token_values()
+            .iter()
+            .position(|n| *n == name)?;
+        [
+            &mut self.rollout_log_prob,
+            &mut self.old_log_prob,
+            &mut self.log_prob,
+            &mut self.advantages,
+        ]
+        .into_iter()
+        .nth(i)
     }
 
     /// Attaches the per-sequence group ids (`uid`, `[B]` padded or `[S]` packed).
@@ -391,13 +416,8 @@ impl Batch {
     /// positions, matching vocabularies, token ids in range.
     pub fn validate(&self) -> Result<()> {
         let mask = self.mask();
-        for (name, t) in [
-            ("rollout_log_prob", &self.rollout_log_prob),
-            ("old_log_prob", &self.old_log_prob),
-            ("log_prob", &self.log_prob),
-            ("advantages", &self.advantages),
-        ] {
-            if let Some(v) = t {
+        for name in tensors::per_token_values() {
+            if let Some(v) = self.values(name) {
                 self.check_token_shape(name, v.len())?;
                 if let Some(i) = (0..v.len()).find(|&i| mask[i] && !v[i].is_finite()) {
                     return Err(Error::input(

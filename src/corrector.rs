@@ -33,6 +33,7 @@ use crate::logits::Logits;
 use crate::partial::{exchange, Exchange};
 use crate::passes::token_table_config;
 use crate::stats::Corrections;
+use crate::tensors::{self, Role, Shape};
 use half::{bf16, f16};
 use std::sync::Arc;
 
@@ -199,6 +200,33 @@ impl<'a> Step<'a> {
         self.uid = Some(ids);
         self
     }
+    /// Sets the per-token values tensor `name` (a `Values`-role token tensor of the tensor
+    /// table: `rollout_log_prob`, `old_log_prob`, `log_prob`, `advantages`).
+    pub fn values(mut self, name: &str, v: impl Into<Values<'a>>) -> Result<Self> {
+        let v = Some(v.into());
+        match tensors::per_token_values().iter().position(|n| *n == name) {
+            Some(0) => self.rollout_log_prob = v,
+            Some(1) => self.old_log_prob = v,
+            Some(2) => self.log_prob = v,
+            Some(3) => self.advantages = v,
+            _ => return Err(Error::input(name, "is not a per-token values tensor")),
+        }
+        Ok(self)
+    }
+    /// Sets the integer tensor `name` (`responses` per token, `uid` per sequence).
+    pub fn ids(mut self, name: &str, ids: &'a [i64]) -> Result<Self> {
+        match tensors::spec(name).map(|t| (t.role, t.shape)) {
+            Some((Role::Ids, Shape::Token)) => self.responses = Some(ids),
+            Some((Role::Ids, Shape::Seq)) => self.uid = Some(ids),
+            _ => {
+                return Err(Error::input(
+                    name,
+                    "is not a per-token or per-sequence id tensor",
+                ))
+            }
+        }
+        Ok(self)
+    }
     /// Full rollout and trainer logits `[slots, V]` for exact divergences.
     pub fn logits(mut self, rollout: &'a Logits, old: &'a Logits) -> Self {
         self.rollout_logits = Some(rollout);
@@ -228,12 +256,13 @@ impl<'a> Step<'a> {
                 Batch::packed(cu_seqlens)?
             }
         };
-        for (name, v) in [
-            ("rollout_log_prob", self.rollout_log_prob),
-            ("old_log_prob", self.old_log_prob),
-            ("log_prob", self.log_prob),
-            ("advantages", self.advantages),
-        ] {
+        let given = [
+            self.rollout_log_prob,
+            self.old_log_prob,
+            self.log_prob,
+            self.advantages,
+        ];
+        for (name, v) in tensors::per_token_values().into_iter().zip(given) {
             if let Some(v) = v {
                 if v.len() != batch.slots() {
                     return Err(Error::input(

@@ -37,6 +37,7 @@ mod lenient_json;
 mod math;
 pub mod plan;
 mod stats;
+pub mod tensors;
 // Layer 0–1: inputs and their validation.
 mod batch;
 mod logits;

@@ -9,24 +9,16 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::collections::BTreeMap;
 use trmask::io::Renames;
+use trmask::tensors::{self, Role, Shape};
 use trmask::{Batch, Error, MaskValues};
 
-/// The tensor names a batch dict may hold (after renaming framework keys).
-const KNOWN: [&str; 13] = [
-    "rollout_log_prob",
-    "old_log_prob",
-    "log_prob",
-    "advantages",
-    "response_mask",
-    "cu_seqlens",
-    "responses",
-    "uid",
-    "rollout_logits",
-    "old_logits",
-    "rollout_topk_ids",
-    "rollout_topk_log_prob",
-    "trainer_logits",
-];
+/// The tensor names a batch dict may hold (after renaming framework keys): the tensor
+/// table's, plus the Python argument names (`trainer_logits`).
+fn known() -> Vec<&'static str> {
+    tensors::batch_names()
+        .chain(tensors::PYTHON_NAMES.iter().map(|p| p.0))
+        .collect()
+}
 
 fn mask_f64(m: MaskValues<'_>) -> Vec<f64> {
     match m {
@@ -59,21 +51,12 @@ pub fn check_shapes(
     per_row_advantages: bool,
 ) -> PyResult<()> {
     let mut shapes: Vec<(&str, Vec<usize>, Option<&str>)> = Vec::new();
-    for name in [
-        "rollout_log_prob",
-        "old_log_prob",
-        "log_prob",
-        "responses",
-        "response_mask",
-        "advantages",
-    ] {
-        if let Some(a) = arrs.get(name) {
-            shapes.push((name, a.shape(), None));
-        }
-    }
-    for name in ["rollout_topk_ids", "rollout_topk_log_prob"] {
-        if let Some(a) = arrs.get(name) {
-            shapes.push((name, a.shape(), Some("K")));
+    for t in &tensors::TENSORS {
+        let Some(a) = arrs.get(t.name) else { continue };
+        match t.shape {
+            Shape::Token | Shape::TokenOrSeq => shapes.push((t.name, a.shape(), None)),
+            Shape::TokenK => shapes.push((t.name, a.shape(), Some("K"))),
+            _ => {}
         }
     }
     for (name, v) in logits {
@@ -87,7 +70,7 @@ pub fn check_shapes(
             None => {
                 shape == tshape
                     || (per_row_advantages
-                        && name == "advantages"
+                        && tensors::spec(name).is_some_and(|t| t.shape == Shape::TokenOrSeq)
                         && tshape.len() == 2
                         && shape == tshape[..1])
             }
@@ -113,42 +96,37 @@ pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Ren
             objs.insert(k.extract::<String>()?, v);
         }
     }
-    // `trainer_logits` is the Python API's name for `old_logits`
-    if let Some(t) = objs.remove("trainer_logits") {
-        if objs.contains_key("old_logits") {
-            return Err(to_py(Error::input(
-                "old_logits",
-                "is ambiguous: `old_logits` and `trainer_logits` both hold it; keep one",
-            )));
+    // the Python API's argument names (`trainer_logits` for `old_logits`)
+    for (arg, target) in tensors::PYTHON_NAMES {
+        if let Some(t) = objs.remove(arg) {
+            if objs.contains_key(target) {
+                return Err(to_py(Error::input(
+                    target,
+                    format!("is ambiguous: `{target}` and `{arg}` both hold it; keep one"),
+                )));
+            }
+            objs.insert(target.into(), t);
         }
-        objs.insert("old_logits".into(), t);
     }
-    let renames = trmask::io::names::apply(&mut objs, &KNOWN).map_err(to_py)?;
+    let known = known();
+    let renames = trmask::io::names::apply(&mut objs, &known).map_err(to_py)?;
     let mut arrs: BTreeMap<&str, Arr<'_>> = BTreeMap::new();
-    for name in KNOWN {
-        if name.ends_with("_logits") {
-            continue;
-        }
+    for name in tensors::names_where(|t| t.role != Role::Logits) {
         if let Some(v) = objs.get(name) {
             arrs.insert(name, Arr::borrow(name, v)?);
         }
     }
-    let token_shape = [
-        "rollout_log_prob",
-        "old_log_prob",
-        "log_prob",
-        "responses",
-        "response_mask",
-    ]
-    .iter()
-    .find_map(|n| arrs.get(n).map(Arr::shape))
-    .or_else(|| {
-        objs.get("rollout_logits")
-            .or(objs.get("old_logits"))
-            .and_then(|l| l.getattr("shape").ok()?.extract::<Vec<usize>>().ok())
-            .filter(|s| s.len() >= 2)
-            .map(|s| s[..s.len() - 1].to_vec())
-    });
+    let token_shape = tensors::token_shape_sources()
+        .iter()
+        .find_map(|n| arrs.get(n).map(Arr::shape))
+        .or_else(|| {
+            tensors::logits_names()
+                .into_iter()
+                .find_map(|n| objs.get(n))
+                .and_then(|l| l.getattr("shape").ok()?.extract::<Vec<usize>>().ok())
+                .filter(|s| s.len() >= 2)
+                .map(|s| s[..s.len() - 1].to_vec())
+        });
     let mut batch = if let Some(cu) = arrs.get("cu_seqlens") {
         if arrs.contains_key("response_mask") {
             return Err(to_py(Error::input(
@@ -193,12 +171,12 @@ pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Ren
     }
     .map_err(to_py)?;
     let tshape = batch.token_shape();
-    let logits: Vec<(&str, &Bound<'_, PyAny>)> = ["rollout_logits", "old_logits"]
+    let logits: Vec<(&str, &Bound<'_, PyAny>)> = tensors::logits_names()
         .into_iter()
         .filter_map(|n| objs.get(n).map(|v| (n, v)))
         .collect();
     check_shapes(&arrs, &logits, &tshape, true)?;
-    for name in ["rollout_log_prob", "old_log_prob", "log_prob", "advantages"] {
+    for name in tensors::per_token_values() {
         if let Some(a) = arrs.get(name) {
             let mut v = a.to_f64(name)?;
             // TRL's advantages are per sequence, [B]: one value for every token of the row.
@@ -218,7 +196,7 @@ pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Ren
     if let Some(a) = arrs.get("uid") {
         batch = batch.with_uid(a.ids("uid")?.to_vec()).map_err(to_py)?;
     }
-    for name in ["rollout_logits", "old_logits"] {
+    for name in tensors::logits_names() {
         if let Some(v) = objs.get(name) {
             let l = arrays::logits(name, v)?;
             batch = batch.with_logits(name, l).map_err(to_py)?;

@@ -17,6 +17,7 @@ use pyo3::types::PyDict;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use trmask::backend::{open_engine, Backend};
+use trmask::tensors::{self, Role, Shape};
 use trmask::{CorrectionConfig, Corrector, Engine, Step};
 
 /// A library error as a Python exception.
@@ -53,6 +54,37 @@ fn engine(py: Python<'_>, backend: &str) -> PyResult<(Arc<dyn Engine>, Vec<Strin
         .map_err(to_py)?;
     cache.push((b, e.clone(), notes.clone()));
     Ok((e, notes))
+}
+
+/// Correctors built so far, by `(config JSON, backend)`, most recently used last: a trainer
+/// calls with one or two configs, so the config is parsed and resolved once, not per step.
+static CORRECTORS: Mutex<Vec<(String, String, Arc<Corrector>)>> = Mutex::new(Vec::new());
+/// Correctors kept (least recently used dropped first).
+const CORRECTOR_CACHE: usize = 8;
+
+fn corrector(py: Python<'_>, config_json: &str, backend: &str) -> PyResult<Arc<Corrector>> {
+    let poisoned = || PyRuntimeError::new_err("corrector cache poisoned");
+    {
+        let mut cache = CORRECTORS.lock().map_err(|_| poisoned())?;
+        if let Some(i) = cache
+            .iter()
+            .position(|(c, b, _)| c == config_json && b == backend)
+        {
+            let hit = cache.remove(i);
+            let c = hit.2.clone();
+            cache.push(hit);
+            return Ok(c);
+        }
+    }
+    let cfg = config(config_json)?;
+    let (eng, _) = engine(py, backend)?;
+    let c = Arc::new(Corrector::new(eng, &cfg).map_err(to_py)?);
+    let mut cache = CORRECTORS.lock().map_err(|_| poisoned())?;
+    if cache.len() >= CORRECTOR_CACHE {
+        cache.remove(0);
+    }
+    cache.push((config_json.to_string(), backend.to_string(), c.clone()));
+    Ok(c)
 }
 
 fn config(json: &str) -> PyResult<CorrectionConfig> {
@@ -107,28 +139,24 @@ fn correct_with<'py>(
     ex: Option<exchange::PyExchange>,
 ) -> PyResult<Bound<'py, PyDict>> {
     arrays::reset_borrows();
-    let cfg = config(config_json)?;
+    let corrector = corrector(py, config_json, backend)?;
     let mut arrs: BTreeMap<&str, Arr<'py>> = BTreeMap::new();
-    for name in [
-        "response_mask",
-        "cu_seqlens",
-        "rollout_log_prob",
-        "old_log_prob",
-        "log_prob",
-        "advantages",
-        "responses",
-        "uid",
-    ] {
-        if let Some(v) = get(tensors, name)? {
-            arrs.insert(name, Arr::borrow(name, &v)?);
+    for t in tensors::TENSORS.iter().filter(|t| t.shape != Shape::TokenK) {
+        if t.role == Role::Logits {
+            continue;
+        }
+        if let Some(v) = get(tensors, t.name)? {
+            arrs.insert(t.name, Arr::borrow(t.name, &v)?);
         }
     }
-    let rollout_logits = get(tensors, "rollout_logits")?
-        .map(|v| arrays::logits("rollout_logits", &v))
-        .transpose()?;
-    let old_logits = get(tensors, "old_logits")?
-        .map(|v| arrays::logits("old_logits", &v))
-        .transpose()?;
+    let mut logit_objs: Vec<(&str, Bound<'py, PyAny>)> = Vec::new();
+    let mut logits = Vec::new();
+    for n in tensors::logits_names() {
+        if let Some(v) = get(tensors, n)? {
+            logits.push((n, arrays::logits(n, &v)?));
+            logit_objs.push((n, v));
+        }
+    }
     // the layout's token shape: every per-token tensor has it (logits one more axis), so equal
     // element counts in another shape are an error naming the tensor, never a reshape
     let tshape: Vec<usize> = match (arrs.get("cu_seqlens"), arrs.get("response_mask")) {
@@ -139,12 +167,8 @@ fn correct_with<'py>(
         (None, Some(m)) => m.shape(),
         (None, None) => Vec::new(),
     };
-    let logit_objs: Vec<(&str, Bound<'py, PyAny>)> = ["rollout_logits", "old_logits"]
-        .into_iter()
-        .filter_map(|n| get(tensors, n).transpose().map(|v| v.map(|v| (n, v))))
-        .collect::<PyResult<_>>()?;
-    let logits: Vec<(&str, &Bound<'py, PyAny>)> = logit_objs.iter().map(|(n, v)| (*n, v)).collect();
-    batch::check_shapes(&arrs, &logits, &tshape, false)?;
+    let objs: Vec<(&str, &Bound<'py, PyAny>)> = logit_objs.iter().map(|(n, v)| (*n, v)).collect();
+    batch::check_shapes(&arrs, &objs, &tshape, false)?;
     let mut step = match (arrs.get("cu_seqlens"), arrs.get("response_mask")) {
         (Some(cu), _) => {
             let s = Step::packed(cu.ids("cu_seqlens")?);
@@ -171,33 +195,28 @@ fn correct_with<'py>(
         }
     };
     for (name, a) in &arrs {
-        step = match *name {
-            "rollout_log_prob" => step.rollout_log_prob(a.values(name)?),
-            "old_log_prob" => step.old_log_prob(a.values(name)?),
-            "log_prob" => step.log_prob(a.values(name)?),
-            "advantages" => step.advantages(a.values(name)?),
-            "responses" => step.responses(a.ids(name)?),
-            "uid" => step.uid(a.ids(name)?),
-            _ => step,
-        };
+        step = match tensors::spec(name).map(|t| (t.role, t.shape)) {
+            Some((Role::Values, _)) => step.values(name, a.values(name)?),
+            Some((Role::Ids, Shape::Token | Shape::Seq)) => step.ids(name, a.ids(name)?),
+            _ => Ok(step),
+        }
+        .map_err(to_py)?;
     }
-    match (&rollout_logits, &old_logits) {
-        (Some(r), Some(o)) => step = step.logits(r, o),
-        (None, None) => {}
-        (r, _) => {
-            let missing = if r.is_none() {
-                "rollout_logits"
-            } else {
-                "old_logits"
-            };
+    match logits.as_slice() {
+        [(_, r), (_, o)] => step = step.logits(r, o),
+        [] => {}
+        [(given, _)] => {
+            let missing = tensors::logits_names()
+                .into_iter()
+                .find(|n| n != given)
+                .unwrap_or_default();
             return Err(to_py(trmask::Error::input(
                 missing,
                 "is missing: logits come in pairs (rollout_logits and old_logits)",
             )));
         }
+        _ => unreachable!("two logits tensors at most"),
     }
-    let (eng, _) = engine(py, backend)?;
-    let corrector = Corrector::new(eng, &cfg).map_err(to_py)?;
     let c = match ex {
         None => py.detach(|| corrector.correct(&step)).map_err(to_py)?,
         Some(mut ex) => {
@@ -437,6 +456,30 @@ fn engine_name(py: Python<'_>, backend: &str) -> PyResult<(String, Vec<String>)>
     Ok((e.name(), notes))
 }
 
+/// `(name, role)` of every tensor name a batch dict may use: the tensor table's names, their
+/// framework aliases and the Python argument names, so the package derives its roles from
+/// the one table.
+#[pyfunction]
+fn tensor_roles() -> Vec<(&'static str, &'static str)> {
+    let role = |n: &str| tensors::spec(n).map_or("values", |t| t.role.name());
+    tensors::TENSORS
+        .iter()
+        .map(|t| (t.name, t.role.name()))
+        .chain(tensors::aliases().map(|(a, target)| (a.source, role(target))))
+        .chain(
+            tensors::PYTHON_NAMES
+                .iter()
+                .map(|(a, target)| (*a, role(target))),
+        )
+        .collect()
+}
+
+/// The per-token tensors that fix the token shape, in the order they are consulted.
+#[pyfunction]
+fn token_shape_sources() -> Vec<&'static str> {
+    tensors::token_shape_sources()
+}
+
 /// `(tensor, address, bytes)` of every array the last call borrowed (no-copy tests).
 #[pyfunction]
 fn last_borrows() -> Vec<(String, usize, usize)> {
@@ -457,6 +500,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(label_ids, m)?)?;
     m.add_function(wrap_pyfunction!(engine_name, m)?)?;
     m.add_function(wrap_pyfunction!(last_borrows, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor_roles, m)?)?;
+    m.add_function(wrap_pyfunction!(token_shape_sources, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

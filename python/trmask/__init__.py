@@ -211,22 +211,23 @@ def compute_rollout_correction_and_rejection_mask(
         },
         options,
     )
+    given = dict(
+        old_log_prob=old_log_prob,
+        rollout_log_prob=rollout_log_prob,
+        response_mask=response_mask,
+        log_prob=log_prob,
+        advantages=advantages,
+        responses=responses,
+        uid=uid,
+        cu_seqlens=cu_seqlens,
+        rollout_logits=rollout_logits,
+        old_logits=old_logits,
+    )
     tensors: Dict[str, Any] = {}
     kinds: Dict[str, Kind] = {}
-    for name, x, role in (
-        ("old_log_prob", old_log_prob, "values"),
-        ("rollout_log_prob", rollout_log_prob, "values"),
-        ("response_mask", response_mask, "mask"),
-        ("log_prob", log_prob, "values"),
-        ("advantages", advantages, "values"),
-        ("responses", responses, "ids"),
-        ("uid", uid, "ids"),
-        ("cu_seqlens", cu_seqlens, "ids"),
-        ("rollout_logits", rollout_logits, "logits"),
-        ("old_logits", old_logits, "logits"),
-    ):
+    for name, x in given.items():
         if x is not None:
-            tensors[name], kinds[name] = borrow(x, name, role)
+            tensors[name], kinds[name] = borrow(x, name, _ROLES[name])
     config_json = _json(cfg)
     try:
         _warn_config(config_json)
@@ -239,11 +240,10 @@ def compute_rollout_correction_and_rejection_mask(
         if verl is e:
             raise
         raise verl from None
-    shape = next(
-        (shape_of(tensors[n]) for n in ("old_log_prob", "rollout_log_prob", "response_mask") if n in tensors),
-        None,
-    )
-    values_kind = kinds.get("old_log_prob") or kinds.get("rollout_log_prob")
+    shape = next((shape_of(tensors[n]) for n in _TOKEN_SHAPE if n in tensors), None)
+    # verl's weights have old_log_prob's dtype (rollout_log_prob's when it is alone)
+    values_kind = kinds.get("old_log_prob")
+    values_kind = values_kind or kinds.get("rollout_log_prob")
     if values_kind is None:  # log-probs from logits: float64 of the inputs' kind
         first = next(iter(kinds.values()), Kind(False, np.float64))
         values_kind = Kind(first.torch, _float64(first.torch), first.device)
@@ -345,16 +345,17 @@ def topk_divergence(
     ``prob_diff`` (π_y − μ_y), ``rollout_tail``, ``train_tail``."""
     tensors: Dict[str, Any] = {}
     kinds: Dict[str, Kind] = {}
-    for name, x, role in (
-        ("rollout_topk_ids", rollout_topk_ids, "ids"),
-        ("rollout_topk_log_prob", rollout_topk_log_prob, "values"),
-        ("responses", responses, "ids"),
-        ("trainer_logits", trainer_logits, "logits"),
-        ("rollout_log_prob", rollout_log_prob, "values"),
-        ("response_mask", mask, "mask"),
-    ):
+    given = dict(
+        rollout_topk_ids=rollout_topk_ids,
+        rollout_topk_log_prob=rollout_topk_log_prob,
+        responses=responses,
+        trainer_logits=trainer_logits,
+        rollout_log_prob=rollout_log_prob,
+        response_mask=mask,
+    )
+    for name, x in given.items():
         if x is not None:
-            tensors[name], kinds[name] = borrow(x, name, role)
+            tensors[name], kinds[name] = borrow(x, name, _ROLES[name])
     lead = shape_of(tensors["responses"])
     out = _native.topk_divergence(tensors, top_k_support, float(temperature), backend)
     kind = kinds["trainer_logits"]
@@ -412,21 +413,12 @@ def analyze(
 
 
 # Roles of the tensors a batch dict may hold (framework aliases included, by their target's
-# role); other keys are ignored, as the CLI ignores them.
-_ROLES = {
-    "response_mask": "mask",
-    "attention_mask": "skip",
-    "completion_mask": "mask",
-    "loss_mask": "mask",
-    "cu_seqlens": "ids",
-    "responses": "ids",
-    "completion_ids": "ids",
-    "uid": "ids",
-    "rollout_topk_ids": "ids",
-    "rollout_logits": "logits",
-    "old_logits": "logits",
-    "trainer_logits": "logits",
-}
+# role), from the library's tensor table; other keys are ignored, as the CLI ignores them
+# (`attention_mask`, the prompt-and-response mask of a trainer's batch, explicitly).
+_ROLES = dict(_native.tensor_roles())
+_ROLES["attention_mask"] = "skip"
+# The per-token tensors that fix the token shape, in the order they are consulted.
+_TOKEN_SHAPE = tuple(_native.token_shape_sources())
 
 
 def bounds(

@@ -31,6 +31,7 @@ use super::vocab_general::{decode_scaled, row_general, row_general_src, Row, Row
 use crate::error::{Error, Result};
 use crate::logits::Logits;
 use crate::stats::VocabStats;
+use crate::tensors;
 use rayon::prelude::*;
 
 /// Checks the temperature, the shapes and the sampled ids shared by the CPU and GPU paths.
@@ -229,7 +230,7 @@ fn row_of(
     if sc.a.len() != block {
         *sc = Scratch::new(block);
     }
-    for (name, l) in [("rollout_logits", rollout), ("old_logits", train)] {
+    for (name, l) in tensors::logits_names().into_iter().zip([rollout, train]) {
         let bad = if block == l.vocab() {
             let out = if name == "old_logits" {
                 &mut sc.b

@@ -24,6 +24,7 @@ use crate::cpu::{check_vocab_inputs, first_bad_logit};
 use crate::error::{Error, Result};
 use crate::logits::{DType, Logits};
 use crate::stats::{VocabPasses, VocabStats};
+use crate::tensors;
 
 /// `row_info` value of an invalid (masked) slot.
 pub const ROW_MASKED: u32 = u32::MAX;
@@ -189,7 +190,7 @@ fn run(
             ))
         }
     };
-    for (name, l) in [("rollout_logits", rollout), ("old_logits", train)] {
+    for (name, l) in tensors::logits_names().into_iter().zip([rollout, train]) {
         if l.on_device().is_some_and(|d| !d.is_storage()) {
             return Err(Error::input(
                 name,
@@ -332,7 +333,11 @@ pub fn finish_vocab_stats(
     for r in 0..rows {
         let o = &raw[RESULTS_PER_ROW * r..][..RESULTS_PER_ROW];
         let flags = o[7] as u32;
-        for (bit, name, k) in [(F_A_BAD, "rollout_logits", 0), (F_B_BAD, "old_logits", 1)] {
+        for (k, (bit, name)) in [F_A_BAD, F_B_BAD]
+            .into_iter()
+            .zip(tensors::logits_names())
+            .enumerate()
+        {
             if flags & bit != 0 {
                 let what = match host {
                     Some(ls) => {
@@ -347,7 +352,10 @@ pub fn finish_vocab_stats(
                 return Err(Error::input(name, what));
             }
         }
-        for (bit, name) in [(F_A_EMPTY, "rollout_logits"), (F_B_EMPTY, "old_logits")] {
+        for (bit, name) in [F_A_EMPTY, F_B_EMPTY]
+            .into_iter()
+            .zip(tensors::logits_names())
+        {
             if flags & bit != 0 {
                 return Err(Error::input(name, format!("row {r}: every entry is -inf")));
             }

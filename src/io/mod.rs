@@ -1,10 +1,8 @@
 //! Reading batches from safetensors (memory-mapped) or JSON files, and writing per-token /
 //! per-sequence outputs and metrics.
 //!
-//! Tensor names are trmask's (`rollout_log_prob`, `old_log_prob`, `log_prob`,
-//! `response_mask`, `cu_seqlens`, `advantages`, `responses`, `rollout_logits`, `old_logits`,
-//! `rollout_topk_ids`, `rollout_topk_log_prob`) or a framework's ([`names::ALIASES`]: verl,
-//! TRL, prime-rl, SkyRL, slime). Other tensors are ignored.
+//! Tensor names are trmask's or a framework's (verl, TRL, prime-rl, SkyRL, slime), both from
+//! the one tensor table, [`crate::tensors::TENSORS`]. Other tensors are ignored.
 //!
 //! Layout rules — never guessed: with `cu_seqlens` the batch is packed (`[N]` tensors, `[N, V]`
 //! logits); with `response_mask` it is padded (`[B, T]`). With neither, reading fails naming
@@ -30,7 +28,8 @@ pub use write::{
 use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::logits::Logits;
-use raw::{Dense, LogitsSource, Raw, LOGITS_NAMES};
+use crate::tensors;
+use raw::{Dense, LogitsSource, Raw};
 use std::path::Path;
 
 /// How to read a batch.
@@ -133,20 +132,10 @@ fn missing(raw: &Raw, target: &str, what: &str) -> Error {
     Error::input(target, msg)
 }
 
-const TOKEN_NAMES: [&str; 6] = [
-    "rollout_log_prob",
-    "old_log_prob",
-    "log_prob",
-    "responses",
-    "advantages",
-    "response_mask",
-];
-
 fn layout(raw: &mut Raw, opts: &ReadOptions) -> Result<Batch> {
-    let token_shape = TOKEN_NAMES
-        .iter()
-        .filter(|n| **n != "advantages")
-        .find_map(|n| raw.dense.get(*n).map(|d| (n.to_string(), d.shape.clone())));
+    let token_shape = tensors::token_shape_sources()
+        .into_iter()
+        .find_map(|n| raw.dense.get(n).map(|d| (n.to_string(), d.shape.clone())));
     let (source, shape) = match (&token_shape, raw.logits.iter().next()) {
         (Some((n, s)), _) => (n.clone(), s.clone()),
         (None, Some((name, (s, _)))) if s.len() >= 2 => {
@@ -312,7 +301,7 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
             ));
         }
     }
-    for name in ["rollout_log_prob", "old_log_prob", "log_prob", "advantages"] {
+    for name in tensors::per_token_values() {
         if let Some(d) = raw.dense.remove(name) {
             check(name, &d.shape, 0)?;
             batch = batch.with_log_probs(name, d.data)?;
@@ -338,7 +327,7 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
         }
         batch = batch.with_responses(to_ids("responses", &d.data)?)?;
     }
-    for name in LOGITS_NAMES {
+    for name in tensors::logits_names() {
         if let Some((shape, src)) = raw.logits.remove(name) {
             check(name, &shape, 1)?;
             let vocab = *shape.last().unwrap();
@@ -427,7 +416,7 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
     batch.validate()?;
     if implied && batch.slots() == 0 {
         // the layout-less batch has no token: say so rather than name a mask it lacks
-        let name = ["rollout_log_prob", "old_log_prob", "log_prob"]
+        let name = tensors::log_prob_names()
             .into_iter()
             .find(|n| raw.sources.iter().any(|(t, _, _)| t == n))
             .unwrap_or("rollout_log_prob");

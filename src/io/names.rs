@@ -1,83 +1,19 @@
 //! Framework tensor names → trmask names.
 //!
-//! A dump written straight from a trainer's batch carries that framework's keys. Each row of
-//! [`ALIASES`] maps one such key to the trmask name it holds; only names read in the
-//! framework's own source are listed (file and function in the comment above each group).
-//! AReaL is deliberately absent: its `old_logprobs` is the *rollout* (behaviour) log-prob,
-//! the opposite of verl's and TRL's "old", so it is only ever suggested, never mapped.
+//! A dump written straight from a trainer's batch carries that framework's keys. The renames
+//! come from the tensor table ([`crate::tensors::TENSORS`]: each tensor lists the framework
+//! keys that hold it, with the framework source they were read in). AReaL is deliberately
+//! absent: its `old_logprobs` is the *rollout* (behaviour) log-prob, the opposite of verl's and
+//! TRL's "old", so it is only ever suggested, never mapped.
 
 use crate::error::{Error, Result};
+use crate::tensors::{self, Alias};
 use std::collections::BTreeMap;
 
-/// One recognised framework key.
-#[derive(Clone, Copy, Debug)]
-pub struct Alias {
-    /// The key as the framework writes it.
-    pub source: &'static str,
-    /// The trmask name it maps to.
-    pub target: &'static str,
-    /// The frameworks that use this key for this quantity.
-    pub frameworks: &'static [&'static str],
+/// The alias `source` and the trmask name it maps to.
+fn alias(source: &str) -> Option<(&'static Alias, &'static str)> {
+    tensors::aliases().find(|(a, _)| a.source == source)
 }
-
-const fn a(
-    source: &'static str,
-    target: &'static str,
-    frameworks: &'static [&'static str],
-) -> Alias {
-    Alias {
-        source,
-        target,
-        frameworks,
-    }
-}
-
-/// Every recognised framework key.
-pub const ALIASES: [Alias; 14] = [
-    // verl — verl/trainer/ppo/ray_trainer.py (`_compute_old_log_prob`: "old_log_probs";
-    // `compute_response_mask`: "responses", "response_mask") and
-    // verl/trainer/ppo/rollout_corr_helper.py (`compute_rollout_correction_and_add_to_batch`:
-    // batch.batch["rollout_log_probs"]). slime — slime/ray/rollout.py
-    // (`_convert_samples_to_train_data`: train_data["rollout_log_probs"]); SkyRL's older
-    // skyrl-train/skyrl_train/training_batch.py spells it the same.
-    a("old_log_probs", "old_log_prob", &["verl"]),
-    a(
-        "rollout_log_probs",
-        "rollout_log_prob",
-        &["verl", "slime", "SkyRL"],
-    ),
-    // TRL — trl/trainer/grpo_trainer.py (`GRPOTrainer._generate_and_score_completions`: output
-    // keys "old_per_token_logps", "sampling_per_token_logps", "completion_mask",
-    // "completion_ids"; `_compute_loss` reads them back).
-    a("old_per_token_logps", "old_log_prob", &["TRL"]),
-    a("sampling_per_token_logps", "rollout_log_prob", &["TRL"]),
-    a("completion_mask", "response_mask", &["TRL"]),
-    a("completion_ids", "responses", &["TRL"]),
-    // prime-rl — src/prime_rl/trainer/rl/loss.py (`LossInputs.inference_logprobs`,
-    // `.trainer_logprobs`, `.loss_mask`) and src/prime_rl/trainer/rl/train.py
-    // (micro_batch["inference_logprobs"], micro_batch["loss_mask"]). SkyRL —
-    // skyrl-train/skyrl_train/training_batch.py (`TrainingInput.loss_mask`).
-    a("inference_logprobs", "rollout_log_prob", &["prime-rl"]),
-    a("trainer_logprobs", "log_prob", &["prime-rl"]),
-    a("loss_mask", "response_mask", &["prime-rl", "SkyRL"]),
-    // SkyRL — skyrl-train/skyrl_train/training_batch.py (`TrainingInput.rollout_logprobs`) and
-    // skyrl-train/skyrl_train/trainer.py (`fwd_logprobs_values_reward`:
-    // training_input["action_log_probs"], the trainer recompute passed as old_log_probs).
-    a("rollout_logprobs", "rollout_log_prob", &["SkyRL"]),
-    a("action_log_probs", "old_log_prob", &["SkyRL"]),
-    // slime — slime/backends/megatron_utils/loss.py (`policy_loss_function`: old_log_probs =
-    // batch["log_probs"]; batch["loss_masks"]) and slime/ray/rollout.py
-    // (train_data["loss_masks"]).
-    a("log_probs", "old_log_prob", &["slime"]),
-    a("loss_masks", "response_mask", &["slime"]),
-    // TRL writes per-sequence advantages [B] under the same name as verl's [B, T]; the reader
-    // broadcasts a [B] tensor over the response (see `io`).
-    a(
-        "advantages",
-        "advantages",
-        &["verl", "TRL", "prime-rl", "SkyRL", "slime"],
-    ),
-];
 
 /// Names that look like a quantity but are not mapped, with what they probably are.
 const HINTS: [(&str, &str); 3] = [
@@ -108,10 +44,8 @@ impl Renames {
     pub fn framework(&self) -> Option<&'static str> {
         let mut common: Option<Vec<&'static str>> = None;
         for (src, _) in &self.applied {
-            let fw = ALIASES
-                .iter()
-                .find(|a| a.source == src.as_str())
-                .map(|a| a.frameworks.to_vec())
+            let fw = alias(src)
+                .map(|(a, _)| a.frameworks.to_vec())
                 .unwrap_or_default();
             common = Some(match common {
                 None => fw,
@@ -147,8 +81,8 @@ pub fn apply<T>(tensors: &mut BTreeMap<String, T>, known: &[&str]) -> Result<Ren
                 .entry(name.as_str())
                 .or_default()
                 .push(name.as_str());
-        } else if let Some(al) = ALIASES.iter().find(|a| a.source == name.as_str()) {
-            by_target.entry(al.target).or_default().push(al.source);
+        } else if let Some((al, target)) = alias(name) {
+            by_target.entry(target).or_default().push(al.source);
         }
     }
     for (target, sources) in &by_target {
@@ -181,13 +115,7 @@ pub fn apply<T>(tensors: &mut BTreeMap<String, T>, known: &[&str]) -> Result<Ren
 /// (`known`: trmask's own names, never suggested).
 pub fn near_misses(target: &str, present: &[String], known: &[&str]) -> Vec<String> {
     let squash = |s: &str| s.to_ascii_lowercase().replace(['_', '-', '.', '/'], "");
-    let words: &[&str] = match target {
-        "rollout_log_prob" => &["rollout", "sampl", "infer", "behav", "logp", "logprob"],
-        "old_log_prob" | "log_prob" => &["old", "train", "logp", "logprob", "prox"],
-        "response_mask" => &["mask"],
-        "responses" => &["ids", "token", "response", "completion"],
-        _ => &[],
-    };
+    let words: &[&str] = tensors::spec(target).map_or(&[], |t| t.hint_words);
     let mut out = Vec::new();
     for name in present {
         if let Some((_, why)) = HINTS.iter().find(|(h, _)| *h == name.as_str()) {
@@ -195,7 +123,7 @@ pub fn near_misses(target: &str, present: &[String], known: &[&str]) -> Vec<Stri
             continue;
         }
         let n = squash(name);
-        if known.contains(&name.as_str()) || ALIASES.iter().any(|a| a.source == name.as_str()) {
+        if known.contains(&name.as_str()) || alias(name).is_some() {
             continue;
         }
         if words.iter().any(|w| n.contains(w)) || n == squash(target) {

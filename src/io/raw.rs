@@ -5,6 +5,7 @@
 use super::names::{self, Renames};
 use crate::error::{Error, Result};
 use crate::logits::DType;
+use crate::tensors::{self, Role, Shape};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -39,22 +40,14 @@ pub(super) struct Raw {
     pub bytes: u64,
 }
 
-pub(super) const DENSE_NAMES: [&str; 10] = [
-    "rollout_log_prob",
-    "old_log_prob",
-    "log_prob",
-    "advantages",
-    "response_mask",
-    "cu_seqlens",
-    "responses",
-    "rollout_topk_ids",
-    "rollout_topk_log_prob",
-    "uid",
-];
-pub(super) const LOGITS_NAMES: [&str; 2] = ["rollout_logits", "old_logits"];
-
+/// Every tensor name a file may hold (after the framework renames), from the tensor table.
 pub(super) fn known() -> Vec<&'static str> {
-    DENSE_NAMES.iter().chain(&LOGITS_NAMES).copied().collect()
+    crate::tensors::batch_names().collect()
+}
+
+/// The tensors read as logits (mapped in place, never widened).
+pub(super) fn is_logits(name: &str) -> bool {
+    crate::tensors::spec(name).is_some_and(|t| t.role == Role::Logits)
 }
 
 /// `trmask name → name in the file` for the keys of a file, after the framework map.
@@ -119,7 +112,7 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
             source.clone(),
             format!("{:?}", view.dtype()).to_lowercase(),
         ));
-        if LOGITS_NAMES.contains(&name.as_str()) {
+        if is_logits(name) {
             let dtype = match view.dtype() {
                 safetensors::Dtype::F32 => DType::F32,
                 safetensors::Dtype::F16 => DType::F16,
@@ -198,38 +191,32 @@ fn bad_tensor_entry(bytes: &[u8]) -> Option<Error> {
 /// f64 (8 bytes per element, up to 8× the file): a tensor that cannot belong to the batch is
 /// refused from its header alone. The full layout rules run later, on the widened tensors.
 fn shapes_fit(shapes: &BTreeMap<&str, Vec<usize>>) -> Result<()> {
-    let token = [
-        "rollout_log_prob",
-        "old_log_prob",
-        "log_prob",
-        "responses",
-        "response_mask",
-    ]
-    .iter()
-    .find_map(|n| shapes.get(n).map(|s| (*n, s.clone())))
-    .or_else(|| {
-        LOGITS_NAMES.iter().find_map(|n| {
-            let s = shapes.get(n)?;
-            (s.len() >= 2).then(|| (*n, s[..s.len() - 1].to_vec()))
-        })
-    });
+    let token = tensors::token_shape_sources()
+        .into_iter()
+        .find_map(|n| shapes.get(n).map(|s| (n, s.clone())))
+        .or_else(|| {
+            tensors::logits_names().into_iter().find_map(|n| {
+                let s = shapes.get(n)?;
+                (s.len() >= 2).then(|| (n, s[..s.len() - 1].to_vec()))
+            })
+        });
     let Some((source, token)) = token else {
         return Ok(());
     };
     for (name, shape) in shapes {
-        let fits = match *name {
-            "rollout_log_prob" | "old_log_prob" | "log_prob" | "responses" | "response_mask" => {
-                *shape == token
+        let fits = match tensors::spec(name).map(|t| t.shape) {
+            Some(Shape::Token) => *shape == token,
+            Some(Shape::TokenOrSeq) => {
+                *shape == token || shape.first() == token.first() && shape.len() == 1
             }
-            "advantages" => *shape == token || shape.first() == token.first() && shape.len() == 1,
-            "rollout_topk_ids" | "rollout_topk_log_prob" | "rollout_logits" | "old_logits" => {
+            Some(Shape::TokenK | Shape::TokenV) => {
                 shape.len() == token.len() + 1 && shape[..token.len()] == token[..]
             }
             // One offset or group id per sequence: 1-D, any length (empty sequences are legal,
-            // SPEC §2, so a packed batch may hold more sequences than tokens; the values are in
-            // the file, so the length is bounded by its size)
-            "cu_seqlens" | "uid" => shape.len() == 1,
-            _ => true,
+            // so a packed batch may hold more sequences than tokens; the values are in the
+            // file, so the length is bounded by its size)
+            Some(Shape::Offsets | Shape::Seq) => shape.len() == 1,
+            None => true,
         };
         if !fits {
             return Err(Error::input(
@@ -304,7 +291,7 @@ pub(super) fn read_json(text: &str) -> Result<Raw> {
         let source = mapping[&name].clone();
         raw.sources
             .push((name.clone(), source.clone(), "json".to_string()));
-        if LOGITS_NAMES.contains(&name.as_str()) {
+        if is_logits(&name) {
             let values = d.data.iter().map(|&x| x as f32).collect();
             raw.logits.insert(
                 name.clone(),

@@ -55,13 +55,8 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
     if valid < MIN_TOKENS {
         return out;
     }
-    let tensors = [
-        ("rollout_log_prob", &b.rollout_log_prob),
-        ("old_log_prob", &b.old_log_prob),
-        ("log_prob", &b.log_prob),
-    ];
-    for (name, t) in tensors {
-        let Some(v) = t else { continue };
+    for name in crate::tensors::log_prob_names() {
+        let Some(v) = b.values(name) else { continue };
         let pos: Vec<usize> = (0..v.len()).filter(|&i| mask[i] && v[i] > 0.0).collect();
         if let Some(&top) = pos.iter().max_by(|&&x, &&y| v[x].total_cmp(&v[y])) {
             out.push(format!(
