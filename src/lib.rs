@@ -52,6 +52,7 @@ pub mod cpu;
 pub mod gpu;
 // Layer 4: corrections, metrics, certificate and bounds.
 pub mod bounds;
+pub mod bounds_inverse;
 mod bounds_sums;
 mod certificate;
 pub mod correction;

@@ -16,6 +16,8 @@ macro_rules! say {
         crate::os::say(format_args!($($t)*));
     }};
 }
+#[path = "cli/bounds.rs"]
+mod bounds;
 #[path = "cli/devices.rs"]
 mod devices;
 use std::process::ExitCode;
@@ -99,27 +101,9 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes.
-    Bounds {
-        /// T, the response length (horizon), at most 2^53.
-        #[arg(long, value_parser = parse_horizon)]
-        horizon: usize,
-        /// δ, the per-token KL bound.
-        #[arg(allow_negative_numbers = true, long)]
-        delta: f64,
-        /// ε, the per-token TV bound (default √(δ/2), Pinsker).
-        #[arg(allow_negative_numbers = true, long)]
-        eps: Option<f64>,
-        /// D_KL^seq, the sequence-level KL (default T·δ).
-        #[arg(allow_negative_numbers = true, long = "kl-seq")]
-        kl_seq: Option<f64>,
-        /// D_TV^seq, the sequence-level TV (default √(D_KL^seq/2)).
-        #[arg(allow_negative_numbers = true, long = "tv-seq")]
-        tv_seq: Option<f64>,
-        /// Print one JSON object instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes, or the
+    /// largest trust region for a target error (--target-error).
+    Bounds(bounds::Args),
     /// List GPU adapters and the capabilities trmask uses.
     Devices,
 }
@@ -364,32 +348,7 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             say!("wrote {}", output.display());
             Ok(())
         }
-        Command::Bounds {
-            horizon,
-            delta,
-            eps,
-            kl_seq,
-            tv_seq,
-            json,
-        } => {
-            let inputs = trmask::bounds::BoundInputs {
-                horizon,
-                delta,
-                eps,
-                kl_seq,
-                tv_seq,
-                dbar: None,
-            };
-            let b = trmask::bounds::compute(&inputs)?;
-            if json {
-                let text = serde_json::to_string_pretty(&b)
-                    .map_err(|e| trmask::Error::file("<stdout>", e.to_string()))?;
-                say!("{text}");
-            } else {
-                say!("{}", b.table().trim_end());
-            }
-            Ok(())
-        }
+        Command::Bounds(args) => bounds::run(args),
         Command::Devices => {
             devices::devices();
             Ok(())
@@ -397,140 +356,8 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
     }
 }
 
-/// `trmask analyze --distributed mpi`: one rank of a data-parallel job.
-mod ranked {
-    use super::Common;
-    use std::path::{Path, PathBuf};
-
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    pub struct Paths<'a> {
-        pub input: &'a [PathBuf],
-        pub output: Option<&'a Path>,
-        pub metrics: Option<&'a Path>,
-    }
-
-    /// `path` with `{rank}` replaced by `rank`; an error when several ranks would share it.
-    #[cfg(feature = "mpi")]
-    fn for_rank(path: &Path, rank: i32, size: i32, flag: &str) -> Result<PathBuf, trmask::Error> {
-        let text = path.to_string_lossy();
-        if size > 1 && !text.contains("{rank}") {
-            return Err(trmask::Error::config(
-                flag,
-                format!("{text} must contain {{rank}} when {size} ranks share it"),
-            ));
-        }
-        Ok(PathBuf::from(text.replace("{rank}", &rank.to_string())))
-    }
-
-    #[cfg(not(feature = "mpi"))]
-    pub fn analyze(_: &str, _: &Paths, _: &Common, _: bool) -> Result<(), trmask::Error> {
-        Err(trmask::Error::config(
-            "--distributed",
-            "this trmask was built without MPI; rebuild with `cargo build --features mpi`",
-        ))
-    }
-
-    #[cfg(feature = "mpi")]
-    pub fn analyze(
-        kind: &str,
-        paths: &Paths,
-        common: &Common,
-        all_metrics: bool,
-    ) -> Result<(), trmask::Error> {
-        use super::{analyse_one, setup, subject};
-        use mpi::traits::Communicator;
-        if kind != "mpi" {
-            return Err(trmask::Error::config(
-                "--distributed",
-                format!("must be `mpi`, got `{kind}`"),
-            ));
-        }
-        if paths.input.len() != 1 {
-            return Err(trmask::Error::config(
-                "--distributed",
-                "takes one INPUT pattern with {rank} (e.g. 'shard-{rank}.safetensors')",
-            ));
-        }
-        let universe = mpi::initialize().ok_or_else(|| {
-            trmask::Error::config("--distributed", "MPI could not be initialised")
-        })?;
-        let world = universe.world();
-        let (rank, size) = (world.rank(), world.size());
-        let result = (|| -> Result<(), trmask::Error> {
-            let ctx = setup(common)?;
-            let input = for_rank(&paths.input[0], rank, size, "INPUT")?;
-            let output = paths
-                .output
-                .map(|p| for_rank(p, rank, size, "--output"))
-                .transpose()?;
-            let metrics = if rank == 0 { paths.metrics } else { None };
-            super::check_outputs(
-                std::slice::from_ref(&input),
-                common.config.as_deref(),
-                &[("--output", output.as_deref()), ("--metrics", metrics)],
-            )?;
-            let d = analyse_one(&ctx, (&input, false), common, &mut |batch| {
-                trmask::distributed::analyze(ctx.engine.as_ref(), batch, &ctx.cfg, &world)
-            })?;
-            // this rank's outputs all or nothing, like the single-process run
-            let mut commit = trmask::io::Commit::new();
-            let mut written = Vec::new();
-            if let Some(p) = &output {
-                commit.stage(p, trmask::io::outputs_bytes(p, &d.analysis.outputs)?)?;
-                written.push(format!("{} (every rank its own)", p.display()));
-            }
-            if let Some(p) = metrics {
-                commit.stage(p, trmask::io::metrics_bytes(&d.analysis.metrics)?)?;
-                written.push(format!("{} (the whole batch)", p.display()));
-            }
-            commit.finish()?;
-            if rank != 0 {
-                return Ok(());
-            }
-            let name = format!("{} (rank 0 of {size} MPI ranks)", input.display());
-            let mut text = trmask::report::summary(&subject(&ctx, &name, &d), &written);
-            text.push_str(&format!(
-                "\nmetrics and certificate: the whole batch over {size} ranks; the sequences \
-                 listed: rank 0's shard"
-            ));
-            if all_metrics {
-                for (key, v) in &d.analysis.metrics {
-                    text.push_str(&format!("\n{key:<48} {v:.6e}"));
-                }
-            }
-            say!("{text}");
-            Ok(())
-        })();
-        if let Err(e) = &result {
-            if size > 1 {
-                // the other ranks may wait in a collective: end the whole job
-                eprintln!("error: rank {rank}: {e}");
-                world.abort(if e.is_user_error() { 2 } else { 1 });
-            }
-        }
-        result
-    }
-}
-
-/// No output may overwrite an input, the config or another output (same device + inode, so
-/// `./x/../y`, symlinks and hard links count): exit code 2 before anything is written.
-/// `--horizon`: an integer (also written `1e9`) in `[1, 2^53]`; larger is "out of range".
-fn parse_horizon(s: &str) -> Result<usize, String> {
-    let max = trmask::bounds::MAX_HORIZON;
-    let out_of_range = || format!("{s} is out of range (at most 2^53 = {max})");
-    if let Ok(v) = s.parse::<u128>() {
-        return if v > max as u128 {
-            Err(out_of_range())
-        } else {
-            Ok(v as usize)
-        };
-    }
-    match s.parse::<f64>() {
-        Ok(v) if v.fract() == 0.0 && v >= 0.0 && v <= max as f64 => Ok(v as usize),
-        Ok(v) if v.fract() == 0.0 && v > max as f64 => Err(out_of_range()),
-        _ => Err(format!("{s} is not a non-negative integer")),
-    }
-}
+#[path = "cli/ranked.rs"]
+mod ranked;
 
 fn main() -> ExitCode {
     os::install_signal_handlers();
@@ -569,7 +396,7 @@ fn main() -> ExitCode {
                 || common.backend.eq_ignore_ascii_case("cpu-fast"))
         }
         Command::Devices => true,
-        Command::Bounds { .. } => false,
+        Command::Bounds(_) => false,
     };
     let _runtime = os::runtime_dir(gpu);
     std::panic::set_hook(Box::new(|info| eprintln!("trmask: internal error: {info}")));
