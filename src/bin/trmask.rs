@@ -18,6 +18,8 @@ macro_rules! say {
 }
 #[path = "cli/bounds.rs"]
 mod bounds;
+#[path = "cli/check.rs"]
+mod check;
 #[path = "cli/devices.rs"]
 mod devices;
 use std::process::ExitCode;
@@ -104,6 +106,8 @@ enum Command {
     /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes, or the
     /// largest trust region for a target error (--target-error).
     Bounds(bounds::Args),
+    /// A CI gate: exit 3 (one `violation:` line each) when a batch exceeds a mismatch limit.
+    Check(check::Args),
     /// List GPU adapters and the capabilities trmask uses.
     Devices,
 }
@@ -228,7 +232,8 @@ fn subject<'a>(ctx: &'a Ctx, path: &'a str, d: &'a Done) -> trmask::report::Subj
     }
 }
 
-fn run(cli: Cli) -> Result<(), trmask::Error> {
+/// The exit code: 0, or a command's own (`check`: 3 on a violated limit).
+fn run(cli: Cli) -> Result<u8, trmask::Error> {
     match cli.command {
         Command::Analyze {
             inputs,
@@ -254,7 +259,7 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                     output: output.as_deref(),
                     metrics: metrics.as_deref(),
                 };
-                return ranked::analyze(&kind, &paths, &common, all_metrics);
+                return ranked::analyze(&kind, &paths, &common, all_metrics).map(|()| 0);
             }
             if inputs.len() > 1 && (output.is_some() || metrics.is_some()) {
                 return Err(trmask::Error::config(
@@ -323,7 +328,7 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                     say!("{text}");
                 }
             }
-            Ok(())
+            Ok(0)
         }
         Command::Report {
             input,
@@ -346,18 +351,24 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             commit.stage(&output, html.into_bytes())?;
             commit.finish()?;
             say!("wrote {}", output.display());
-            Ok(())
+            Ok(0)
         }
-        Command::Bounds(args) => bounds::run(args),
+        Command::Bounds(args) => bounds::run(args).map(|()| 0),
         Command::Devices => {
             devices::devices();
-            Ok(())
+            Ok(0)
         }
+        Command::Check(a) => check::run(a),
     }
 }
 
 #[path = "cli/ranked.rs"]
 mod ranked;
+
+/// Whether a backend flag may open a GPU (the runtime dir is made for it).
+fn gpu_backend(c: &Common) -> bool {
+    !(c.backend.eq_ignore_ascii_case("cpu") || c.backend.eq_ignore_ascii_case("cpu-fast"))
+}
 
 fn main() -> ExitCode {
     os::install_signal_handlers();
@@ -367,7 +378,8 @@ fn main() -> ExitCode {
     );
     let command = <Cli as clap::CommandFactory>::command()
         .mut_subcommand("analyze", |c| c.after_help(presets.clone()))
-        .mut_subcommand("report", |c| c.after_help(presets.clone()));
+        .mut_subcommand("report", |c| c.after_help(presets.clone()))
+        .mut_subcommand("check", |c| c.after_help(presets.clone()));
     let parsed = command
         .try_get_matches_from(os::glue_negative_numbers(std::env::args_os().collect()))
         .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
@@ -391,17 +403,15 @@ fn main() -> ExitCode {
         }
     };
     let gpu = match &cli.command {
-        Command::Analyze { common, .. } | Command::Report { common, .. } => {
-            !(common.backend.eq_ignore_ascii_case("cpu")
-                || common.backend.eq_ignore_ascii_case("cpu-fast"))
-        }
+        Command::Analyze { common, .. } | Command::Report { common, .. } => gpu_backend(common),
+        Command::Check(a) => gpu_backend(&a.common),
         Command::Devices => true,
         Command::Bounds(_) => false,
     };
     let _runtime = os::runtime_dir(gpu);
     std::panic::set_hook(Box::new(|info| eprintln!("trmask: internal error: {info}")));
     let code = match std::panic::catch_unwind(|| run(cli)) {
-        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Ok(code)) => ExitCode::from(code),
         Ok(Err(e)) => {
             eprintln!("trmask: {e}");
             ExitCode::from(if e.is_user_error() { 2 } else { 1 })
