@@ -83,10 +83,9 @@ pub fn run(a: Args) -> Result<u8, trmask::Error> {
                 Some(i) => (lr[i].abs(), batch.position(i)),
                 None => (0.0, "-".into()),
             };
-            // NaN compares false: a non-finite log-ratio always violates
-            if !(v <= x) {
+            if over(v, x) {
                 let n = (0..lr.len())
-                    .filter(|&i| mask[i] && !(lr[i].abs() <= x))
+                    .filter(|&i| mask[i] && over(lr[i].abs(), x))
                     .count();
                 lines.push(format!(
                     "max |log ratio| {v:.6e} at {at} > {x:.6e} (--max-abs-log-ratio); {n} tokens \
@@ -105,7 +104,7 @@ pub fn run(a: Args) -> Result<u8, trmask::Error> {
                 .ok_or_else(|| {
                     trmask::Error::config("--max-mean-k3", "the batch has no k3 statistic")
                 })?;
-            if !(v <= x) {
+            if over(v, x) {
                 lines.push(format!("mean k3 {v:.6e} > {x:.6e} (--max-mean-k3)"));
             } else {
                 passed.push(format!("mean k3 {v:.6e} <= {x:.6e}"));
@@ -145,4 +144,9 @@ fn output<'a>(a: &'a trmask::analysis::Analysis, name: &str) -> Result<&'a [f64]
         .find(|o| o.name == name)
         .map(|o| o.data.as_slice())
         .ok_or_else(|| trmask::Error::input(name, "missing from the analysis"))
+}
+
+/// `v` exceeds the limit `x`; a NaN always does.
+fn over(v: f64, x: f64) -> bool {
+    v.is_nan() || v > x
 }
