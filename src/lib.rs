@@ -67,6 +67,7 @@ pub mod distributed;
 pub mod io;
 // Layer 6: what the CLI prints and renders.
 pub mod report;
+pub mod sweep;
 
 pub use batch::{Batch, Layout, Segments};
 pub use certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};

@@ -195,3 +195,38 @@ fn check_exit_codes() {
         assert_eq!(code, 2, "{args:?}: {err}");
     }
 }
+
+#[test]
+fn analyze_metrics_carry_the_sweep_and_the_summary_says_it() {
+    let input = write("sweep_in.json", &batch_json(5, 20, 12, 0.0, 0.05));
+    let cfg = write(
+        "sweep_cfg.json",
+        r#"{"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 3e-4}"#,
+    );
+    let m = tmp("sweep_metrics.json");
+    let (code, out, err) = run(&[
+        "analyze",
+        &input,
+        "--backend",
+        "cpu",
+        "--config",
+        &cfg,
+        "--metrics",
+        m.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("sweep: seq_mean_k3 = 3.000e-4 rejects "),
+        "{out}"
+    );
+    let v = common::load_json(&m);
+    let s = &v["trmask/sweep/seq_mean_k3"];
+    assert_eq!(s["configured"].as_f64(), Some(3e-4));
+    let t = s["threshold"].as_array().unwrap();
+    let f = s["rejected_seq_fraction"].as_array().unwrap();
+    assert_eq!(t.len(), 50);
+    assert_eq!(f.len(), 50);
+    assert_eq!(s["rejected_token_fraction"].as_array().unwrap().len(), 50);
+    // still every scalar metric
+    assert!(v["trmask/k3_mean"].is_number());
+}

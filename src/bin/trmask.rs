@@ -291,7 +291,10 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
                     written.push(p.display().to_string());
                 }
                 if let Some(p) = &metrics {
-                    commit.stage(p, trmask::io::metrics_bytes(&d.analysis.metrics)?)?;
+                    commit.stage(
+                        p,
+                        trmask::sweep::metrics_bytes(&d.analysis.metrics, &d.analysis.sweeps)?,
+                    )?;
                     if !to_stderr {
                         written.push(p.display().to_string());
                     }
