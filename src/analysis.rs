@@ -26,6 +26,10 @@ pub struct Analysis {
     /// The TRM paper's bounds estimated from this batch (also as `trmask/bound_*` metrics);
     /// `None` when the batch has no valid token or an infinite KL.
     pub certificate: Option<Certificate>,
+    /// Per configured rejection criterion, the rejected fractions at thresholds over the
+    /// batch's range ([`crate::sweep`]); empty for a data-parallel shard (its range is not
+    /// the whole batch's).
+    pub sweeps: Vec<crate::sweep::Sweep>,
 }
 
 /// Per-token outputs of SPEC §4 written by `trmask analyze` (`ddot` is added as a copy of
@@ -79,6 +83,11 @@ pub fn analyze_shard(
     let table = token_table_config(engine, batch, config)?;
     let (mut corrections, corr_partial) =
         correction::compute_shard(engine, batch, &table, &resolved, ex)?;
+    let sweeps = if ex.size() <= 1 {
+        crate::sweep::sweeps(batch, &table, &resolved, &corrections)?
+    } else {
+        Vec::new()
+    };
     let mut outputs = Vec::new();
     let mut partial = Partial::new();
     // trmask/<stat>_mean (exact, over valid tokens) and _max of every per-token statistic
@@ -189,5 +198,6 @@ pub fn analyze_shard(
         metrics,
         corrections,
         certificate,
+        sweeps,
     })
 }

@@ -53,6 +53,7 @@ pub mod cpu;
 pub mod gpu;
 // Layer 4: corrections, metrics, certificate and bounds.
 pub mod bounds;
+pub mod bounds_inverse;
 mod bounds_sums;
 mod certificate;
 pub mod correction;
@@ -67,6 +68,7 @@ pub mod distributed;
 pub mod io;
 // Layer 6: what the CLI prints and renders.
 pub mod report;
+pub mod sweep;
 
 pub use batch::{Batch, Layout, Segments};
 pub use certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};

@@ -394,6 +394,14 @@ fn topk_divergence<'py>(
     Ok(out)
 }
 
+/// The bounds inverted (`trmask bounds --target-error E --json`) as a JSON string.
+#[pyfunction]
+#[pyo3(signature = (horizon, target_error, eps=None))]
+fn bounds_inverse(horizon: usize, target_error: f64, eps: Option<f64>) -> PyResult<String> {
+    let inv = trmask::bounds_inverse::invert(target_error, horizon, eps).map_err(to_py)?;
+    serde_json::to_string(&inv).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}
+
 /// The TRM paper's bounds (`trmask bounds --json`) as a JSON string.
 #[pyfunction]
 #[pyo3(signature = (horizon, delta, eps=None, kl_seq=None, tv_seq=None, dbar=None))]
@@ -494,6 +502,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(vocab_divergence, m)?)?;
     m.add_function(wrap_pyfunction!(topk_divergence, m)?)?;
     m.add_function(wrap_pyfunction!(bounds, m)?)?;
+    m.add_function(wrap_pyfunction!(bounds_inverse, m)?)?;
     m.add_function(wrap_pyfunction!(preset, m)?)?;
     m.add_function(wrap_pyfunction!(preset_names, m)?)?;
     m.add_function(wrap_pyfunction!(config_warnings, m)?)?;

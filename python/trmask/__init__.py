@@ -423,11 +423,12 @@ _TOKEN_SHAPE = tuple(_native.token_shape_sources())
 
 def bounds(
     horizon: int,
-    delta: float,
+    delta: Optional[float] = None,
     eps: Optional[float] = None,
     kl_seq: Optional[float] = None,
     tv_seq: Optional[float] = None,
     dbar: Optional[Sequence[float]] = None,
+    target_error: Optional[float] = None,
 ) -> Dict[str, Any]:
     """The TRM paper's surrogate-error bounds for a horizon ``T`` and per-token KL bound
     ``delta`` (``trmask bounds --json``): ``classical_kl``, ``classical_tv``, ``pm_kl``,
@@ -435,9 +436,22 @@ def bounds(
     ``adaptive``, the unified ``unified`` (B*) and the bound attaining it (``argmin``);
     ``filled`` lists the inputs filled by the paper's relaxations, ``inputs`` all of them.
 
+    With ``target_error=E`` instead of ``delta`` (``trmask bounds --target-error E``): the
+    largest ``delta`` whose B* is at most ``E`` (``eps`` fixed when given, else √(δ/2)), as
+    ``{"target_error", "delta", "eps", "eps_from", "bounds"}``, ``bounds`` the bounds at it.
+
     >>> round(bounds(horizon=4096, delta=1e-4, eps=5e-3, kl_seq=0.01, tv_seq=0.05)["unified"], 3)
     4.096
+    >>> r = bounds(horizon=4096, target_error=4.096, eps=5e-3)
+    >>> round(r["bounds"]["unified"], 9), r["bounds"]["argmin"]
+    (4.096, 'pm_kl')
     """
+    if target_error is not None:
+        if delta is not None or kl_seq is not None or tv_seq is not None or dbar is not None:
+            raise ValueError("invalid config `target_error`: give it with horizon and eps only")
+        return json.loads(_native.bounds_inverse(int(horizon), float(target_error), _opt(eps)))
+    if delta is None:
+        raise ValueError("invalid config `delta`: required unless target_error is given")
     d = None if dbar is None else [float(x) for x in np.asarray(dbar, dtype=np.float64).ravel()]
     return json.loads(
         _native.bounds(int(horizon), float(delta), _opt(eps), _opt(kl_seq), _opt(tv_seq), d)

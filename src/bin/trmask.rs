@@ -16,6 +16,10 @@ macro_rules! say {
         crate::os::say(format_args!($($t)*));
     }};
 }
+#[path = "cli/bounds.rs"]
+mod bounds;
+#[path = "cli/check.rs"]
+mod check;
 #[path = "cli/devices.rs"]
 mod devices;
 use std::process::ExitCode;
@@ -99,27 +103,11 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes.
-    Bounds {
-        /// T, the response length (horizon), at most 2^53.
-        #[arg(long, value_parser = parse_horizon)]
-        horizon: usize,
-        /// δ, the per-token KL bound.
-        #[arg(allow_negative_numbers = true, long)]
-        delta: f64,
-        /// ε, the per-token TV bound (default √(δ/2), Pinsker).
-        #[arg(allow_negative_numbers = true, long)]
-        eps: Option<f64>,
-        /// D_KL^seq, the sequence-level KL (default T·δ).
-        #[arg(allow_negative_numbers = true, long = "kl-seq")]
-        kl_seq: Option<f64>,
-        /// D_TV^seq, the sequence-level TV (default √(D_KL^seq/2)).
-        #[arg(allow_negative_numbers = true, long = "tv-seq")]
-        tv_seq: Option<f64>,
-        /// Print one JSON object instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes, or the
+    /// largest trust region for a target error (--target-error).
+    Bounds(bounds::Args),
+    /// A CI gate: exit 3 (one `violation:` line each) when a batch exceeds a mismatch limit.
+    Check(check::Args),
     /// List GPU adapters and the capabilities trmask uses.
     Devices,
 }
@@ -244,7 +232,8 @@ fn subject<'a>(ctx: &'a Ctx, path: &'a str, d: &'a Done) -> trmask::report::Subj
     }
 }
 
-fn run(cli: Cli) -> Result<(), trmask::Error> {
+/// The exit code: 0, or a command's own (`check`: 3 on a violated limit).
+fn run(cli: Cli) -> Result<u8, trmask::Error> {
     match cli.command {
         Command::Analyze {
             inputs,
@@ -270,7 +259,7 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                     output: output.as_deref(),
                     metrics: metrics.as_deref(),
                 };
-                return ranked::analyze(&kind, &paths, &common, all_metrics);
+                return ranked::analyze(&kind, &paths, &common, all_metrics).map(|()| 0);
             }
             if inputs.len() > 1 && (output.is_some() || metrics.is_some()) {
                 return Err(trmask::Error::config(
@@ -302,7 +291,10 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                     written.push(p.display().to_string());
                 }
                 if let Some(p) = &metrics {
-                    commit.stage(p, trmask::io::metrics_bytes(&d.analysis.metrics)?)?;
+                    commit.stage(
+                        p,
+                        trmask::sweep::metrics_bytes(&d.analysis.metrics, &d.analysis.sweeps)?,
+                    )?;
                     if !to_stderr {
                         written.push(p.display().to_string());
                     }
@@ -339,7 +331,7 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
                     say!("{text}");
                 }
             }
-            Ok(())
+            Ok(0)
         }
         Command::Report {
             input,
@@ -362,174 +354,23 @@ fn run(cli: Cli) -> Result<(), trmask::Error> {
             commit.stage(&output, html.into_bytes())?;
             commit.finish()?;
             say!("wrote {}", output.display());
-            Ok(())
+            Ok(0)
         }
-        Command::Bounds {
-            horizon,
-            delta,
-            eps,
-            kl_seq,
-            tv_seq,
-            json,
-        } => {
-            let inputs = trmask::bounds::BoundInputs {
-                horizon,
-                delta,
-                eps,
-                kl_seq,
-                tv_seq,
-                dbar: None,
-            };
-            let b = trmask::bounds::compute(&inputs)?;
-            if json {
-                let text = serde_json::to_string_pretty(&b)
-                    .map_err(|e| trmask::Error::file("<stdout>", e.to_string()))?;
-                say!("{text}");
-            } else {
-                say!("{}", b.table().trim_end());
-            }
-            Ok(())
-        }
+        Command::Bounds(args) => bounds::run(args).map(|()| 0),
         Command::Devices => {
             devices::devices();
-            Ok(())
+            Ok(0)
         }
+        Command::Check(a) => check::run(a),
     }
 }
 
-/// `trmask analyze --distributed mpi`: one rank of a data-parallel job.
-mod ranked {
-    use super::Common;
-    use std::path::{Path, PathBuf};
+#[path = "cli/ranked.rs"]
+mod ranked;
 
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    pub struct Paths<'a> {
-        pub input: &'a [PathBuf],
-        pub output: Option<&'a Path>,
-        pub metrics: Option<&'a Path>,
-    }
-
-    /// `path` with `{rank}` replaced by `rank`; an error when several ranks would share it.
-    #[cfg(feature = "mpi")]
-    fn for_rank(path: &Path, rank: i32, size: i32, flag: &str) -> Result<PathBuf, trmask::Error> {
-        let text = path.to_string_lossy();
-        if size > 1 && !text.contains("{rank}") {
-            return Err(trmask::Error::config(
-                flag,
-                format!("{text} must contain {{rank}} when {size} ranks share it"),
-            ));
-        }
-        Ok(PathBuf::from(text.replace("{rank}", &rank.to_string())))
-    }
-
-    #[cfg(not(feature = "mpi"))]
-    pub fn analyze(_: &str, _: &Paths, _: &Common, _: bool) -> Result<(), trmask::Error> {
-        Err(trmask::Error::config(
-            "--distributed",
-            "this trmask was built without MPI; rebuild with `cargo build --features mpi`",
-        ))
-    }
-
-    #[cfg(feature = "mpi")]
-    pub fn analyze(
-        kind: &str,
-        paths: &Paths,
-        common: &Common,
-        all_metrics: bool,
-    ) -> Result<(), trmask::Error> {
-        use super::{analyse_one, setup, subject};
-        use mpi::traits::Communicator;
-        if kind != "mpi" {
-            return Err(trmask::Error::config(
-                "--distributed",
-                format!("must be `mpi`, got `{kind}`"),
-            ));
-        }
-        if paths.input.len() != 1 {
-            return Err(trmask::Error::config(
-                "--distributed",
-                "takes one INPUT pattern with {rank} (e.g. 'shard-{rank}.safetensors')",
-            ));
-        }
-        let universe = mpi::initialize().ok_or_else(|| {
-            trmask::Error::config("--distributed", "MPI could not be initialised")
-        })?;
-        let world = universe.world();
-        let (rank, size) = (world.rank(), world.size());
-        let result = (|| -> Result<(), trmask::Error> {
-            let ctx = setup(common)?;
-            let input = for_rank(&paths.input[0], rank, size, "INPUT")?;
-            let output = paths
-                .output
-                .map(|p| for_rank(p, rank, size, "--output"))
-                .transpose()?;
-            let metrics = if rank == 0 { paths.metrics } else { None };
-            super::check_outputs(
-                std::slice::from_ref(&input),
-                common.config.as_deref(),
-                &[("--output", output.as_deref()), ("--metrics", metrics)],
-            )?;
-            let d = analyse_one(&ctx, (&input, false), common, &mut |batch| {
-                trmask::distributed::analyze(ctx.engine.as_ref(), batch, &ctx.cfg, &world)
-            })?;
-            // this rank's outputs all or nothing, like the single-process run
-            let mut commit = trmask::io::Commit::new();
-            let mut written = Vec::new();
-            if let Some(p) = &output {
-                commit.stage(p, trmask::io::outputs_bytes(p, &d.analysis.outputs)?)?;
-                written.push(format!("{} (every rank its own)", p.display()));
-            }
-            if let Some(p) = metrics {
-                commit.stage(p, trmask::io::metrics_bytes(&d.analysis.metrics)?)?;
-                written.push(format!("{} (the whole batch)", p.display()));
-            }
-            commit.finish()?;
-            if rank != 0 {
-                return Ok(());
-            }
-            let name = format!("{} (rank 0 of {size} MPI ranks)", input.display());
-            let mut text = trmask::report::summary(&subject(&ctx, &name, &d), &written);
-            text.push_str(&format!(
-                "\nmetrics and certificate: the whole batch over {size} ranks; the sequences \
-                 listed: rank 0's shard"
-            ));
-            if all_metrics {
-                for (key, v) in &d.analysis.metrics {
-                    text.push_str(&format!("\n{key:<48} {v:.6e}"));
-                }
-            }
-            say!("{text}");
-            Ok(())
-        })();
-        if let Err(e) = &result {
-            if size > 1 {
-                // the other ranks may wait in a collective: end the whole job
-                eprintln!("error: rank {rank}: {e}");
-                world.abort(if e.is_user_error() { 2 } else { 1 });
-            }
-        }
-        result
-    }
-}
-
-/// No output may overwrite an input, the config or another output (same device + inode, so
-/// `./x/../y`, symlinks and hard links count): exit code 2 before anything is written.
-/// `--horizon`: an integer (also written `1e9`) in `[1, 2^53]`; larger is "out of range".
-fn parse_horizon(s: &str) -> Result<usize, String> {
-    let max = trmask::bounds::MAX_HORIZON;
-    let out_of_range = || format!("{s} is out of range (at most 2^53 = {max})");
-    if let Ok(v) = s.parse::<u128>() {
-        return if v > max as u128 {
-            Err(out_of_range())
-        } else {
-            Ok(v as usize)
-        };
-    }
-    match s.parse::<f64>() {
-        Ok(v) if v.fract() == 0.0 && v >= 0.0 && v <= max as f64 => Ok(v as usize),
-        Ok(v) if v.fract() == 0.0 && v > max as f64 => Err(out_of_range()),
-        _ => Err(format!("{s} is not a non-negative integer")),
-    }
+/// Whether a backend flag may open a GPU (the runtime dir is made for it).
+fn gpu_backend(c: &Common) -> bool {
+    !(c.backend.eq_ignore_ascii_case("cpu") || c.backend.eq_ignore_ascii_case("cpu-fast"))
 }
 
 fn main() -> ExitCode {
@@ -540,7 +381,8 @@ fn main() -> ExitCode {
     );
     let command = <Cli as clap::CommandFactory>::command()
         .mut_subcommand("analyze", |c| c.after_help(presets.clone()))
-        .mut_subcommand("report", |c| c.after_help(presets.clone()));
+        .mut_subcommand("report", |c| c.after_help(presets.clone()))
+        .mut_subcommand("check", |c| c.after_help(presets.clone()));
     let parsed = command
         .try_get_matches_from(os::glue_negative_numbers(std::env::args_os().collect()))
         .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
@@ -564,17 +406,15 @@ fn main() -> ExitCode {
         }
     };
     let gpu = match &cli.command {
-        Command::Analyze { common, .. } | Command::Report { common, .. } => {
-            !(common.backend.eq_ignore_ascii_case("cpu")
-                || common.backend.eq_ignore_ascii_case("cpu-fast"))
-        }
+        Command::Analyze { common, .. } | Command::Report { common, .. } => gpu_backend(common),
+        Command::Check(a) => gpu_backend(&a.common),
         Command::Devices => true,
-        Command::Bounds { .. } => false,
+        Command::Bounds(_) => false,
     };
     let _runtime = os::runtime_dir(gpu);
     std::panic::set_hook(Box::new(|info| eprintln!("trmask: internal error: {info}")));
     let code = match std::panic::catch_unwind(|| run(cli)) {
-        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Ok(code)) => ExitCode::from(code),
         Ok(Err(e)) => {
             eprintln!("trmask: {e}");
             ExitCode::from(if e.is_user_error() { 2 } else { 1 })

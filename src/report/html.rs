@@ -335,6 +335,15 @@ pub fn render_html(s: &Subject) -> String {
         "<h2>Criteria: statistic vs threshold</h2>{}",
         criterion_histograms(s)
     );
+    if !s.analysis.sweeps.is_empty() {
+        let _ = write!(
+            h,
+            "<h2>Threshold sweep</h2><p class=\"note\">What each criterion would reject at \
+             other thresholds over this batch's range: sequences (solid) and tokens (dashed).\
+             </p>{}",
+            super::sweep::sweep_charts(&s.analysis.sweeps)
+        );
+    }
     let rej = rejections_chart(s);
     if !rej.is_empty() {
         let _ = write!(h, "<h2>Rejections by criterion</h2>{rej}");

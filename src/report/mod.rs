@@ -7,6 +7,7 @@ mod html;
 mod subject;
 mod summary;
 mod svg;
+mod sweep;
 mod warnings;
 
 pub use html::render_html;

@@ -113,6 +113,9 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
         ));
     }
     out.push(line);
+    for sw in &a.sweeps {
+        out.push(super::sweep::sweep_line(sw));
+    }
     if let Some(r) = ranking(s) {
         let order = worst_order(s, &r);
         if !order.is_empty() {

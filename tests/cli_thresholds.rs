@@ -1,0 +1,232 @@
+//! The threshold commands through the binary: `bounds --target-error`, `check`, `calibrate`,
+//! `compare`, `report --jsonl`, and the sweep in `analyze --metrics`.
+
+use std::path::PathBuf;
+
+mod common;
+
+fn tmp(name: &str) -> PathBuf {
+    common::scratch("cli_thresholds", name)
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    common::run_trmask(args)
+}
+
+#[test]
+fn bounds_target_error_round_trips() {
+    let (code, out, err) = run(&[
+        "bounds",
+        "--horizon",
+        "4096",
+        "--target-error",
+        "4.096",
+        "--eps",
+        "5e-3",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let delta = v["delta"].as_f64().unwrap();
+    assert_eq!(v["eps_from"], "given");
+    let b = trmask::bounds::compute(&trmask::bounds::BoundInputs {
+        eps: Some(5e-3),
+        ..trmask::bounds::BoundInputs::new(4096, delta)
+    })
+    .unwrap();
+    assert!((b.unified - 4.096).abs() <= 1e-9 * 4.096, "{}", b.unified);
+    assert_eq!(v["bounds"]["argmin"], b.argmin);
+    // the table names the answer and the bound attaining it
+    let (code, out, _) = run(&["bounds", "--horizon", "4096", "--target-error", "1"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("largest delta with B* <= 1: delta = "),
+        "{out}"
+    );
+    assert!(
+        out.contains("(pinsker)") && out.contains("attained by"),
+        "{out}"
+    );
+    // neither --delta nor --target-error; both; a target no δ reaches
+    for args in [
+        vec!["bounds", "--horizon", "10"],
+        vec![
+            "bounds",
+            "--horizon",
+            "10",
+            "--delta",
+            "1e-3",
+            "--target-error",
+            "1",
+        ],
+        vec!["bounds", "--horizon", "1", "--target-error", "1"],
+        vec!["bounds", "--horizon", "10", "--target-error", "0"],
+    ] {
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}
+
+/// A random padded batch as JSON: `b` sequences of up to `t` tokens, rollout log-probs in
+/// [−3, −0.01], the trainer's = rollout's + `offset` + noise of scale `noise` (bitwise equal
+/// when both are 0).
+fn batch_json(seed: u64, b: usize, t: usize, offset: f64, noise: f64) -> String {
+    let mut rng = common::Rng::new(seed);
+    let mut roll = Vec::new();
+    let mut train = Vec::new();
+    let mut mask = Vec::new();
+    for _ in 0..b {
+        let len = 1 + rng.below(t);
+        let (mut r, mut o, mut m) = (Vec::new(), Vec::new(), Vec::new());
+        for j in 0..t {
+            let x = rng.range(-3.0, -0.01);
+            let shift = if noise == 0.0 && offset == 0.0 {
+                0.0
+            } else {
+                offset + noise * rng.range(-1.0, 1.0)
+            };
+            r.push(x);
+            o.push(if shift == 0.0 { x } else { x + shift });
+            m.push(u8::from(j < len));
+        }
+        roll.push(r);
+        train.push(o);
+        mask.push(m);
+    }
+    serde_json::json!({"rollout_log_prob": roll, "old_log_prob": train, "response_mask": mask})
+        .to_string()
+}
+
+fn write(name: &str, text: &str) -> String {
+    let p = tmp(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn check_exit_codes() {
+    let same = write("check_same.json", &batch_json(1, 8, 16, 0.0, 0.0));
+    let off = write("check_off.json", &batch_json(2, 8, 16, 0.0, 0.05));
+    // a bitwise-identical stack passes the zero limit, a mismatched one does not
+    let (code, out, err) = run(&[
+        "check",
+        &same,
+        "--backend",
+        "cpu",
+        "--max-abs-log-ratio",
+        "0",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("ok: "), "{out}");
+    let (code, out, err) = run(&[
+        "check",
+        &off,
+        "--backend",
+        "cpu",
+        "--max-abs-log-ratio",
+        "0",
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.starts_with("violation: ") && out.contains("--max-abs-log-ratio"));
+    // a loose limit passes; two violated limits give two lines
+    let (code, _, err) = run(&[
+        "check",
+        &off,
+        "--backend",
+        "cpu",
+        "--max-abs-log-ratio",
+        "0.06",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = run(&[
+        "check",
+        &off,
+        "--backend",
+        "cpu",
+        "--max-abs-log-ratio",
+        "0.01",
+        "--max-mean-k3",
+        "1e-9",
+    ]);
+    assert_eq!(code, 3);
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("violation: ")).count(),
+        2,
+        "{out}"
+    );
+    // the reject rate under a preset: every sequence rejected at a tiny threshold
+    let cfg = write(
+        "check_cfg.json",
+        r#"{"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 1e-9}"#,
+    );
+    let (code, out, err) = run(&[
+        "check",
+        &off,
+        "--backend",
+        "cpu",
+        "--config",
+        &cfg,
+        "--max-reject-rate",
+        "0.5",
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(out.contains("8 of 8 sequences"), "{out}");
+    let (code, _, err) = run(&[
+        "check",
+        &same,
+        "--backend",
+        "cpu",
+        "--config",
+        &cfg,
+        "--max-reject-rate",
+        "0",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // usage errors stay 2: no limit, a bad limit, a missing file
+    for args in [
+        vec!["check", same.as_str(), "--backend", "cpu"],
+        vec!["check", same.as_str(), "--max-mean-k3", "-1"],
+        vec!["check", same.as_str(), "--max-reject-rate", "2"],
+        vec!["check", "/nonexistent/x.json", "--max-mean-k3", "1"],
+    ] {
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn analyze_metrics_carry_the_sweep_and_the_summary_says_it() {
+    let input = write("sweep_in.json", &batch_json(5, 20, 12, 0.0, 0.05));
+    let cfg = write(
+        "sweep_cfg.json",
+        r#"{"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 3e-4}"#,
+    );
+    let m = tmp("sweep_metrics.json");
+    let (code, out, err) = run(&[
+        "analyze",
+        &input,
+        "--backend",
+        "cpu",
+        "--config",
+        &cfg,
+        "--metrics",
+        m.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("sweep: seq_mean_k3 = 3.000e-4 rejects "),
+        "{out}"
+    );
+    let v = common::load_json(&m);
+    let s = &v["trmask/sweep/seq_mean_k3"];
+    assert_eq!(s["configured"].as_f64(), Some(3e-4));
+    let t = s["threshold"].as_array().unwrap();
+    let f = s["rejected_seq_fraction"].as_array().unwrap();
+    assert_eq!(t.len(), 50);
+    assert_eq!(f.len(), 50);
+    assert_eq!(s["rejected_token_fraction"].as_array().unwrap().len(), 50);
+    // still every scalar metric
+    assert!(v["trmask/k3_mean"].is_number());
+}
