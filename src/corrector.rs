@@ -323,6 +323,24 @@ impl Corrector {
         })
     }
 
+    /// Computes only verl's `rollout_corr/*` metrics (`on`), not trmask's diagnostics
+    /// (`trmask/*`): what a trainer that logs verl's metrics needs, at a fraction of the cost.
+    ///
+    /// ```
+    /// use trmask::{cpu::CpuEngine, CorrectionConfig, Corrector, Step};
+    /// let cfg = CorrectionConfig::preset("decoupled_k3_rs")?;
+    /// let c = Corrector::new(CpuEngine::new(), &cfg)?.verl_metrics_only(true);
+    /// let (lp, mask) = ([-1.0f32, -0.5], [true, true]);
+    /// let out = c.correct(&Step::padded(1, 2).response_mask(&mask[..])
+    ///     .rollout_log_prob(&lp[..]).old_log_prob(&lp[..]))?;
+    /// assert!(out.metrics.keys().all(|k| k.starts_with("rollout_corr/")));
+    /// # Ok::<(), trmask::Error>(())
+    /// ```
+    pub fn verl_metrics_only(mut self, on: bool) -> Self {
+        self.resolved.verl_metrics_only = on;
+        self
+    }
+
     /// The engine this corrector runs on.
     pub fn engine(&self) -> &Arc<dyn Engine> {
         &self.engine
