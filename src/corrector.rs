@@ -25,13 +25,13 @@
 //! wraps the trainer's bytes (host) or, on the GPU engine, its device buffer.
 
 use crate::batch::Batch;
-use crate::config::{CorrectionConfig, Resolved};
+use crate::config::{CorrectionConfig, Resolved, Stat};
 use crate::correction;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::logits::Logits;
 use crate::partial::{exchange, Exchange};
-use crate::passes::token_table_config;
+use crate::passes::correction_table;
 use crate::stats::Corrections;
 use crate::tensors::{self, Role, Shape};
 use half::{bf16, f16};
@@ -323,6 +323,24 @@ impl Corrector {
         })
     }
 
+    /// Computes only verl's `rollout_corr/*` metrics (`on`), not trmask's diagnostics
+    /// (`trmask/*`): what a trainer that logs verl's metrics needs, at a fraction of the cost.
+    ///
+    /// ```
+    /// use trmask::{cpu::CpuEngine, CorrectionConfig, Corrector, Step};
+    /// let cfg = CorrectionConfig::preset("decoupled_k3_rs")?;
+    /// let c = Corrector::new(CpuEngine::new(), &cfg)?.verl_metrics_only(true);
+    /// let (lp, mask) = ([-1.0f32, -0.5], [true, true]);
+    /// let out = c.correct(&Step::padded(1, 2).response_mask(&mask[..])
+    ///     .rollout_log_prob(&lp[..]).old_log_prob(&lp[..]))?;
+    /// assert!(out.metrics.keys().all(|k| k.starts_with("rollout_corr/")));
+    /// # Ok::<(), trmask::Error>(())
+    /// ```
+    pub fn verl_metrics_only(mut self, on: bool) -> Self {
+        self.resolved.verl_metrics_only = on;
+        self
+    }
+
     /// The engine this corrector runs on.
     pub fn engine(&self) -> &Arc<dyn Engine> {
         &self.engine
@@ -333,11 +351,21 @@ impl Corrector {
         &self.config
     }
 
+    /// The statistics table this corrector's criteria read.
+    fn table(&self, batch: &Batch) -> Result<crate::stats::StatTable> {
+        let bkl = self
+            .resolved
+            .criteria
+            .iter()
+            .any(|c| c.stat == Stat::BinaryKl);
+        correction_table(self.engine.as_ref(), batch, &self.config, bkl)
+    }
+
     /// IS weights, the modified response mask, per-sequence decisions and verl's / trmask's
     /// metrics for one step.
     pub fn correct(&self, step: &Step<'_>) -> Result<Corrections> {
         let batch = step.to_batch()?;
-        let table = token_table_config(self.engine.as_ref(), &batch, &self.config)?;
+        let table = self.table(&batch)?;
         correction::compute(self.engine.as_ref(), &batch, &table, &self.resolved)
     }
 
@@ -347,7 +375,7 @@ impl Corrector {
     /// whole batch) and the whole batch's metrics, identical on every rank.
     pub fn correct_shard(&self, step: &Step<'_>, ex: &mut dyn Exchange) -> Result<Corrections> {
         let batch = step.to_batch()?;
-        let table = token_table_config(self.engine.as_ref(), &batch, &self.config)?;
+        let table = self.table(&batch)?;
         let (mut c, p) =
             correction::compute_shard(self.engine.as_ref(), &batch, &table, &self.resolved, ex)?;
         let merged = exchange(ex, p)?;

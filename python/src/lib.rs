@@ -58,32 +58,48 @@ fn engine(py: Python<'_>, backend: &str) -> PyResult<(Arc<dyn Engine>, Vec<Strin
 
 /// Correctors built so far, by `(config JSON, backend)`, most recently used last: a trainer
 /// calls with one or two configs, so the config is parsed and resolved once, not per step.
-static CORRECTORS: Mutex<Vec<(String, String, Arc<Corrector>)>> = Mutex::new(Vec::new());
+static CORRECTORS: Mutex<Vec<CachedCorrector>> = Mutex::new(Vec::new());
+/// `(config JSON, backend, verl metrics only, corrector)`.
+type CachedCorrector = (String, String, bool, Arc<Corrector>);
 /// Correctors kept (least recently used dropped first).
 const CORRECTOR_CACHE: usize = 8;
 
-fn corrector(py: Python<'_>, config_json: &str, backend: &str) -> PyResult<Arc<Corrector>> {
+fn corrector(
+    py: Python<'_>,
+    config_json: &str,
+    backend: &str,
+    verl_only: bool,
+) -> PyResult<Arc<Corrector>> {
     let poisoned = || PyRuntimeError::new_err("corrector cache poisoned");
     {
         let mut cache = CORRECTORS.lock().map_err(|_| poisoned())?;
         if let Some(i) = cache
             .iter()
-            .position(|(c, b, _)| c == config_json && b == backend)
+            .position(|(c, b, v, _)| c == config_json && b == backend && *v == verl_only)
         {
             let hit = cache.remove(i);
-            let c = hit.2.clone();
+            let c = hit.3.clone();
             cache.push(hit);
             return Ok(c);
         }
     }
     let cfg = config(config_json)?;
     let (eng, _) = engine(py, backend)?;
-    let c = Arc::new(Corrector::new(eng, &cfg).map_err(to_py)?);
+    let c = Arc::new(
+        Corrector::new(eng, &cfg)
+            .map_err(to_py)?
+            .verl_metrics_only(verl_only),
+    );
     let mut cache = CORRECTORS.lock().map_err(|_| poisoned())?;
     if cache.len() >= CORRECTOR_CACHE {
         cache.remove(0);
     }
-    cache.push((config_json.to_string(), backend.to_string(), c.clone()));
+    cache.push((
+        config_json.to_string(),
+        backend.to_string(),
+        verl_only,
+        c.clone(),
+    ));
     Ok(c)
 }
 
@@ -103,14 +119,17 @@ fn get<'py>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<Bound<'py, PyA
 /// holds `old_log_prob`, `rollout_log_prob`, `response_mask` (padded `[B, T]`) or
 /// `cu_seqlens` (packed) and optionally `log_prob`, `advantages`, `responses`, `uid`,
 /// `rollout_logits`, `old_logits`.
+/// `verl_only`: only verl's `rollout_corr/*` metrics (trmask's diagnostics not computed).
 #[pyfunction]
+#[pyo3(signature = (tensors, config_json, backend, verl_only=false))]
 fn correct<'py>(
     py: Python<'py>,
     tensors: &Bound<'py, PyDict>,
     config_json: &str,
     backend: &str,
+    verl_only: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    correct_with(py, tensors, config_json, backend, None)
+    correct_with(py, tensors, config_json, backend, None, verl_only)
 }
 
 /// [`correct`] on this rank's shard of a data-parallel batch: per-token weights and mask of
@@ -118,6 +137,8 @@ fn correct<'py>(
 /// collective over the `size` ranks (every rank's buffer in rank order); it is called with
 /// the GIL held, the compute runs without it.
 #[pyfunction]
+#[pyo3(signature = (tensors, config_json, backend, rank, size, all_gather, verl_only=false))]
+#[allow(clippy::too_many_arguments)]
 fn correct_shard<'py>(
     py: Python<'py>,
     tensors: &Bound<'py, PyDict>,
@@ -126,9 +147,10 @@ fn correct_shard<'py>(
     rank: usize,
     size: usize,
     all_gather: Py<PyAny>,
+    verl_only: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let ex = exchange::PyExchange::new(rank, size, all_gather)?;
-    correct_with(py, tensors, config_json, backend, Some(ex))
+    correct_with(py, tensors, config_json, backend, Some(ex), verl_only)
 }
 
 fn correct_with<'py>(
@@ -137,9 +159,10 @@ fn correct_with<'py>(
     config_json: &str,
     backend: &str,
     ex: Option<exchange::PyExchange>,
+    verl_only: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     arrays::reset_borrows();
-    let corrector = corrector(py, config_json, backend)?;
+    let corrector = corrector(py, config_json, backend, verl_only)?;
     let mut arrs: BTreeMap<&str, Arr<'py>> = BTreeMap::new();
     for t in tensors::TENSORS.iter().filter(|t| t.shape != Shape::TokenK) {
         if t.role == Role::Logits {

@@ -231,10 +231,11 @@ def compute_rollout_correction_and_rejection_mask(
     config_json = _json(cfg)
     try:
         _warn_config(config_json)
+        verl_only = not trmask_metrics
         if _exchange is None:
-            out = _native.correct(tensors, config_json, backend)
+            out = _native.correct(tensors, config_json, backend, verl_only)
         else:  # trmask.distributed: (rank, world size, all_gather)
-            out = _native.correct_shard(tensors, config_json, backend, *_exchange)
+            out = _native.correct_shard(tensors, config_json, backend, *_exchange, verl_only)
     except ValueError as e:
         verl = _verl_exception(e)
         if verl is e:

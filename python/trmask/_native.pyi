@@ -11,7 +11,9 @@ _Array = Union[npt.NDArray[Any], Tuple[str, npt.NDArray[np.uint16]]]
 
 __version__: str
 
-def correct(tensors: Dict[str, _Array], config_json: str, backend: str) -> Dict[str, Any]: ...
+def correct(tensors: Dict[str, _Array], config_json: str, backend: str, verl_only: bool = ...) -> Dict[str, Any]: ...
+def tensor_roles() -> List[Tuple[str, str]]: ...
+def token_shape_sources() -> List[str]: ...
 def correct_shard(
     tensors: Dict[str, _Array],
     config_json: str,
@@ -19,6 +21,7 @@ def correct_shard(
     rank: int,
     size: int,
     all_gather: Callable[[bytes], List[bytes]],
+    verl_only: bool = ...,
 ) -> Dict[str, Any]: ...
 def analyze(
     tensors: Dict[str, _Array],

@@ -83,6 +83,7 @@ impl CorrectionConfig {
             }
         }
         Ok(Resolved {
+            verl_metrics_only: false,
             is,
             criteria,
             ln_trm: self.ln_trm.unwrap_or_default(),
@@ -199,6 +200,7 @@ impl CorrectionConfig {
             }
         }
         Ok(Resolved {
+            verl_metrics_only: false,
             is,
             criteria: Vec::new(),
             ln_trm: LnTrm::default(),
@@ -391,4 +393,7 @@ pub struct Resolved {
     pub legacy: Option<LegacySpec>,
     /// The DPPO / PDM token mask, when configured (never in legacy mode).
     pub dppo: Option<DppoConfig>,
+    /// Only verl's `rollout_corr/*` metrics are wanted (the trainer's hot path): trmask's
+    /// diagnostics (`trmask/*`, length and group buckets) are not computed.
+    pub verl_metrics_only: bool,
 }

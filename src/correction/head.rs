@@ -145,23 +145,25 @@ pub(crate) fn compute_partial(
         .collect();
     let final_mask: Vec<f64> = keep.iter().map(|&k| k as u8 as f64).collect();
 
-    trmask_metrics(
-        &ctx,
-        &criteria,
-        &seq_accept,
-        &seq_len,
-        &final_mask,
-        weights.as_deref(),
-        &mut metrics,
-    );
-    let est = [
-        ("k1", k1),
-        ("k3", table.get("k3")?),
-        ("abs_log_ratio", table.get("abs")?),
-    ];
-    length_metrics(segs, est, &seq_accept, &criteria, &mut metrics);
-    if let Some(uid) = &batch.uid {
-        group_metrics(uid, &seq_accept, &mut metrics);
+    if !cfg.verl_metrics_only {
+        trmask_metrics(
+            &ctx,
+            &criteria,
+            &seq_accept,
+            &seq_len,
+            &final_mask,
+            weights.as_deref(),
+            &mut metrics,
+        );
+        let est = [
+            ("k1", k1),
+            ("k3", table.get("k3")?),
+            ("abs_log_ratio", table.get("abs")?),
+        ];
+        length_metrics(segs, est, &seq_accept, &criteria, &mut metrics);
+        if let Some(uid) = &batch.uid {
+            group_metrics(uid, &seq_accept, &mut metrics);
+        }
     }
 
     let c = Corrections {

@@ -8,6 +8,6 @@ mod table;
 pub use corrections::corrections_pass;
 pub(crate) use corrections::{check_plan, token_reject_fraction};
 pub use table::{
-    token_table, token_table_config, token_table_for, token_table_with_support, topk_missing_input,
-    training_log_prob, training_log_prob_for,
+    correction_table, token_table, token_table_config, token_table_for, token_table_with_support,
+    topk_missing_input, training_log_prob, training_log_prob_for,
 };

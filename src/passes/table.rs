@@ -82,6 +82,26 @@ pub fn token_table_config(
     )
 }
 
+/// [`token_table_config`] for a correction (the trainer's hot path): the same table, with
+/// KPop's binary KL column only when `binary_kl` (a criterion reads it; `trmask analyze`
+/// always writes it out).
+pub fn correction_table(
+    engine: &dyn Engine,
+    batch: &Batch,
+    config: &CorrectionConfig,
+    binary_kl: bool,
+) -> Result<StatTable> {
+    engine.prepare(batch);
+    table_inner(
+        engine,
+        batch,
+        config.temperature,
+        config.bypass_mode,
+        config.top_k_support(),
+        binary_kl,
+    )
+}
+
 /// [`token_table_for`] with an explicit top-K support.
 ///
 /// When the batch has `rollout_topk_ids` / `rollout_topk_log_prob`, `responses` and
@@ -97,6 +117,17 @@ pub fn token_table_with_support(
     temperature: f64,
     bypass: bool,
     support: TopkSupport,
+) -> Result<StatTable> {
+    table_inner(engine, batch, temperature, bypass, support, true)
+}
+
+fn table_inner(
+    engine: &dyn Engine,
+    batch: &Batch,
+    temperature: f64,
+    bypass: bool,
+    support: TopkSupport,
+    binary_kl_column: bool,
 ) -> Result<StatTable> {
     batch.validate()?;
     if batch.rollout_logits.is_some() || batch.old_logits.is_some() {
@@ -181,17 +212,19 @@ pub fn token_table_with_support(
         table.stats.insert("rollout_log_prob".into(), masked(r));
         table.stats.insert("train_log_prob".into(), masked(t));
         // KPop's bidirectional binary KL (f64 on the host, from both log-probs)
-        let bkl = (0..mask.len())
-            .into_par_iter()
-            .map(|i| {
-                if mask[i] {
-                    binary_kl(t[i], r[i], t[i] - r[i])
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        table.stats.insert("binary_kl".into(), bkl);
+        if binary_kl_column {
+            let bkl = (0..mask.len())
+                .into_par_iter()
+                .map(|i| {
+                    if mask[i] {
+                        binary_kl(t[i], r[i], t[i] - r[i])
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            table.stats.insert("binary_kl".into(), bkl);
+        }
         for (name, v) in [
             ("log_ratio", s.log_ratio),
             ("rho", s.rho),

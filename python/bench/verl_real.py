@@ -1,0 +1,151 @@
+"""verl's own `compute_rollout_correction_and_rejection_mask` against trmask's, one process,
+same tensors, best and median of --repeat runs per cell, Markdown table on stdout.
+
+verl comes from PyPI (`pip install --no-deps verl==0.9.1`); its rollout-correction helper is
+loaded from the installed file with the imports it does not use for this function replaced by
+empty stand-ins (tensordict, transformers, the device helpers, the config classes); DataProto,
+which only wraps the returned weights, is a one-field holder. Nothing of verl is in this
+repository.
+
+    RAYON_NUM_THREADS=2 python python/bench/verl_real.py --threads 2 --repeat 5
+"""
+
+import argparse
+import importlib.metadata
+import importlib.util
+import pathlib
+import sys
+import time
+import types
+
+import numpy as np
+import torch
+
+
+def _stub(name, **attrs):
+    m = types.ModuleType(name)
+    m.__path__ = []  # a package, so submodules can be stubbed under it
+    for k, v in attrs.items():
+        setattr(m, k, v)
+    sys.modules[name] = m
+    return m
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _DataProto:
+    """Holds the weights (verl's DataProto wraps them in a TensorDict)."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    @classmethod
+    def from_dict(cls, tensors):
+        return cls(dict(tensors))
+
+
+def load_verl():
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("verl is not installed: pip install --no-deps verl==0.9.1")
+    root = pathlib.Path(list(spec.submodule_search_locations)[0])
+    for pkg in ("verl", "verl.utils", "verl.trainer", "verl.trainer.ppo", "verl.trainer.config", "verl.workers", "verl.workers.config"):
+        _stub(pkg)
+    _stub("tensordict", TensorDict=dict)
+    _stub("transformers", PreTrainedTokenizer=object)
+    _stub("verl.utils.device", get_device_name=lambda: "cpu", get_torch_device=lambda: torch.cpu)
+    _stub("verl.protocol", DataProto=_DataProto)
+    _stub("verl.trainer.config.algorithm", RolloutCorrectionConfig=object)
+    _stub("verl.workers.config.actor", PolicyLossConfig=object)
+    vf = _load("verl.utils.torch_functional", root / "utils" / "torch_functional.py")
+    sys.modules["verl.utils"].torch_functional = vf
+    helper = _load("verl.trainer.ppo.rollout_corr_helper", root / "trainer" / "ppo" / "rollout_corr_helper.py")
+    version = getattr(importlib.metadata, "version", lambda _: "?")("verl")
+    return helper.compute_rollout_correction_and_rejection_mask, version
+
+
+CONFIGS = [
+    ("token TIS 2.0 + `seq_mean_k3` 0.01", dict(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01)),
+    ("seq IS 2.0 + `seq_max_k2` 2.5 (TRM-max)", dict(rollout_is="sequence", rollout_is_threshold=2.0, rollout_rs="seq_max_k2", rollout_rs_threshold=2.5)),
+    ('`token_k1` "0.5_2.0"', dict(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0")),
+]
+SHAPES = [(64, 1024), (256, 8192), (1024, 4096)]
+
+
+def batch(b, t, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, t, generator=g) * 3
+    roll = old + 0.05 * torch.randn(b, t, generator=g)
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
+    return old, roll, mask
+
+
+def timed(f, repeat):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return min(times), float(np.median(times))
+
+
+def agree(v, t):
+    """verl's and trmask's outputs: same dtypes, masks equal, weights and metrics close."""
+    vw, vm, vmet = v
+    tw, tm, tmet = t
+    vw = None if vw is None else vw.batch["rollout_is_weights"]
+    assert (vw is None) == (tw is None)
+    if vw is not None:
+        assert vw.dtype == tw.dtype, (vw.dtype, tw.dtype)
+        assert torch.allclose(vw, tw, rtol=1e-5, atol=1e-6)
+    assert vm.dtype == tm.dtype and torch.equal(vm, tm)
+    assert set(vmet) == set(tmet), set(vmet) ^ set(tmet)
+    for k in vmet:
+        assert np.isclose(vmet[k], tmet[k], rtol=1e-3, atol=1e-5, equal_nan=True), (k, vmet[k], tmet[k])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in SHAPES))
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    verl_fn, version = load_verl()
+    import trmask
+
+    print(f"verl {version} (PyPI, --no-deps), torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"trmask backend={a.backend!r}: {trmask.backend_name(a.backend)}; best / median of {a.repeat}, float32")
+    print()
+    print("| batch | config | verl | trmask | speed-up (best) |")
+    print("|---|---|---|---|---|")
+    for shape in a.shapes.split(","):
+        b, t = (int(x) for x in shape.split("x"))
+        old, roll, mask = batch(b, t)
+        for label, cfg in CONFIGS:
+            with torch.no_grad():
+                ref = verl_fn(old, roll, mask, **cfg)
+                got = trmask.compute_rollout_correction_and_rejection_mask(old, roll, mask, **cfg, backend=a.backend)
+                agree(ref, got)
+                # alternate the two so that load from other processes hits both alike
+                vt, tt = [], []
+                for _ in range(a.repeat):
+                    vt.append(timed(lambda: verl_fn(old, roll, mask, **cfg), 1)[0])
+                    tt.append(timed(lambda: trmask.compute_rollout_correction_and_rejection_mask(
+                        old, roll, mask, **cfg, backend=a.backend), 1)[0])
+            vb, vmed = min(vt), float(np.median(vt))
+            tb, tmed = min(tt), float(np.median(tt))
+            print(f"| {b} × {t} | {label} | {vb * 1e3:.1f} / {vmed * 1e3:.1f} ms | "
+                  f"{tb * 1e3:.2f} / {tmed * 1e3:.2f} ms | {vb / tb:.1f}× |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
