@@ -54,6 +54,7 @@ pub mod gpu;
 pub mod bounds;
 pub mod bounds_inverse;
 mod bounds_sums;
+pub mod calibrate;
 mod certificate;
 pub mod correction;
 mod metrics;

@@ -18,6 +18,8 @@ macro_rules! say {
 }
 #[path = "cli/bounds.rs"]
 mod bounds;
+#[path = "cli/calibrate.rs"]
+mod calibrate;
 #[path = "cli/check.rs"]
 mod check;
 #[path = "cli/devices.rs"]
@@ -106,6 +108,9 @@ enum Command {
     /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes, or the
     /// largest trust region for a target error (--target-error).
     Bounds(bounds::Args),
+    /// The threshold of one criterion that rejects a target fraction of sequences over several
+    /// batches, with its spread across them and the inputs' quantisation noise floor.
+    Calibrate(calibrate::Args),
     /// A CI gate: exit 3 (one `violation:` line each) when a batch exceeds a mismatch limit.
     Check(check::Args),
     /// List GPU adapters and the capabilities trmask uses.
@@ -362,6 +367,7 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
             Ok(0)
         }
         Command::Check(a) => check::run(a),
+        Command::Calibrate(a) => calibrate::run(a).map(|()| 0),
     }
 }
 
@@ -408,6 +414,9 @@ fn main() -> ExitCode {
     let gpu = match &cli.command {
         Command::Analyze { common, .. } | Command::Report { common, .. } => gpu_backend(common),
         Command::Check(a) => gpu_backend(&a.common),
+        Command::Calibrate(a) => {
+            !(a.backend.eq_ignore_ascii_case("cpu") || a.backend.eq_ignore_ascii_case("cpu-fast"))
+        }
         Command::Devices => true,
         Command::Bounds(_) => false,
     };
