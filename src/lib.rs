@@ -56,6 +56,7 @@ pub mod bounds_inverse;
 mod bounds_sums;
 pub mod calibrate;
 mod certificate;
+pub mod compare;
 pub mod correction;
 mod metrics;
 pub mod partial;

@@ -372,3 +372,87 @@ fn calibrate_refuses_a_threshold_below_the_bf16_floor() {
         assert_eq!(code, 2, "{args:?}: {err}");
     }
 }
+
+#[test]
+fn compare_self_and_a_known_offset() {
+    let base = batch_json(21, 60, 16, 0.0, 0.05);
+    let a = write("cmp_a.json", &base);
+    // the same batch with the trainer's log-probs offset by 0.02
+    let mut v: serde_json::Value = serde_json::from_str(&base).unwrap();
+    for row in v["old_log_prob"].as_array_mut().unwrap() {
+        for x in row.as_array_mut().unwrap() {
+            *x = serde_json::json!(x.as_f64().unwrap() + 0.02);
+        }
+    }
+    let b = write("cmp_b.json", &v.to_string());
+    let cfg = write(
+        "cmp_cfg.json",
+        r#"{"rollout_rs": "token_k1", "rollout_rs_threshold": "0.97_1.2"}"#,
+    );
+    let json_of = |x: &str, y: &str| -> serde_json::Value {
+        let (code, out, err) = run(&[
+            "compare",
+            x,
+            y,
+            "--backend",
+            "cpu",
+            "--config",
+            &cfg,
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let same = json_of(&a, &a);
+    for s in same["stats"].as_array().unwrap() {
+        assert_eq!(s["shift"].as_f64(), Some(0.0), "{s}");
+        assert!(s["p_value"].as_f64().unwrap() > 0.9, "{s}");
+    }
+    assert!(same["verdict"]
+        .as_str()
+        .unwrap()
+        .starts_with("verdict: no shift"));
+    for r in same["rejected"].as_array().unwrap() {
+        assert_eq!(r["delta"].as_f64(), Some(0.0));
+    }
+    let off = json_of(&a, &b);
+    let lr = off["stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["statistic"] == "log_ratio")
+        .unwrap();
+    let shift = lr["shift"].as_f64().unwrap();
+    assert!((shift - 0.02).abs() < 1e-9, "shift {shift}");
+    assert!(lr["p_value"].as_f64().unwrap() < 0.01, "{lr}");
+    assert!(off["verdict"]
+        .as_str()
+        .unwrap()
+        .contains("log_ratio median +2.000e-2"));
+    // the offset pushes tokens past the k1 bound: more sequences rejected in B
+    let any = off["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["criterion"] == "any")
+        .unwrap();
+    assert!(any["delta"].as_f64().unwrap() > 0.0, "{any}");
+    // the text form and the page
+    let page = tmp("cmp.html");
+    let (code, out, err) = run(&[
+        "compare",
+        &a,
+        &b,
+        "--backend",
+        "cpu",
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().any(|l| l.starts_with("verdict: ")), "{out}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<svg") && html.contains("verdict: "));
+    // an output that is an input, a missing input
+    assert_eq!(run(&["compare", &a, &b, "-o", &a]).0, 2);
+    assert_eq!(run(&["compare", &a, "/nonexistent.json"]).0, 2);
+}

@@ -22,6 +22,8 @@ mod bounds;
 mod calibrate;
 #[path = "cli/check.rs"]
 mod check;
+#[path = "cli/compare.rs"]
+mod compare;
 #[path = "cli/devices.rs"]
 mod devices;
 use std::process::ExitCode;
@@ -111,6 +113,9 @@ enum Command {
     /// The threshold of one criterion that rejects a target fraction of sequences over several
     /// batches, with its spread across them and the inputs' quantisation noise floor.
     Calibrate(calibrate::Args),
+    /// Two batches compared (an A/B of a change): per statistic quantiles, the shift with a
+    /// Mann-Whitney p-value, rejected-fraction deltas and a verdict.
+    Compare(compare::Args),
     /// A CI gate: exit 3 (one `violation:` line each) when a batch exceeds a mismatch limit.
     Check(check::Args),
     /// List GPU adapters and the capabilities trmask uses.
@@ -367,6 +372,7 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
             Ok(0)
         }
         Command::Check(a) => check::run(a),
+        Command::Compare(a) => compare::run(a).map(|()| 0),
         Command::Calibrate(a) => calibrate::run(a).map(|()| 0),
     }
 }
@@ -388,7 +394,8 @@ fn main() -> ExitCode {
     let command = <Cli as clap::CommandFactory>::command()
         .mut_subcommand("analyze", |c| c.after_help(presets.clone()))
         .mut_subcommand("report", |c| c.after_help(presets.clone()))
-        .mut_subcommand("check", |c| c.after_help(presets.clone()));
+        .mut_subcommand("check", |c| c.after_help(presets.clone()))
+        .mut_subcommand("compare", |c| c.after_help(presets.clone()));
     let parsed = command
         .try_get_matches_from(os::glue_negative_numbers(std::env::args_os().collect()))
         .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
@@ -414,6 +421,7 @@ fn main() -> ExitCode {
     let gpu = match &cli.command {
         Command::Analyze { common, .. } | Command::Report { common, .. } => gpu_backend(common),
         Command::Check(a) => gpu_backend(&a.common),
+        Command::Compare(a) => gpu_backend(&a.common),
         Command::Calibrate(a) => {
             !(a.backend.eq_ignore_ascii_case("cpu") || a.backend.eq_ignore_ascii_case("cpu-fast"))
         }

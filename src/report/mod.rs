@@ -3,6 +3,7 @@
 //! [`Analysis`](crate::analysis::Analysis) and the batch it came from; nothing computes a statistic of its own beyond
 //! orderings and bucketed means.
 
+mod compare;
 mod html;
 mod subject;
 mod summary;
@@ -10,6 +11,7 @@ mod svg;
 mod sweep;
 mod warnings;
 
+pub use compare::render_compare_html;
 pub use html::render_html;
 pub use subject::Subject;
 pub use summary::summary;
