@@ -70,6 +70,7 @@ pub mod io;
 // Layer 6: what the CLI prints and renders.
 pub mod report;
 pub mod sweep;
+pub mod trend;
 
 pub use batch::{Batch, Layout, Segments};
 pub use certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};

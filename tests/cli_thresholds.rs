@@ -456,3 +456,67 @@ fn compare_self_and_a_known_offset() {
     assert_eq!(run(&["compare", &a, &b, "-o", &a]).0, 2);
     assert_eq!(run(&["compare", &a, "/nonexistent.json"]).0, 2);
 }
+
+#[test]
+fn report_jsonl_trend_marks_the_jump() {
+    let mut inputs = Vec::new();
+    for s in 0..30u64 {
+        let noise = if s == 22 { 0.5 } else { 0.05 };
+        let mut v: serde_json::Value =
+            serde_json::from_str(&batch_json(100 + s, 20, 12, 0.0, noise)).unwrap();
+        v["step"] = serde_json::json!(s);
+        inputs.push(write(&format!("run{s}.json"), &v.to_string()));
+    }
+    let run_file = tmp("run.jsonl");
+    let _ = std::fs::remove_file(&run_file);
+    let mut args = vec![
+        "analyze",
+        "--backend",
+        "cpu",
+        "--preset",
+        "decoupled_k3_rs_token_tis",
+    ];
+    args.extend(inputs.iter().map(String::as_str));
+    args.extend(["--metrics-jsonl", run_file.to_str().unwrap()]);
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    let page = tmp("run.html");
+    let (code, out, err) = run(&[
+        "report",
+        "--jsonl",
+        run_file.to_str().unwrap(),
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("(30 steps)"), "{out}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("jumps at 1 step"), "no single jump marked");
+    assert!(html.contains("run22.json"), "the jump is not step 22's");
+    for title in [
+        "Mismatch",
+        "Rejection rates",
+        "Kept token fraction",
+        "Effective sample size",
+        "Bound B*",
+    ] {
+        assert!(
+            html.contains(&format!("<figcaption>{title}</figcaption>")),
+            "{title}"
+        );
+    }
+    // a line that is not JSON names the file and line; INPUT and --jsonl together are refused
+    let bad = write("bad.jsonl", "{\"step\": 1}\nnot json\n");
+    let (code, _, err) = run(&["report", "--jsonl", &bad, "-o", page.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("line 2"), "{err}");
+    let (code, _, _) = run(&[
+        "report",
+        &inputs[0],
+        "--jsonl",
+        &bad,
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+}

@@ -97,10 +97,16 @@ enum Command {
         #[arg(long, value_name = "mpi")]
         distributed: Option<String>,
     },
-    /// Render one batch's analysis as a self-contained HTML page (inline SVG, no network).
+    /// Render one batch's analysis as a self-contained HTML page (inline SVG, no network), or
+    /// with --jsonl a run's trend page from `analyze --metrics-jsonl` output.
     Report {
         /// The batch file (.safetensors or .json).
-        input: PathBuf,
+        #[arg(required_unless_present = "jsonl", conflicts_with = "jsonl")]
+        input: Option<PathBuf>,
+        /// A `--metrics-jsonl` file of many steps: a trend page (mismatch, rejection rates,
+        /// kept tokens, ESS, B* per step; steps whose mismatch jumps marked).
+        #[arg(long)]
+        jsonl: Option<PathBuf>,
         #[command(flatten)]
         common: Common,
         /// The HTML file to write.
@@ -345,9 +351,17 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
         }
         Command::Report {
             input,
+            jsonl,
             common,
             output,
         } => {
+            let input = match (input, jsonl) {
+                (_, Some(run)) => return trend(&run, &output).map(|()| 0),
+                (Some(i), None) => i,
+                (None, None) => {
+                    return Err(trmask::Error::config("report", "needs INPUT or --jsonl"))
+                }
+            };
             check_outputs(
                 std::slice::from_ref(&input),
                 common.config.as_deref(),
@@ -379,6 +393,21 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
 
 #[path = "cli/ranked.rs"]
 mod ranked;
+
+/// `trmask report --jsonl RUN.jsonl -o run.html`.
+fn trend(run: &Path, output: &Path) -> Result<(), trmask::Error> {
+    check_outputs(&[run.to_path_buf()], None, &[("--output", Some(output))])?;
+    check_report_name(output)?;
+    let name = run.display().to_string();
+    let text = trmask::io::read_text(run, trmask::io::JSON_LIMIT)?;
+    let steps = trmask::trend::parse_jsonl(&text, &name)?;
+    let html = trmask::report::render_trend_html(&steps, &name);
+    let mut commit = trmask::io::Commit::new();
+    commit.stage(output, html.into_bytes())?;
+    commit.finish()?;
+    say!("wrote {} ({} steps)", output.display(), steps.len());
+    Ok(())
+}
 
 /// Whether a backend flag may open a GPU (the runtime dir is made for it).
 fn gpu_backend(c: &Common) -> bool {
