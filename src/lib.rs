@@ -55,7 +55,9 @@ pub mod gpu;
 pub mod bounds;
 pub mod bounds_inverse;
 mod bounds_sums;
+pub mod calibrate;
 mod certificate;
+pub mod compare;
 pub mod correction;
 mod metrics;
 pub mod partial;
@@ -69,6 +71,7 @@ pub mod io;
 // Layer 6: what the CLI prints and renders.
 pub mod report;
 pub mod sweep;
+pub mod trend;
 
 pub use batch::{Batch, Layout, Segments};
 pub use certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};

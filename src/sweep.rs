@@ -79,6 +79,11 @@ impl Sweep {
         )
     }
 
+    /// Number of sequences with at least one valid token (the fractions' denominator).
+    pub fn sequences(&self) -> u64 {
+        self.counter.n_seqs
+    }
+
     /// True for `k1` criteria, whose thresholds are ratios (scaled as powers, not multiples).
     pub fn ratio_space(&self) -> bool {
         self.counter.log
@@ -248,4 +253,36 @@ pub fn metrics_bytes(
     let mut text = serde_json::to_string_pretty(&v).map_err(bad)?;
     text.push('\n');
     Ok(text.into_bytes())
+}
+
+/// The threshold (config space) at which the criterion of `sweeps` (one criterion, one sweep
+/// per batch) rejects `round(rate · N)` of the `N` sequences of all the batches together:
+/// halfway between the largest value kept and the smallest rejected. `None` when no threshold
+/// does: more sequences than that are rejected whatever the threshold (a `k1` lower bound, a
+/// NaN statistic), or all of them would have to be.
+pub fn threshold_for_rate(sweeps: &[&Sweep], rate: f64) -> Option<f64> {
+    let log = sweeps.first()?.counter.log;
+    let n: u64 = sweeps.iter().map(|s| s.counter.n_seqs).sum();
+    let fixed: u64 = sweeps.iter().map(|s| s.counter.fixed_seqs).sum();
+    let want = (rate * n as f64).round() as u64;
+    let mut v: Vec<f64> = sweeps
+        .iter()
+        .flat_map(|s| s.counter.seq.iter().map(|p| p.0))
+        .collect();
+    v.sort_by(f64::total_cmp);
+    let m = want.checked_sub(fixed)? as usize;
+    if m >= v.len() {
+        return None;
+    }
+    let kept = v[v.len() - m - 1];
+    let g = if m == 0 {
+        kept
+    } else {
+        let rejected = v[v.len() - m];
+        if rejected == kept {
+            return None; // a tie straddles the target
+        }
+        kept + (rejected - kept) / 2.0
+    };
+    Some(if log { g.exp() } else { g })
 }

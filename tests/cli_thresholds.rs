@@ -80,7 +80,7 @@ fn batch_json(seed: u64, b: usize, t: usize, offset: f64, noise: f64) -> String 
         let len = 1 + rng.below(t);
         let (mut r, mut o, mut m) = (Vec::new(), Vec::new(), Vec::new());
         for j in 0..t {
-            let x = rng.range(-3.0, -0.01);
+            let x = rng.range(-3.0, -0.3);
             let shift = if noise == 0.0 && offset == 0.0 {
                 0.0
             } else {
@@ -229,4 +229,294 @@ fn analyze_metrics_carry_the_sweep_and_the_summary_says_it() {
     assert_eq!(s["rejected_token_fraction"].as_array().unwrap().len(), 50);
     // still every scalar metric
     assert!(v["trmask/k3_mean"].is_number());
+}
+
+/// `(rejected, live)` sequences of `input` with `option` at `threshold` (the library's own run).
+fn recount(input: &str, option: &str, threshold: f64) -> (usize, usize) {
+    let b = trmask::io::read_batch(std::path::Path::new(input)).unwrap();
+    let cfg = trmask::CorrectionConfig::from_json_value(
+        &serde_json::json!({"rollout_rs": option, "rollout_rs_threshold": threshold}),
+    )
+    .unwrap();
+    let a = trmask::analysis::analyze(&trmask::cpu::CpuEngine::new(), &b, &cfg).unwrap();
+    let c = &a.corrections;
+    let live: Vec<usize> = (0..c.seq_len.len()).filter(|&i| c.seq_len[i] > 0).collect();
+    (
+        live.iter().filter(|&&i| !c.seq_accept[i]).count(),
+        live.len(),
+    )
+}
+
+#[test]
+fn calibrate_hits_the_target_rate() {
+    let inputs: Vec<String> = (0..4)
+        .map(|k| {
+            write(
+                &format!("cal{k}.json"),
+                &batch_json(10 + k, 30 + 7 * k as usize, 16, 0.0, 0.05),
+            )
+        })
+        .collect();
+    for (option, rate) in [
+        ("seq_mean_k3", 0.1),
+        ("seq_max_k2", 0.25),
+        ("token_abs", 0.05),
+    ] {
+        let mut args = vec!["calibrate"];
+        args.extend(inputs.iter().map(String::as_str));
+        let r = rate.to_string();
+        args.extend([
+            "--criterion",
+            option,
+            "--target-reject-rate",
+            &r,
+            "--backend",
+            "cpu",
+            "--json",
+        ]);
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 0, "{option}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let t = v["threshold"].as_f64().unwrap();
+        let (mut rejected, mut total) = (0usize, 0usize);
+        for (k, input) in inputs.iter().enumerate() {
+            let (rej, live) = recount(input, option, t);
+            rejected += rej;
+            total += live;
+            // the batch's own threshold hits the rate in that batch within one sequence
+            let own = v["batches"][k]["threshold"].as_f64().unwrap();
+            let (rej_own, _) = recount(input, option, own);
+            let want = rate * live as f64;
+            assert!(
+                (rej_own as f64 - want).abs() <= 1.0,
+                "{option} batch {k}: {rej_own} vs {want}"
+            );
+        }
+        // pooled: within one sequence per batch of the target over all of them
+        let want = rate * total as f64;
+        assert!(
+            (rejected as f64 - want).abs() <= inputs.len() as f64,
+            "{option}: {rejected} of {total} rejected, target {want}"
+        );
+        let s = &v["spread"];
+        assert!(s["min"].as_f64().unwrap() <= s["median"].as_f64().unwrap());
+        assert!(s["median"].as_f64().unwrap() <= s["max"].as_f64().unwrap());
+        assert_eq!(v["noise_floor"]["rollout"], "f64");
+    }
+}
+
+#[test]
+fn calibrate_refuses_a_threshold_below_the_bf16_floor() {
+    // bf16 log-probs whose mismatch is mostly one rounding step
+    let mut rng = common::Rng::new(77);
+    let bf = |x: f64| half::bf16::from_f64(x).to_f64();
+    let (mut roll, mut old) = (Vec::new(), Vec::new());
+    for _ in 0..40 {
+        let r: Vec<f64> = (0..8).map(|_| bf(rng.range(-3.0, -0.3))).collect();
+        let o: Vec<f64> = r
+            .iter()
+            .map(|&x| bf(x + 1e-4 * rng.range(-1.0, 1.0)))
+            .collect();
+        roll.push(r);
+        old.push(o);
+    }
+    let text = serde_json::json!({"rollout_log_prob": roll, "old_log_prob": old,
+        "response_mask": vec![vec![1; 8]; 40]})
+    .to_string();
+    let input = write("cal_bf16.json", &text);
+    let (code, _, err) = run(&[
+        "calibrate",
+        &input,
+        "--criterion",
+        "seq_mean_k3",
+        "--target-reject-rate",
+        "0.5",
+        "--backend",
+        "cpu",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("noise floor") && err.contains("bf16"), "{err}");
+    // a rate whose threshold is above the floor is answered, and the floor stated
+    let (code, out, err) = run(&[
+        "calibrate",
+        &input,
+        "--criterion",
+        "seq_mean_k3",
+        "--target-reject-rate",
+        "0.0",
+        "--backend",
+        "cpu",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("noise floor: bf16/bf16"), "{out}");
+    // bad rates and criteria
+    for args in [
+        vec![
+            "calibrate",
+            input.as_str(),
+            "--criterion",
+            "seq_mean_k3",
+            "--target-reject-rate",
+            "1",
+        ],
+        vec![
+            "calibrate",
+            input.as_str(),
+            "--criterion",
+            "nonsense",
+            "--target-reject-rate",
+            "0.1",
+        ],
+    ] {
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn compare_self_and_a_known_offset() {
+    let base = batch_json(21, 60, 16, 0.0, 0.05);
+    let a = write("cmp_a.json", &base);
+    // the same batch with the trainer's log-probs offset by 0.02
+    let mut v: serde_json::Value = serde_json::from_str(&base).unwrap();
+    for row in v["old_log_prob"].as_array_mut().unwrap() {
+        for x in row.as_array_mut().unwrap() {
+            *x = serde_json::json!(x.as_f64().unwrap() + 0.02);
+        }
+    }
+    let b = write("cmp_b.json", &v.to_string());
+    let cfg = write(
+        "cmp_cfg.json",
+        r#"{"rollout_rs": "token_k1", "rollout_rs_threshold": "0.97_1.2"}"#,
+    );
+    let json_of = |x: &str, y: &str| -> serde_json::Value {
+        let (code, out, err) = run(&[
+            "compare",
+            x,
+            y,
+            "--backend",
+            "cpu",
+            "--config",
+            &cfg,
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let same = json_of(&a, &a);
+    for s in same["stats"].as_array().unwrap() {
+        assert_eq!(s["shift"].as_f64(), Some(0.0), "{s}");
+        assert!(s["p_value"].as_f64().unwrap() > 0.9, "{s}");
+    }
+    assert!(same["verdict"]
+        .as_str()
+        .unwrap()
+        .starts_with("verdict: no shift"));
+    for r in same["rejected"].as_array().unwrap() {
+        assert_eq!(r["delta"].as_f64(), Some(0.0));
+    }
+    let off = json_of(&a, &b);
+    let lr = off["stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["statistic"] == "log_ratio")
+        .unwrap();
+    let shift = lr["shift"].as_f64().unwrap();
+    assert!((shift - 0.02).abs() < 1e-9, "shift {shift}");
+    assert!(lr["p_value"].as_f64().unwrap() < 0.01, "{lr}");
+    assert!(off["verdict"]
+        .as_str()
+        .unwrap()
+        .contains("log_ratio median +2.000e-2"));
+    // the offset pushes tokens past the k1 bound: more sequences rejected in B
+    let any = off["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["criterion"] == "any")
+        .unwrap();
+    assert!(any["delta"].as_f64().unwrap() > 0.0, "{any}");
+    // the text form and the page
+    let page = tmp("cmp.html");
+    let (code, out, err) = run(&[
+        "compare",
+        &a,
+        &b,
+        "--backend",
+        "cpu",
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().any(|l| l.starts_with("verdict: ")), "{out}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<svg") && html.contains("verdict: "));
+    // an output that is an input, a missing input
+    assert_eq!(run(&["compare", &a, &b, "-o", &a]).0, 2);
+    assert_eq!(run(&["compare", &a, "/nonexistent.json"]).0, 2);
+}
+
+#[test]
+fn report_jsonl_trend_marks_the_jump() {
+    let mut inputs = Vec::new();
+    for s in 0..30u64 {
+        let noise = if s == 22 { 0.5 } else { 0.05 };
+        let mut v: serde_json::Value =
+            serde_json::from_str(&batch_json(100 + s, 20, 12, 0.0, noise)).unwrap();
+        v["step"] = serde_json::json!(s);
+        inputs.push(write(&format!("run{s}.json"), &v.to_string()));
+    }
+    let run_file = tmp("run.jsonl");
+    let _ = std::fs::remove_file(&run_file);
+    let mut args = vec![
+        "analyze",
+        "--backend",
+        "cpu",
+        "--preset",
+        "decoupled_k3_rs_token_tis",
+    ];
+    args.extend(inputs.iter().map(String::as_str));
+    args.extend(["--metrics-jsonl", run_file.to_str().unwrap()]);
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    let page = tmp("run.html");
+    let (code, out, err) = run(&[
+        "report",
+        "--jsonl",
+        run_file.to_str().unwrap(),
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("(30 steps)"), "{out}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("jumps at 1 step"), "no single jump marked");
+    assert!(html.contains("run22.json"), "the jump is not step 22's");
+    for title in [
+        "Mismatch",
+        "Rejection rates",
+        "Kept token fraction",
+        "Effective sample size",
+        "Bound B*",
+    ] {
+        assert!(
+            html.contains(&format!("<figcaption>{title}</figcaption>")),
+            "{title}"
+        );
+    }
+    // a line that is not JSON names the file and line; INPUT and --jsonl together are refused
+    let bad = write("bad.jsonl", "{\"step\": 1}\nnot json\n");
+    let (code, _, err) = run(&["report", "--jsonl", &bad, "-o", page.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("line 2"), "{err}");
+    let (code, _, _) = run(&[
+        "report",
+        &inputs[0],
+        "--jsonl",
+        &bad,
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
 }

@@ -18,8 +18,12 @@ macro_rules! say {
 }
 #[path = "cli/bounds.rs"]
 mod bounds;
+#[path = "cli/calibrate.rs"]
+mod calibrate;
 #[path = "cli/check.rs"]
 mod check;
+#[path = "cli/compare.rs"]
+mod compare;
 #[path = "cli/devices.rs"]
 mod devices;
 use std::process::ExitCode;
@@ -93,10 +97,16 @@ enum Command {
         #[arg(long, value_name = "mpi")]
         distributed: Option<String>,
     },
-    /// Render one batch's analysis as a self-contained HTML page (inline SVG, no network).
+    /// Render one batch's analysis as a self-contained HTML page (inline SVG, no network), or
+    /// with --jsonl a run's trend page from `analyze --metrics-jsonl` output.
     Report {
         /// The batch file (.safetensors or .json).
-        input: PathBuf,
+        #[arg(required_unless_present = "jsonl", conflicts_with = "jsonl")]
+        input: Option<PathBuf>,
+        /// A `--metrics-jsonl` file of many steps: a trend page (mismatch, rejection rates,
+        /// kept tokens, ESS, B* per step; steps whose mismatch jumps marked).
+        #[arg(long)]
+        jsonl: Option<PathBuf>,
         #[command(flatten)]
         common: Common,
         /// The HTML file to write.
@@ -106,6 +116,12 @@ enum Command {
     /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes, or the
     /// largest trust region for a target error (--target-error).
     Bounds(bounds::Args),
+    /// The threshold of one criterion that rejects a target fraction of sequences over several
+    /// batches, with its spread across them and the inputs' quantisation noise floor.
+    Calibrate(calibrate::Args),
+    /// Two batches compared (an A/B of a change): per statistic quantiles, the shift with a
+    /// Mann-Whitney p-value, rejected-fraction deltas and a verdict.
+    Compare(compare::Args),
     /// A CI gate: exit 3 (one `violation:` line each) when a batch exceeds a mismatch limit.
     Check(check::Args),
     /// List GPU adapters and the capabilities trmask uses.
@@ -335,9 +351,17 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
         }
         Command::Report {
             input,
+            jsonl,
             common,
             output,
         } => {
+            let input = match (input, jsonl) {
+                (_, Some(run)) => return trend(&run, &output).map(|()| 0),
+                (Some(i), None) => i,
+                (None, None) => {
+                    return Err(trmask::Error::config("report", "needs INPUT or --jsonl"))
+                }
+            };
             check_outputs(
                 std::slice::from_ref(&input),
                 common.config.as_deref(),
@@ -362,11 +386,28 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
             Ok(0)
         }
         Command::Check(a) => check::run(a),
+        Command::Compare(a) => compare::run(a).map(|()| 0),
+        Command::Calibrate(a) => calibrate::run(a).map(|()| 0),
     }
 }
 
 #[path = "cli/ranked.rs"]
 mod ranked;
+
+/// `trmask report --jsonl RUN.jsonl -o run.html`.
+fn trend(run: &Path, output: &Path) -> Result<(), trmask::Error> {
+    check_outputs(&[run.to_path_buf()], None, &[("--output", Some(output))])?;
+    check_report_name(output)?;
+    let name = run.display().to_string();
+    let text = trmask::io::read_text(run, trmask::io::JSON_LIMIT)?;
+    let steps = trmask::trend::parse_jsonl(&text, &name)?;
+    let html = trmask::report::render_trend_html(&steps, &name);
+    let mut commit = trmask::io::Commit::new();
+    commit.stage(output, html.into_bytes())?;
+    commit.finish()?;
+    say!("wrote {} ({} steps)", output.display(), steps.len());
+    Ok(())
+}
 
 /// Whether a backend flag may open a GPU (the runtime dir is made for it).
 fn gpu_backend(c: &Common) -> bool {
@@ -382,7 +423,8 @@ fn main() -> ExitCode {
     let command = <Cli as clap::CommandFactory>::command()
         .mut_subcommand("analyze", |c| c.after_help(presets.clone()))
         .mut_subcommand("report", |c| c.after_help(presets.clone()))
-        .mut_subcommand("check", |c| c.after_help(presets.clone()));
+        .mut_subcommand("check", |c| c.after_help(presets.clone()))
+        .mut_subcommand("compare", |c| c.after_help(presets.clone()));
     let parsed = command
         .try_get_matches_from(os::glue_negative_numbers(std::env::args_os().collect()))
         .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
@@ -408,6 +450,10 @@ fn main() -> ExitCode {
     let gpu = match &cli.command {
         Command::Analyze { common, .. } | Command::Report { common, .. } => gpu_backend(common),
         Command::Check(a) => gpu_backend(&a.common),
+        Command::Compare(a) => gpu_backend(&a.common),
+        Command::Calibrate(a) => {
+            !(a.backend.eq_ignore_ascii_case("cpu") || a.backend.eq_ignore_ascii_case("cpu-fast"))
+        }
         Command::Devices => true,
         Command::Bounds(_) => false,
     };

@@ -281,6 +281,57 @@ fn certificate(s: &Subject) -> String {
     html
 }
 
+/// The first screen's sentence: the batch's mismatch in numbers, and what the mask did.
+fn lead(s: &Subject) -> String {
+    let a = s.analysis;
+    let m = |k: &str| a.metrics.get(k).copied();
+    let mut mis = Vec::new();
+    if let Some(k3) = m("trmask/k3_mean") {
+        mis.push(format!("a mean k3 of {}", num(k3)));
+    }
+    if let Some(kl) = m("trmask/kl_mean") {
+        mis.push(format!("an exact KL of {} per token", num(kl)));
+    }
+    if let Some(lr) = output(a, "log_ratio") {
+        let mask = s.batch.mask();
+        let worst = (0..lr.len())
+            .filter(|&i| mask[i])
+            .map(|i| lr[i].abs())
+            .fold(0.0f64, f64::max);
+        mis.push(format!("a largest |log rho| of {}", num(worst)));
+    }
+    let c = &a.corrections;
+    let live: Vec<usize> = (0..c.seq_len.len()).filter(|&i| c.seq_len[i] > 0).collect();
+    let rejected = live.iter().filter(|&&i| !c.seq_accept[i]).count();
+    let valid = s.batch.mask().iter().filter(|&&v| v).count();
+    let kept = (0..c.mask.len())
+        .filter(|&i| s.batch.mask()[i] && c.mask[i] != 0.0)
+        .count();
+    let mask = if c.criteria.is_empty() {
+        "no rejection criterion is configured, so the mask keeps every token".to_string()
+    } else {
+        let names: Vec<&str> = c.criteria.iter().map(|k| k.name.as_str()).collect();
+        format!(
+            "the mask ({}) rejected {rejected} of {} sequences ({:.1} %) and {} of {valid} tokens",
+            names.join(", "),
+            live.len(),
+            100.0 * rejected as f64 / live.len().max(1) as f64,
+            valid - kept
+        )
+    };
+    let bound = m("trmask/bound_accepted_unified")
+        .map(|b| format!("; the bound B* over the accepted sequences is {}", num(b)))
+        .unwrap_or_default();
+    format!(
+        "This batch's rollout/trainer mismatch: {}; {mask}{bound}.",
+        if mis.is_empty() {
+            "not measured".to_string()
+        } else {
+            mis.join(", ")
+        }
+    )
+}
+
 /// The whole page.
 pub fn render_html(s: &Subject) -> String {
     let mut h = String::from(
@@ -288,12 +339,15 @@ pub fn render_html(s: &Subject) -> String {
          <style>body{font-family:sans-serif;margin:24px;max-width:1240px;color:#222}\
          h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}\
          pre{background:#f4f4f4;padding:10px;font-size:12px;overflow-x:auto}\
-         figure{display:inline-block;margin:6px}figcaption{text-align:center;font-size:12px}\
+         figure{display:inline-block;vertical-align:top;margin:6px;width:calc(50% - 14px)}\
+         figure svg{width:100%;height:auto}body>svg{width:70%;height:auto}figcaption{text-align:center;font-size:13px}\
+         .lead{font-size:16px;background:#eef4fa;padding:10px 14px;border-left:4px solid #1f6fb4}\
          table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px}\
          .bad{color:#c0392b;font-weight:bold}.ok{color:#2e9e4f}.note{font-size:12px;color:#555}\
          </style></head><body>",
     );
     let _ = write!(h, "<h1>trmask report: {}</h1>", esc(s.input));
+    let _ = write!(h, "<p class=\"lead\">{}</p>", esc(&lead(s)));
     let _ = write!(h, "<h2>Summary</h2><pre>{}</pre>", esc(&summary(s, &[])));
     // the `warning:` lines the command line printed for this config and input
     let mut warned = s.config.warnings();

@@ -3,14 +3,18 @@
 //! [`Analysis`](crate::analysis::Analysis) and the batch it came from; nothing computes a statistic of its own beyond
 //! orderings and bucketed means.
 
+mod compare;
 mod html;
 mod subject;
 mod summary;
 mod svg;
 mod sweep;
+mod trend;
 mod warnings;
 
+pub use compare::render_compare_html;
 pub use html::render_html;
 pub use subject::Subject;
 pub use summary::summary;
+pub use trend::render_trend_html;
 pub use warnings::{warnings, WarningInputs};
