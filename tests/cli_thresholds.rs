@@ -533,4 +533,16 @@ fn report_jsonl_trend_marks_the_jump() {
         page.to_str().unwrap(),
     ]);
     assert_eq!(code, 2);
+    // flags that do not apply to a run's metrics are refused, not ignored
+    let (code, _, err) = run(&[
+        "report",
+        "--jsonl",
+        run_file.to_str().unwrap(),
+        "--preset",
+        "trm_avg",
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--jsonl"), "{err}");
 }
