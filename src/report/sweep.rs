@@ -40,7 +40,11 @@ pub fn sweep_charts(sweeps: &[Sweep]) -> String {
         if s.threshold.len() < 2 {
             continue;
         }
-        let x = Axis::fit(s.threshold.iter().copied().chain([s.configured]), true);
+        // k1 thresholds are ratios near 1: a linear axis
+        let x = Axis::fit(
+            s.threshold.iter().copied().chain([s.configured]),
+            !s.ratio_space(),
+        );
         let y = Axis::fit([0.0, 1.0].into_iter(), false);
         let mut f = Frame::new(
             x,
