@@ -184,6 +184,20 @@ fn check_exit_codes() {
         "0",
     ]);
     assert_eq!(code, 0, "{err}");
+    // the same verdicts on the GPU engine (a software adapter here)
+    if common::gpu().is_some() {
+        for (input, limit, want) in [(&same, "0", 0), (&off, "0", 3), (&off, "0.06", 0)] {
+            let (code, _, err) = run(&[
+                "check",
+                input,
+                "--backend",
+                "gpu",
+                "--max-abs-log-ratio",
+                limit,
+            ]);
+            assert_eq!(code, want, "gpu {input} {limit}: {err}");
+        }
+    }
     // usage errors stay 2: no limit, a bad limit, a missing file
     for args in [
         vec!["check", same.as_str(), "--backend", "cpu"],
@@ -519,4 +533,16 @@ fn report_jsonl_trend_marks_the_jump() {
         page.to_str().unwrap(),
     ]);
     assert_eq!(code, 2);
+    // flags that do not apply to a run's metrics are refused, not ignored
+    let (code, _, err) = run(&[
+        "report",
+        "--jsonl",
+        run_file.to_str().unwrap(),
+        "--preset",
+        "trm_avg",
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--jsonl"), "{err}");
 }

@@ -356,7 +356,18 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
             output,
         } => {
             let input = match (input, jsonl) {
-                (_, Some(run)) => return trend(&run, &output).map(|()| 0),
+                (_, Some(run)) => {
+                    if common.config.is_some()
+                        || common.preset.is_some()
+                        || common.temperature.is_some()
+                    {
+                        return Err(trmask::Error::config(
+                            "--jsonl",
+                            "draws the metrics as written; --config, --preset and --temperature do not apply",
+                        ));
+                    }
+                    return trend(&run, &output).map(|()| 0);
+                }
                 (Some(i), None) => i,
                 (None, None) => {
                     return Err(trmask::Error::config("report", "needs INPUT or --jsonl"))
