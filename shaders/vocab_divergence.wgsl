@@ -60,7 +60,7 @@ struct VocabDivergenceParams {
                      // multiple of 256 bytes)
     has_responses: u32, // 1: row_info holds sampled ids (log-probs wanted)
     inv_temp: f32, // 1 / temperature
-    pad0: u32,
+    one: f32, // always 1.0: two_sum's opaque one (common/two_sum.wgsl)
 }
 
 // true (the WIDE variant, whose loaders read vec4<u32> words): V is a multiple of 8 and every
@@ -87,15 +87,41 @@ struct Acc1 {
     h: f32, // Σ e^{(x−m)it}·(x−m)it
     mc: f32, // max of x over the common support
     su: f32, // Σ_common e^{(x−m)it}·(x−y)   (raw units)
+    // the rounding errors of s_in and h (TwoSum per four elements): a thread adds hundreds of
+    // tiny terms to a sum near 1 on peaked rows, and uncompensated those roundings moved
+    // entropies and log-probs by ~1e-5; folded into s_in and h before the workgroup tree
+    cs: f32,
+    ch: f32,
 }
 
 fn acc1_empty() -> Acc1 {
-    return Acc1(EMPTY_MAX, 0.0, 0.0, 0.0, EMPTY_MAX, 0.0);
+    return Acc1(EMPTY_MAX, 0.0, 0.0, 0.0, EMPTY_MAX, 0.0, 0.0, 0.0);
+}
+
+// The state with its compensations folded into s_in and h (before a rescale and the tree).
+fn acc1_folded(st: Acc1) -> Acc1 {
+    var r = st;
+    r.s_in = st.s_in + st.cs;
+    r.h = st.h + st.ch;
+    r.cs = 0.0;
+    r.ch = 0.0;
+    return r;
+}
+
+// Adds the local sums `ds` (to s_in) and `dh` (to h) of four elements with TwoSum.
+fn acc1_comp(st: ptr<function, Acc1>, ds: f32, dh: f32) {
+    let a = two_sum((*st).s_in, ds);
+    (*st).s_in = a.x;
+    (*st).cs = (*st).cs + a.y;
+    let b = two_sum((*st).h, dh);
+    (*st).h = b.x;
+    (*st).ch = (*st).ch + b.y;
 }
 
 // Rescales a state to the running maximum `mx` when that is larger (no-op otherwise).
 fn acc1_rescale(st: ptr<function, Acc1>, mx: f32, it: f32) {
     if (mx > (*st).m) {
+        *st = acc1_folded(*st);
         let k = exp(((*st).m - mx) * it);
         let s = (*st).s_in + (*st).s_out;
         (*st).h = k * ((*st).h + ((*st).m - mx) * it * s);
@@ -107,17 +133,18 @@ fn acc1_rescale(st: ptr<function, Acc1>, mx: f32, it: f32) {
 }
 
 // Adds an element x <= the state's maximum when `on` (`y_fin`: the other side is finite
-// there). Branch-free: software rasterizers run both sides of an `if` anyway, and selects
-// cost less than their masks; the values a select drops may be ±inf, never used.
-fn acc1_add(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, y_fin: bool, it: f32) {
+// there) to the state's plain sums and returns its terms of s_in and h (x: Σe, y: Σe·lx),
+// which the caller adds compensated per four elements. Branch-free: software rasterizers run
+// both sides of an `if` anyway, and selects cost less than their masks; the values a select
+// drops may be ±inf, never used.
+fn acc1_add(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, y_fin: bool, it: f32) -> vec2<f32> {
     let lx = (x - (*st).m) * it;
     let e = exp(lx);
-    (*st).h = select((*st).h, (*st).h + e * lx, on);
     let both = on && y_fin;
     (*st).mc = select((*st).mc, max((*st).mc, x), both);
-    (*st).s_in = select((*st).s_in, (*st).s_in + e, both);
     (*st).su = select((*st).su, (*st).su + e * (x - y), both);
     (*st).s_out = select((*st).s_out, (*st).s_out + e, on && !y_fin);
+    return vec2<f32>(select(0.0, e, both), select(0.0, e * lx, on));
 }
 
 // Pass 1's flags of one element.
@@ -135,9 +162,11 @@ fn usable(x: f32) -> bool {
 }
 
 // One element of pass 1 into both states (each already rescaled to a maximum at least x, y).
-fn p1_elem(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, x: f32, y: f32, ux: bool, uy: bool, it: f32) {
-    acc1_add(sp, ux, x, y, uy, it);
-    acc1_add(sq, uy, y, x, ux, it);
+// Returns both states' terms (xy: p's s_in and h, zw: q's).
+fn p1_elem(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, x: f32, y: f32, ux: bool, uy: bool, it: f32) -> vec4<f32> {
+    let a = acc1_add(sp, ux, x, y, uy, it);
+    let b = acc1_add(sq, uy, y, x, ux, it);
+    return vec4<f32>(a, b);
 }
 
 // Four elements of pass 1: both states rescaled once to their maxima, then the elements added
@@ -149,10 +178,13 @@ fn p1_step(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xs: vec4<f32>, ys: 
     let mys = select(vec4<f32>(EMPTY_MAX), ys, uy);
     acc1_rescale(sp, max(max(mxs.x, mxs.y), max(mxs.z, mxs.w)), it);
     acc1_rescale(sq, max(max(mys.x, mys.y), max(mys.z, mys.w)), it);
-    p1_elem(sp, sq, xs.x, ys.x, ux.x, uy.x, it);
-    p1_elem(sp, sq, xs.y, ys.y, ux.y, uy.y, it);
-    p1_elem(sp, sq, xs.z, ys.z, ux.z, uy.z, it);
-    p1_elem(sp, sq, xs.w, ys.w, ux.w, uy.w, it);
+    let t0 = p1_elem(sp, sq, xs.x, ys.x, ux.x, uy.x, it);
+    let t1 = p1_elem(sp, sq, xs.y, ys.y, ux.y, uy.y, it);
+    let t2 = p1_elem(sp, sq, xs.z, ys.z, ux.z, uy.z, it);
+    let t3 = p1_elem(sp, sq, xs.w, ys.w, ux.w, uy.w, it);
+    let t = (t0 + t1) + (t2 + t3);
+    acc1_comp(sp, t.x, t.y);
+    acc1_comp(sq, t.z, t.w);
 }
 
 // Which of the elements i .. i + 7 lie in the row (all of them in the WIDE variant).
@@ -185,13 +217,13 @@ fn p1_block(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xl: Oct, yl: Oct, 
 }
 
 // The plain pass 1's element (rows whose every logit is finite, see pass 1 in main): no masks
-// but `on` (the element lies in the row), the common support is the whole row.
-fn acc1_add_plain(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, it: f32) {
+// but `on` (the element lies in the row), the common support is the whole row. Returns its
+// terms of s_in and h (added compensated per four elements).
+fn acc1_add_plain(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, it: f32) -> vec2<f32> {
     let lx = (x - (*st).m) * it;
     let e = select(0.0, exp(lx), on);
-    (*st).h = (*st).h + e * lx;
-    (*st).s_in = (*st).s_in + e;
     (*st).su = (*st).su + e * (x - y);
+    return vec2<f32>(e, e * lx);
 }
 
 // The plain pass 1's four elements (`on`: in the row): both states rescaled once to their
@@ -203,14 +235,12 @@ fn p1_quad_plain(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<funct
     acc1_rescale(sp, max(max(xs.x, xs.y), max(xs.z, xs.w)), it);
     acc1_rescale(sq, max(max(ys.x, ys.y), max(ys.z, ys.w)), it);
     *lo = min(*lo, vec2<f32>(min(min(xs.x, xs.y), min(xs.z, xs.w)), min(min(ys.x, ys.y), min(ys.z, ys.w))));
-    acc1_add_plain(sp, on.x, xs.x, ys.x, it);
-    acc1_add_plain(sq, on.x, ys.x, xs.x, it);
-    acc1_add_plain(sp, on.y, xs.y, ys.y, it);
-    acc1_add_plain(sq, on.y, ys.y, xs.y, it);
-    acc1_add_plain(sp, on.z, xs.z, ys.z, it);
-    acc1_add_plain(sq, on.z, ys.z, xs.z, it);
-    acc1_add_plain(sp, on.w, xs.w, ys.w, it);
-    acc1_add_plain(sq, on.w, ys.w, xs.w, it);
+    let p = (acc1_add_plain(sp, on.x, xs.x, ys.x, it) + acc1_add_plain(sp, on.y, xs.y, ys.y, it))
+        + (acc1_add_plain(sp, on.z, xs.z, ys.z, it) + acc1_add_plain(sp, on.w, xs.w, ys.w, it));
+    let q = (acc1_add_plain(sq, on.x, ys.x, xs.x, it) + acc1_add_plain(sq, on.y, ys.y, xs.y, it))
+        + (acc1_add_plain(sq, on.z, ys.z, xs.z, it) + acc1_add_plain(sq, on.w, ys.w, xs.w, it));
+    acc1_comp(sp, p.x, p.y);
+    acc1_comp(sq, q.x, q.y);
 }
 
 // The plain pass 1's step over elements i .. i + 7.
@@ -236,10 +266,13 @@ fn acc1_merge(p: Acc1, q: Acc1, it: f32) -> Acc1 {
     r.h = hi.h + k * (lo.h + (lo.m - hi.m) * it * s_lo);
     r.mc = max(hi.mc, lo.mc);
     r.su = hi.su + k * lo.su;
+    r.cs = 0.0;
+    r.ch = 0.0;
     return r;
 }
 
-fn acc1_store(base: u32, t: u32, st: Acc1) {
+fn acc1_store(base: u32, t: u32, st_raw: Acc1) {
+    let st = acc1_folded(st_raw);
     red_sh[(base + 0u) * MAX_WG + t] = st.m;
     red_sh[(base + 1u) * MAX_WG + t] = st.s_in;
     red_sh[(base + 2u) * MAX_WG + t] = st.s_out;
@@ -256,6 +289,8 @@ fn acc1_load(base: u32, t: u32) -> Acc1 {
         red_sh[(base + 3u) * MAX_WG + t],
         red_sh[(base + 4u) * MAX_WG + t],
         red_sh[(base + 5u) * MAX_WG + t],
+        0.0,
+        0.0,
     );
 }
 

@@ -249,12 +249,14 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
         };
         match k.variant {
             true => vec![
+                TWO_SUM,
                 UNPACK,
                 REDUCE_SLOTS_WG,
                 load_a_wide(k.dtype),
                 load_b_wide(train),
             ],
             false => vec![
+                TWO_SUM,
                 UNPACK,
                 REDUCE_SLOTS_WG,
                 load_a(k.dtype),

@@ -50,8 +50,8 @@ pub struct VocabDivergenceParams {
     pub has_responses: u32,
     /// 1 / temperature.
     pub inv_temp: f32,
-    /// Padding (the wide loads are the kernel variant `WIDE`, see [`wide`]).
-    pub pad0: u32,
+    /// Always 1.0: the opaque one of the compensated pass-1 sums (`two_sum`).
+    pub one: f32,
 }
 
 /// Whether a chunk's rows can be read eight elements at a time as `vec4<u32>` words (the
@@ -266,7 +266,7 @@ fn run(
             info_first: info_w.2,
             has_responses: has_responses as u32,
             inv_temp,
-            pad0: 0,
+            one: 1.0,
         };
         let kernel = ctx.kernel_for(KernelKey {
             variant: wide(vocab, [(firsts[0], sa), (firsts[1], sb)]),
@@ -441,7 +441,7 @@ mod tests {
                 ("info_first", offset_of!(P, info_first)),
                 ("has_responses", offset_of!(P, has_responses)),
                 ("inv_temp", offset_of!(P, inv_temp)),
-                ("pad0", offset_of!(P, pad0)),
+                ("one", offset_of!(P, one)),
             ],
         );
     }
