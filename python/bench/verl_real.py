@@ -111,14 +111,40 @@ def agree(v, t):
         assert np.isclose(vmet[k], tmet[k], rtol=1e-3, atol=1e-5, equal_nan=True), (k, vmet[k], tmet[k])
 
 
+def memory(b, t, backend):
+    """Peak resident memory of one trmask call on a B × T float32 batch above the inputs (a
+    fresh process: the peak before the call is the inputs plus the libraries)."""
+    import resource
+
+    import trmask
+
+    old, roll, mask = batch(b, t)
+    cfg = CONFIGS[0][1]
+    small = batch(2, 8)
+    trmask.compute_rollout_correction_and_rejection_mask(*small, **cfg, backend=backend)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    w, m, _ = trmask.compute_rollout_correction_and_rejection_mask(old, roll, mask, **cfg, backend=backend)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    inputs = sum(x.numel() * x.element_size() for x in (old, roll, mask))
+    outputs = sum(x.numel() * x.element_size() for x in (w, m))
+    mib = 2**20
+    print(f"{b} × {t} float32: inputs {inputs / mib:.0f} MiB, outputs {outputs / mib:.0f} MiB, "
+          f"peak RSS rise during the call {(peak - before) / mib:.0f} MiB "
+          f"(beyond the outputs: {(peak - before - outputs) / mib:.0f} MiB)")
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--memory", action="store_true", help="measure the peak memory of one 1024 × 4096 call instead")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in SHAPES))
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.memory:
+        memory(1024, 4096, a.backend)
+        return
     verl_fn, version = load_verl()
     import trmask
 

@@ -74,11 +74,26 @@ def test_vocab_divergence_cpu_fast_is_within_the_gpu_tolerance():
     assert "f32" in trmask.backend_name("cpu-fast")
 
 
-def test_cuda_tensor_is_a_value_error():
+def test_a_device_tensor_that_cannot_reach_the_host_is_a_value_error_naming_it():
+    # `meta` tensors have no data: the copy-to-host path refuses them cleanly
+    old = torch.zeros(2, 3, device="meta")
+    roll = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="`old_log_prob`.*meta"):
+        trmask.compute_rollout_correction_and_rejection_mask(old, roll, torch.ones(2, 3), rollout_is="token")
+
+
+def test_cuda_tensors_round_trip_through_host_memory():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    with pytest.raises(ValueError, match="CPU tensors"):
-        trmask.vocab_divergence(torch.zeros(1, 4, device="cuda"), torch.zeros(1, 4, device="cuda"))
+    g = torch.Generator().manual_seed(3)
+    old = -torch.rand(4, 16, generator=g)
+    roll = old + 0.1 * torch.randn(4, 16, generator=g)
+    mask = torch.ones(4, 16)
+    cfg = dict(rollout_is="token", rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01)
+    w, m, met = trmask.compute_rollout_correction_and_rejection_mask(old.cuda(), roll.cuda(), mask.cuda(), **cfg)
+    w0, m0, met0 = trmask.compute_rollout_correction_and_rejection_mask(old, roll, mask, **cfg)
+    assert w.device.type == "cuda" and m.device.type == "cuda" and w.dtype == old.dtype
+    assert torch.equal(w.cpu(), w0) and torch.equal(m.cpu(), m0) and met == met0
 
 
 def _safetensors(path, tensors):

@@ -72,14 +72,10 @@ def borrow(x: Any, name: str, role: str) -> Tuple[Any, Kind]:
     copy."""
     if is_torch(x):
         torch = sys.modules["torch"]
-        if x.device.type != "cpu":
-            raise _bad(
-                name,
-                f"is on {x.device}; trmask reads CPU tensors (pass tensor.cpu(), or use the "
-                "Rust API for device-resident logits)",
-            )
         kind = Kind(True, x.dtype, x.device)
         t = x.detach()
+        if t.device.type != "cpu":
+            t = _to_host(t, name)
         if not t.is_contiguous():
             t = t.contiguous()
         if t.dtype == torch.bfloat16:
@@ -100,6 +96,22 @@ def borrow(x: Any, name: str, role: str) -> Tuple[Any, Kind]:
             return ("bfloat16", a.view(np.uint16)), Kind(False, np.float32)
         a = a.astype(np.float32)
     return _numpy(a, name, role), kind
+
+
+def _to_host(t: Any, name: str) -> Any:
+    """A device tensor copied to host memory once (pinned for CUDA, so the copy runs at the
+    link's full rate); outputs go back to the input's device (`Kind.out`). A device whose
+    tensors cannot be read (`meta`) is an error naming the tensor."""
+    torch = sys.modules["torch"]
+    try:
+        if t.device.type == "cuda":
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t)
+            return host
+        return t.to("cpu")
+    except (NotImplementedError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise _bad(name, f"is on {t.device} and cannot be copied to host memory ({first})") from None
 
 
 def _labels(a: np.ndarray, name: str) -> np.ndarray:

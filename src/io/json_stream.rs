@@ -40,7 +40,14 @@ pub(super) fn scan(text: &str) -> Result<(Vec<String>, Option<f64>)> {
     let (mut keys, step) = de::Deserializer::deserialize_any(&mut de, Scan).map_err(not_json)?;
     de.end().map_err(not_json)?;
     keys.sort();
-    keys.dedup();
+    if let Some(w) = keys.windows(2).find(|w| w[0] == w[1]) {
+        // Python's `json` would silently keep the last value: never guess which was meant
+        return Err(Error::input(
+            &w[0],
+            "appears twice in the JSON object; keep one (a JSON reader would silently keep \
+             the last)",
+        ));
+    }
     Ok((keys, step))
 }
 
@@ -397,6 +404,16 @@ mod tests {
     fn read(text: &str, key: &str) -> Result<Vec<(String, Dense)>> {
         let wanted = BTreeMap::from([(key.to_string(), key.to_string())]);
         flatten(&prepare(text), &wanted)
+    }
+
+    #[test]
+    fn a_duplicate_key_is_an_error_naming_it() {
+        let e =
+            scan(r#"{"old_log_prob": [0.0], "rollout_log_prob": [0.0], "old_log_prob": [1.0]}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("`old_log_prob`") && e.contains("twice"), "{e}");
+        assert_eq!(scan(r#"{"a": [1], "b": [2]}"#).unwrap().0, ["a", "b"]);
     }
 
     #[test]
