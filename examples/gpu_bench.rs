@@ -1,7 +1,9 @@
 //! One-shot device benchmark for `scripts/gpu-bench.sh`: everything a lent GPU should measure in
 //! one process, printed as BENCHMARKS.md-ready Markdown tables.
 //!
-//! `cargo run --release --example gpu_bench -- [--quick] [--sequences]`
+//! `cargo run --release --example gpu_bench -- [--quick] [--sequences] [--json]`
+//! (`--json`: only one JSON object on stdout, the vocabulary kernel's reads per logit per data
+//! set and its worst tolerance ratio against the f64 CPU reference, see [`json_report`])
 //! (`GPU_BENCH_FILES=a.safetensors:b.safetensors`: reads per logit of the vocabulary kernel on
 //! those batches too; `--sequences`: part 4 only)
 //!
@@ -325,6 +327,9 @@ fn main() -> anyhow::Result<()> {
     if std::env::args().any(|a| a == "--sequences") {
         return per_sequence(&gpu, cpu.as_ref(), quick);
     }
+    if std::env::args().any(|a| a == "--json") {
+        return json_report(&gpu, cpu.as_ref(), quick);
+    }
     println!("adapter: {}", gpu.name());
     println!(
         "cpu engine: {}, {} threads",
@@ -624,5 +629,107 @@ fn per_sequence(gpu: &GpuEngine, cpu: &dyn Engine, quick: bool) -> anyhow::Resul
         });
         println!("| | {seqs} | {:.1} ms | {:.1} ms |", tg * 1e3, tc * 1e3);
     }
+    Ok(())
+}
+
+/// `(rtol, atol)` of each vocabulary result field against the f64 reference: KL / KL_rev / TV
+/// at SPEC's `2e-3·|ref| + 1e-7`, entropies `1e-4·|ref| + 1e-6`, sampled-token log-probs
+/// `1e-4·|ref| + 2e-6`.
+const FIELD_TOL: [(f64, f64); 7] = [
+    (2e-3, 1e-7),
+    (2e-3, 1e-7),
+    (2e-3, 1e-7),
+    (1e-4, 1e-6),
+    (1e-4, 1e-6),
+    (1e-4, 2e-6),
+    (1e-4, 2e-6),
+];
+
+/// The worst `|gpu − ref| / (rtol·|ref| + atol)` over every valid row and field (±inf must
+/// match exactly, else the ratio is infinite).
+fn tolerance_ratio(g: &trmask::VocabStats, r: &trmask::VocabStats, mask: &[bool]) -> f64 {
+    let f = |s: &trmask::VocabStats| {
+        [
+            s.kl.clone(),
+            s.kl_rev.clone(),
+            s.tv.clone(),
+            s.rollout_entropy.clone(),
+            s.training_entropy.clone(),
+            s.rollout_logp.clone(),
+            s.train_logp.clone(),
+        ]
+    };
+    let (gs, rs) = (f(g), f(r));
+    let mut worst = 0.0f64;
+    for ((gv, rv), (rtol, atol)) in gs.iter().zip(&rs).zip(FIELD_TOL) {
+        for ((&a, &b), _) in gv.iter().zip(rv).zip(mask).filter(|(_, &m)| m) {
+            let ratio = if a.is_infinite() || b.is_infinite() {
+                if a == b {
+                    0.0
+                } else {
+                    f64::INFINITY
+                }
+            } else {
+                (a - b).abs() / (rtol * b.abs() + atol)
+            };
+            worst = worst.max(if ratio.is_nan() { f64::INFINITY } else { ratio });
+        }
+    }
+    worst
+}
+
+/// `--json`: the vocabulary kernel on host logits of the random pair (64 × 32,000 with
+/// `--quick`, else 256 × 151,936), `data/sample/real-small.safetensors` and
+/// `data/causal-sample/logits.safetensors` (run from the repository root): reads per logit of
+/// each (`Context::last_vocab_passes`) and the worst tolerance ratio against the f64 CPU
+/// engine on the same inputs, as one JSON object on stdout.
+fn json_report(gpu: &GpuEngine, cpu: &dyn Engine, quick: bool) -> anyhow::Result<()> {
+    let (rows, vocab) = if quick { (64, 32_000) } else { (256, 151_936) };
+    let (a, b) = pair(rows, vocab);
+    let ids: Vec<i64> = (0..rows).map(|r| ((r * 7919) % vocab) as i64).collect();
+    let mut sets = vec![(
+        "random".to_string(),
+        Logits::from_bytes(a, DType::BF16, rows, vocab)?,
+        Logits::from_bytes(b, DType::BF16, rows, vocab)?,
+        Some(ids),
+        vec![true; rows],
+    )];
+    for (name, path) in [
+        ("data/sample", "data/sample/real-small.safetensors"),
+        (
+            "data/causal-sample",
+            "data/causal-sample/logits.safetensors",
+        ),
+    ] {
+        let batch = trmask::io::read_batch(std::path::Path::new(path))
+            .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+        let mask = batch.segments().mask().to_vec();
+        let (Some(r), Some(o)) = (batch.rollout_logits, batch.old_logits) else {
+            anyhow::bail!("{path}: no logits");
+        };
+        sets.push((name.to_string(), r, o, batch.responses, mask));
+    }
+    let (mut reads, mut ratios) = (Vec::new(), Vec::new());
+    let ctx = gpu.context();
+    for (name, r, o, ids, mask) in &sets {
+        let g = gpu.vocab_divergence(r, o, ids.as_deref(), mask, 1.0)?;
+        let p = ctx
+            .last_vocab_passes()
+            .ok_or_else(|| anyhow::anyhow!("{name}: no pass counts"))?;
+        let c = cpu.vocab_divergence(r, o, ids.as_deref(), mask, 1.0)?;
+        reads.push(format!("\"{name}\": {:.4}", p.reads_per_logit()));
+        ratios.push((name.clone(), tolerance_ratio(&g, &c, mask)));
+    }
+    let worst = ratios.iter().map(|(_, r)| *r).fold(0.0f64, f64::max);
+    let per: Vec<String> = ratios
+        .iter()
+        .map(|(n, r)| format!("\"{n}\": {r:.4}"))
+        .collect();
+    println!(
+        "{{\"adapter\": \"{}\", \"reads_per_logit\": {{{}}}, \"tolerance_ratio\": {{{}}}, \"worst_tolerance_ratio\": {worst:.4}}}",
+        gpu.name().replace('"', "'"),
+        reads.join(", "),
+        per.join(", ")
+    );
     Ok(())
 }
