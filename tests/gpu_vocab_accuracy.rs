@@ -7,6 +7,7 @@
 //! `1e-4·|ref| + 2e-6`, KL / KL_rev / TV within `2e-3·|ref| + 1e-7`.
 
 mod common;
+use common::{vocab_bits as bits, vocab_fields as fields};
 
 use safetensors::SafeTensors;
 use trmask::gpu::{ContextOptions, GpuEngine};
@@ -21,18 +22,6 @@ fn tol(field: &str) -> (f64, f64) {
         "entropy_rollout" | "entropy_trainer" => (1e-4, 1e-6),
         _ => (1e-4, 2e-6),
     }
-}
-
-fn fields(s: &VocabStats) -> [(&'static str, &[f64]); 7] {
-    [
-        ("kl_rollout_trainer", &s.kl),
-        ("kl_trainer_rollout", &s.kl_rev),
-        ("tv", &s.tv),
-        ("entropy_rollout", &s.rollout_entropy),
-        ("entropy_trainer", &s.training_entropy),
-        ("logp_rollout_sampled", &s.rollout_logp),
-        ("logp_trainer_sampled", &s.train_logp),
-    ]
 }
 
 fn tensor_bytes(st: &SafeTensors, name: &str) -> (Vec<u8>, Vec<usize>) {
@@ -142,13 +131,6 @@ fn run(engine: &GpuEngine, s: &Set) -> VocabStats {
     engine
         .vocab_divergence(&s.rollout, &s.train, Some(&s.ids), &mask, 1.0)
         .unwrap_or_else(|e| panic!("{}: {e}", s.name))
-}
-
-fn bits(s: &VocabStats) -> Vec<u64> {
-    fields(s)
-        .iter()
-        .flat_map(|(_, v)| v.iter().map(|x| x.to_bits()))
-        .collect()
 }
 
 #[test]

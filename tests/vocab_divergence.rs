@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Rng;
+use common::{vocab_bits as bits, vocab_fields as fields, Rng};
 use safetensors::SafeTensors;
 use trmask::cpu::CpuEngine;
 use trmask::{DType, Engine, Logits, VocabStats};
@@ -79,18 +79,6 @@ impl Real {
     fn reference(&self, name: &str) -> &[f64] {
         &self.refs.iter().find(|(n, _)| n == name).unwrap().1
     }
-}
-
-fn fields(s: &VocabStats) -> [(&'static str, &[f64]); 7] {
-    [
-        ("kl_rollout_trainer", &s.kl),
-        ("kl_trainer_rollout", &s.kl_rev),
-        ("tv", &s.tv),
-        ("entropy_rollout", &s.rollout_entropy),
-        ("entropy_trainer", &s.training_entropy),
-        ("logp_rollout_sampled", &s.rollout_logp),
-        ("logp_trainer_sampled", &s.train_logp),
-    ]
 }
 
 /// Checks `got` against the real-small references; returns per field the worst relative error
@@ -585,13 +573,6 @@ fn common_support_far_below(engine: &dyn Engine) {
             }
         }
     }
-}
-
-fn bits(s: &VocabStats) -> Vec<u64> {
-    fields(s)
-        .iter()
-        .flat_map(|(_, v)| v.iter().map(|x| x.to_bits()))
-        .collect()
 }
 
 #[test]

@@ -15,11 +15,11 @@ import importlib.metadata
 import importlib.util
 import pathlib
 import sys
-import time
 import types
 
 import numpy as np
 import torch
+from verl_signature import best as timed  # best / median of `repeat` calls
 
 
 def _stub(name, **attrs):
@@ -85,15 +85,6 @@ def batch(b, t, seed=0):
     lengths = torch.randint(1, t + 1, (b,), generator=g)
     mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
     return old, roll, mask
-
-
-def timed(f, repeat):
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return min(times), float(np.median(times))
 
 
 def agree(v, t):

@@ -18,16 +18,7 @@ fn ecdf(v: &[f64]) -> Vec<(f64, f64)> {
 
 /// The whole page for inputs named `a` and `b` as given.
 pub fn render_compare_html(c: &Comparison, a: &str, b: &str) -> String {
-    let mut h = String::from(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>trmask compare</title>\
-         <style>body{font-family:sans-serif;margin:24px;max-width:1240px;color:#222}\
-         h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}\
-         .lead{font-size:16px;background:#f4f4f4;padding:10px}\
-         figure{display:inline-block;margin:6px;width:600px;max-width:100%}\
-         figure svg{width:100%;height:auto}figcaption{text-align:center;font-size:13px}\
-         table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}\
-         </style></head><body>",
-    );
+    let mut h = super::html::page_start("trmask compare");
     let _ = write!(
         h,
         "<h1>trmask compare: A = {} vs B = {}</h1><p class=\"lead\">{}</p>",

@@ -333,19 +333,26 @@ fn lead(s: &Subject) -> String {
 }
 
 /// The whole page.
-pub fn render_html(s: &Subject) -> String {
-    let mut h = String::from(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>trmask report</title>\
-         <style>body{font-family:sans-serif;margin:24px;max-width:1240px;color:#222}\
-         h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}\
-         pre{background:#f4f4f4;padding:10px;font-size:12px;overflow-x:auto}\
-         figure{display:inline-block;vertical-align:top;margin:6px;width:calc(50% - 14px)}\
-         figure svg{width:100%;height:auto}body>svg{width:70%;height:auto}figcaption{text-align:center;font-size:13px}\
-         .lead{font-size:16px;background:#eef4fa;padding:10px 14px;border-left:4px solid #1f6fb4}\
-         table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px}\
-         .bad{color:#c0392b;font-weight:bold}.ok{color:#2e9e4f}.note{font-size:12px;color:#555}\
+/// The head of every trmask HTML page (one stylesheet for the report, compare and trend
+/// pages) up to the opened `<body>`.
+pub(super) fn page_start(title: &str) -> String {
+    format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\
+         <style>body{{font-family:sans-serif;margin:24px;max-width:1240px;color:#222}}\
+         h1{{font-size:22px}}h2{{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}}\
+         pre{{background:#f4f4f4;padding:10px;font-size:12px;overflow-x:auto}}\
+         figure{{display:inline-block;vertical-align:top;margin:6px;width:calc(50% - 14px)}}\
+         figure svg{{width:100%;height:auto}}body>svg{{width:70%;height:auto}}figcaption{{text-align:center;font-size:13px}}\
+         .lead{{font-size:16px;background:#eef4fa;padding:10px 14px;border-left:4px solid #1f6fb4}}\
+         table{{border-collapse:collapse;font-size:12px}}td,th{{border:1px solid #ccc;padding:3px 6px}}\
+         .bad{{color:#c0392b;font-weight:bold}}.ok{{color:#2e9e4f}}.note{{font-size:12px;color:#555}}\
          </style></head><body>",
-    );
+        esc(title)
+    )
+}
+
+pub fn render_html(s: &Subject) -> String {
+    let mut h = page_start("trmask report");
     let _ = write!(h, "<h1>trmask report: {}</h1>", esc(s.input));
     let _ = write!(h, "<p class=\"lead\">{}</p>", esc(&lead(s)));
     let _ = write!(h, "<h2>Summary</h2><pre>{}</pre>", esc(&summary(s, &[])));

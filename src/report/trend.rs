@@ -62,16 +62,7 @@ fn value(s: &Step, key: &str) -> Option<f64> {
 /// The whole page for the run file named `name` as given.
 pub fn render_trend_html(steps: &[Step], name: &str) -> String {
     let jumps = jumps(steps, "trmask/k3_mean");
-    let mut h = String::from(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>trmask run trend</title>\
-         <style>body{font-family:sans-serif;margin:24px;max-width:1240px;color:#222}\
-         h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}\
-         .lead{font-size:16px;background:#f4f4f4;padding:10px}\
-         figure{display:inline-block;margin:6px;width:600px;max-width:100%}\
-         figure svg{width:100%;height:auto}figcaption{text-align:center;font-size:13px}\
-         table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}\
-         </style></head><body>",
-    );
+    let mut h = super::html::page_start("trmask run trend");
     let first = steps.first().map_or(0.0, |s| s.step);
     let last = steps.last().map_or(0.0, |s| s.step);
     let _ = write!(

@@ -224,3 +224,24 @@ pub fn same(a: f64, b: f64) -> bool {
 pub fn close12(a: f64, b: f64) -> bool {
     same(a, b) || (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
 }
+
+/// A vocabulary result's seven per-row fields, named as the references name them.
+pub fn vocab_fields(s: &trmask::VocabStats) -> [(&'static str, &[f64]); 7] {
+    [
+        ("kl_rollout_trainer", &s.kl),
+        ("kl_trainer_rollout", &s.kl_rev),
+        ("tv", &s.tv),
+        ("entropy_rollout", &s.rollout_entropy),
+        ("entropy_trainer", &s.training_entropy),
+        ("logp_rollout_sampled", &s.rollout_logp),
+        ("logp_trainer_sampled", &s.train_logp),
+    ]
+}
+
+/// Every field's bits, in `vocab_fields` order (for bit-identity checks).
+pub fn vocab_bits(s: &trmask::VocabStats) -> Vec<u64> {
+    vocab_fields(s)
+        .iter()
+        .flat_map(|(_, v)| v.iter().map(|x| x.to_bits()))
+        .collect()
+}
