@@ -5,7 +5,7 @@
 //! `python3 scripts/verl_fuzz.py regress data/verl-fuzz`; this test runs the CLI
 //! (`trmask analyze --backend cpu`) for every config of the golden catalogue.
 //!
-//! Tolerances (SPEC §9): rtol 1e-9; fractions verl rounds to f32 atol 2e-7; `*_std` compared
+//! Tolerances (docs/FORMAT.md, Accuracy): rtol 1e-9; fractions verl rounds to f32 atol 2e-7; `*_std` compared
 //! via the variance (the std of near-constant values is rounding-dominated, see `std_var_tol`);
 //! atol 1e-15 for means of cancelling terms (e.g. `log_ppl_diff` of `uniform_shift`).
 

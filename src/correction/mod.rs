@@ -41,7 +41,7 @@
 //! `modified_response_mask` is the AND of, per valid token: every `rollout_rs` criterion
 //! (a sequence criterion rejects all tokens of its sequence, a `token_*` criterion only its
 //! token), the token veto, and — when the config has a `dppo` block — the DPPO / PDM keep mask
-//! of `trmask::topk::dppo_mask` (SPEC §7; needs the rollout top-K, `responses`, `old_logits`
+//! of `trmask::topk::dppo_mask` (docs/FORMAT.md, DPPO; needs the rollout top-K, `responses`, `old_logits`
 //! and `advantages`). The DPPO mask drops single tokens only: it never rejects a sequence, so
 //! it sets no bit of `seq_reject_bits` and leaves `seq_accept`, verl's `rollout_corr/*` RS
 //! metrics and the per-criterion `trmask/reject_rate/*` unchanged; `trmask/token_reject_rate`
