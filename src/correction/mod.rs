@@ -5,7 +5,7 @@
 //! config): token statistics, the per-sequence reduction of every criterion's statistic, the
 //! per-criterion keep decisions, the modified mask and the IS weights before batch
 //! normalisation. On the GPU that is one submission (`shaders/masks.wgsl`); on the CPU it is the
-//! f64 reference (`cpu/masks.rs`). The host then finishes batch normalisation, the token veto
+//! f64 reference (`passes/corrections.rs`). The host then finishes batch normalisation, the token veto
 //! and every metric in f64 from the per-token / per-sequence results and the [`StatTable`](crate::stats::StatTable)
 //! (host reductions, no device round trip per metric). verl's quirks (`mmean = Σ / (L + 1e-8)`, means over all
 //! B rows including empty ones, float32-rounded fractions) are applied on top of exact sums and
