@@ -1,5 +1,5 @@
 //! KPop (`rollout_rs: "binary_kl"`): both engines against the independent mpmath oracle
-//! `scripts/kpop_oracle.py` (fixture `data/kpop/oracle.json`, 480 tokens, 189 with p and q
+//! `scripts/dev/kpop_oracle.py` (fixture `data/kpop/oracle.json`, 480 tokens, 189 with p and q
 //! within 1e-9 of 1, 23 with a log-prob of exactly 0). CPU: masks equal, values within 1e-12
 //! relative. GPU: values within docs/FORMAT.md's relative 2e-3 (Accuracy) (no absolute slack, so the 1e-10-sized
 //! values near p = q = 1 are really checked), masks equal away from ties. Also: the naive

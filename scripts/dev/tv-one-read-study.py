@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How many rows could a one-read vocabulary kernel finish without re-reading them for TV?
 
-Usage: scripts/tv-one-read-study.py FILE.safetensors [FILE …] [--rows N] [--block B]
+Usage: scripts/dev/tv-one-read-study.py FILE.safetensors [FILE …] [--rows N] [--block B]
 
 For each row pair (rollout_logits, old_logits; temperature 1) this computes, in float64 with
 numpy, what a one-read kernel would know at the end of the row and whether that bounds TV within
