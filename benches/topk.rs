@@ -1,4 +1,4 @@
-//! Top-K divergence (SPEC §7): the fused kernel (one streaming pass over each trainer-logits row:
+//! Top-K divergence (docs/FORMAT.md, DPPO): the fused kernel (one streaming pass over each trainer-logits row:
 //! log-sum-exp plus a gather on the support S) against the two-step approach (materialise the
 //! full `[N, V]` log-softmax, then gather — what Python stacks do), in one criterion group.
 //! Throughput is bytes of trainer logits read. `TRMASK_BENCH_FULL=1`: 2048 rows.

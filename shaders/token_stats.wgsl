@@ -1,4 +1,4 @@
-// Per-token estimators of KL(pi_roll || pi_train) (SPEC §1), one thread per slot.
+// Per-token estimators of KL(pi_roll || pi_train) (docs/FORMAT.md, log-ratio), one thread per slot.
 // Input: the log-ratio lr = train - roll (computed on the
 // host in f64 and rounded once to f32) and the packed validity mask. Output (SoA, 7 x count):
 // log_ratio, rho, k1, k2, k3, abs, ser; invalid slots hold 0 and their input is never read.

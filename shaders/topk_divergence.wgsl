@@ -1,4 +1,4 @@
-// Top-K divergences (SPEC §7): one workgroup per row, one streaming pass over the trainer
+// Top-K divergences (docs/FORMAT.md, DPPO): one workgroup per row, one streaming pass over the trainer
 // logits row. Mirrors src/cpu/topk_divergence.rs; host side in src/gpu/topk_divergence.rs.
 //
 // Composed as: common/prelude.wgsl + common/math.wgsl + common/two_sum.wgsl +

@@ -1,5 +1,5 @@
 //! One call from a batch to every per-token and per-sequence output and every metric
-//! (SPEC §4), on any [`Engine`].
+//! (docs/FORMAT.md, Outputs), on any [`Engine`].
 
 use crate::batch::Batch;
 use crate::certificate::{certificate_finish, certificate_partial, Certificate};
@@ -32,7 +32,7 @@ pub struct Analysis {
     pub sweeps: Vec<crate::sweep::Sweep>,
 }
 
-/// Per-token outputs of SPEC §4 written by `trmask analyze` (`ddot` is added as a copy of
+/// Per-token outputs (docs/FORMAT.md, Outputs) written by `trmask analyze` (`ddot` is added as a copy of
 /// the one the configured DPPO / PDM direction uses, see [`ddot_used`]).
 pub const TOKEN_OUTPUTS: [&str; 14] = [
     "log_ratio",

@@ -95,7 +95,7 @@ impl Segments {
     }
 }
 
-/// A batch of responses: the layout plus whichever SPEC §3 tensors were given.
+/// A batch of responses: the layout plus whichever input tensors (docs/FORMAT.md) were given.
 ///
 /// Build it with [`Batch::padded`] or [`Batch::packed`], attach tensors with the `with_*`
 /// methods (each checks its shape) and call [`Batch::validate`] (done by every computation).
@@ -279,7 +279,7 @@ impl Batch {
         Ok(())
     }
 
-    /// Attaches a per-token f64 tensor by its SPEC §3 name
+    /// Attaches a per-token f64 tensor by its docs/FORMAT.md name
     /// (`rollout_log_prob`, `old_log_prob`, `log_prob`, `advantages`).
     pub fn with_log_probs(mut self, name: &str, values: Vec<f64>) -> Result<Self> {
         self.check_token_shape(name, values.len())?;

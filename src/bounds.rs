@@ -1,5 +1,5 @@
 //! Worst-case error bounds on the surrogate objective under rollout/trainer mismatch
-//! (Li et al., *Trust Region Masking*, arXiv 2512.23075; SPEC §8).
+//! (Li et al., *Trust Region Masking*, arXiv 2512.23075; docs/FORMAT.md (Bound certificate)).
 //!
 //! `T` is the horizon (response length), rewards lie in `[0, 1]`, `δ` bounds the per-token
 //! KL divergence `D_KL^tok`, `ε` the per-token total variation `D_TV^tok`, `D_KL^seq` and
@@ -255,7 +255,7 @@ pub fn ser_score(rho: &[f64]) -> f64 {
     sum(rho.iter().map(|r| (r - 1.0).abs())) / rho.len() as f64
 }
 
-/// What the bounds are computed from (the flags of `trmask bounds`, SPEC §10).
+/// What the bounds are computed from (the flags of `trmask bounds`).
 ///
 /// `None` means "not measured": [`compute`] fills it by the paper's relaxations
 /// (see the [module docs](self)).
@@ -358,7 +358,7 @@ pub struct ResolvedInputs {
     pub dbar: Dbar,
 }
 
-/// Every bound of SPEC §8 for one set of inputs. Serializes to JSON with the keys
+/// Every bound of docs/FORMAT.md (Bound certificate) for one set of inputs. Serializes to JSON with the keys
 /// `classical_kl`, `classical_tv`, `pm_kl`, `pm_tv`, `mix_kl`, `mix_tv`, `coupling`,
 /// `adaptive_kl`, `adaptive_tv`, `adaptive`, `unified`, `argmin`, `filled`, `inputs`.
 #[derive(Debug, Clone, PartialEq, Serialize)]

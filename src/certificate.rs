@@ -1,4 +1,4 @@
-//! The TRM paper's bounds as a per-batch certificate (issue 6, SPEC §8).
+//! The TRM paper's bounds as a per-batch certificate (docs/FORMAT.md, Bound certificate).
 //!
 //! From one batch trmask estimates the bound inputs and reports the unified bound B* over all
 //! sequences and over the accepted ones:

@@ -66,7 +66,7 @@ pub trait Engine: Send + Sync {
         temperature: f64,
     ) -> Result<VocabStats>;
 
-    /// Per-slot top-K divergences (SPEC §7, [`crate::topk`]): the batch's rollout top-K
+    /// Per-slot top-K divergences (docs/FORMAT.md, DPPO, [`crate::topk`]): the batch's rollout top-K
     /// (`rollout_topk_ids`, `rollout_topk_log_prob`, `responses`, and `rollout_log_prob` where
     /// y ∉ top-K) against `trainer` on the support `support`. Errors name the tensor and row.
     fn topk_divergence(

@@ -92,7 +92,7 @@ pub mod numerics {
     pub use crate::math::*;
 }
 
-/// Top-K divergences and the DPPO / Predictive Divergence token masks (SPEC §7).
+/// Top-K divergences and the DPPO / Predictive Divergence token masks (docs/FORMAT.md, DPPO).
 pub mod topk {
     pub use crate::config::DppoConfig;
     pub use crate::correction::dppo::dppo_mask;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 /// verl's `SAFETY_BOUND`: log-ratios are clamped to ±20 before `exp` and in k1/k2/k3.
 pub const SAFETY_BOUND: f64 = 20.0;
 
-/// Per-token estimators of KL(π_roll‖π_train) from sampled-token log-probs (SPEC §1).
+/// Per-token estimators of KL(π_roll‖π_train) from sampled-token log-probs (docs/FORMAT.md, log-ratio).
 ///
 /// Every vector has one value per slot; invalid (masked / padding) slots hold 0.
 /// With `lr = train − roll` and `c = clamp(lr, ±20)`: `log_ratio = lr` (unclamped),
@@ -42,7 +42,7 @@ pub struct SegmentStats {
     pub count: Vec<u32>,
 }
 
-/// Exact per-token divergences over the whole vocabulary (SPEC §4), one value per slot,
+/// Exact per-token divergences over the whole vocabulary (docs/FORMAT.md, Outputs), one value per slot,
 /// 0 at invalid slots. `rollout_logp` / `train_logp` are the log-probs of `responses[t]`
 /// (0 when no responses were given).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -132,7 +132,7 @@ pub enum TopkSupport {
 /// Per-slot top-K statistics (one value per slot; every field is 0 at invalid slots).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TopkStats {
-    /// KL(μ‖π) of the reduced distributions (S entries plus the tail), SPEC §7.
+    /// KL(μ‖π) of the reduced distributions (S entries plus the tail), docs/FORMAT.md (DPPO).
     pub topk_kl: Vec<f64>,
     /// Total variation of the reduced distributions.
     pub topk_tv: Vec<f64>,

@@ -1,4 +1,4 @@
-//! Top-K divergences and the DPPO / Predictive Divergence token masks (SPEC §7).
+//! Top-K divergences and the DPPO / Predictive Divergence token masks (docs/FORMAT.md, DPPO).
 //!
 //! The rollout engine reports its top-K (vLLM `logprobs=K`): ids `rollout_topk_ids [slots, K]`
 //! and log-probs `rollout_topk_log_prob [slots, K]`. Per valid slot t, with y = `responses[t]`:
@@ -19,7 +19,7 @@
 //!   `ddot = (π_y − μ_y) + Σ_S π_i (μ_i − π_i) + tail` with `tail = π̂ (μ̂ − π̂)` (aggregated) or
 //!   `tail / (V − |S|)` (uniform; 0 when V = |S|).
 //!
-//! The clamp follows SPEC §7 literally: where both tails are below 1e-12 the tail term of
+//! The clamp follows docs/FORMAT.md's top-K formulas literally: where both tails are below 1e-12 the tail term of
 //! `topk_kl` vanishes, so `topk_kl` can differ from the exact reduced KL by
 //! `μ_tail |log(μ_tail/π_tail)|` (≈ 1e-14 on the real-data sample, whose smallest tails are
 //! 1e-32). [`TopkStats`](crate::stats::TopkStats) reports the unclamped tails.
@@ -59,7 +59,7 @@ use crate::logits::Logits;
 use crate::math::log_sum_exp;
 use crate::stats::TopkSupport;
 
-/// Tails are clamped to at least this inside the divergences (SPEC §7).
+/// Tails are clamped to at least this inside the divergences (docs/FORMAT.md, DPPO).
 pub const TAIL_FLOOR: f64 = 1e-12;
 
 /// Largest admissible `Σ_S μ` (and `Σ_S π` for trainer log-probs given on S): `1 + 1e-5`.
@@ -135,7 +135,7 @@ pub struct PreparedSupport {
     pub len: Vec<u32>,
 }
 
-/// Checks the top-K inputs and builds S for every valid slot (SPEC §7 validation): K ≥ 1,
+/// Checks the top-K inputs and builds S for every valid slot (validation): K ≥ 1,
 /// ids in `[0, V)`, no duplicate id in a row, finite log-probs, `Σ_S μ ≤ 1 + 1e-5` (and
 /// `Σ_S π` likewise for trainer log-probs). Invalid slots are never read.
 pub fn prepare_support(

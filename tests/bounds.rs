@@ -1,4 +1,4 @@
-//! Bounds of SPEC §8 and the LN-TRM / SER certificates: the spec's check values, filling of
+//! Bounds of docs/FORMAT.md (Bound certificate) and the LN-TRM / SER certificates: the spec's check values, filling of
 //! missing inputs, validation, and a brute-force cross-check of every sum.
 
 use trmask::bounds::{

@@ -304,7 +304,7 @@ fn matches_cpu_through_the_binary(backend: &str) {
     assert_eq!(g["seq_accept"], c["seq_accept"]);
 }
 
-/// SPEC §6: `rollout_is` with `rollout_is_threshold: null` skips IS as verl does (no weights,
+/// docs/FORMAT.md (Config): `rollout_is` with `rollout_is_threshold: null` skips IS as verl does (no weights,
 /// the mask and metrics of the same config without IS) with one `warning:` line.
 #[test]
 fn null_is_threshold_skips_importance_weighting_with_a_warning() {
@@ -357,7 +357,7 @@ fn null_is_threshold_skips_importance_weighting_with_a_warning() {
     assert_eq!(results[1], results[2]);
 }
 
-/// SPEC §2: empty sequences are legal, so a packed safetensors batch may hold more sequences
+/// docs/FORMAT.md (Layout): empty sequences are legal, so a packed safetensors batch may hold more sequences
 /// than tokens (as JSON always could).
 #[test]
 fn packed_batch_with_more_sequences_than_tokens() {
@@ -412,7 +412,7 @@ fn packed_batch_with_more_sequences_than_tokens() {
         common::json_flatten(&out["seq_len"]),
         vec![0.0, 1.0, 0.0, 1.0]
     );
-    // offsets are int32 / int64 (SPEC §2)
+    // offsets are int32 / int64 (docs/FORMAT.md, Layout)
     let p = file("cu-f32.safetensors", &[0.0, 1.0, 2.0], D::F32);
     assert_bad(
         run(&["analyze", p.to_str().unwrap(), "--backend", "cpu"]),
@@ -428,7 +428,7 @@ fn packed_batch_with_more_sequences_than_tokens() {
     );
 }
 
-/// SPEC §3: null at padding is accepted in logits too (a null at a valid row is an error
+/// docs/FORMAT.md (Input tensors): null at padding is accepted in logits too (a null at a valid row is an error
 /// naming the tensor); verl's string `uid`s are group labels; booleans only in the mask.
 #[test]
 fn json_nulls_labels_and_booleans() {

@@ -14,7 +14,7 @@ fn run(args: &[&str]) -> (i32, String, String) {
     common::run_trmask(args)
 }
 
-/// A padded [6, 9] batch with SPEC names; `nan_pad` puts NaN (as Python writes it: a bare
+/// A padded [6, 9] batch with docs/FORMAT.md's names; `nan_pad` puts NaN (as Python writes it: a bare
 /// literal, added by the caller) at padding, else plain numbers.
 fn batch(seed: u64) -> Map<String, Value> {
     let mut r = common::Rng::new(seed);
@@ -90,7 +90,7 @@ fn verl_and_trl_names_give_the_spec_metrics() {
     let spec = Value::Object(base.clone()).to_string();
     let (code, _, err, want) = analyze_metrics("spec.json", &spec, &[]);
     assert_eq!(code, 0, "{err}");
-    assert!(!err.contains("input:"), "no mapping for SPEC names: {err}");
+    assert!(!err.contains("input:"), "no mapping for plain names: {err}");
     let verl = renamed(
         &base,
         &[

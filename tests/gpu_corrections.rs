@@ -1,7 +1,7 @@
 //! The fused corrections pass (`Engine::corrections_pass`): the GPU engine (one submission:
 //! token stats, per-sequence reductions, decisions, mask, IS weights) against the f64 CPU
 //! reference on random batches for several plans; masks may differ only where the reference
-//! statistic is within `2e-5·|thr| + 2e-6` of its threshold (SPEC §9). Also: padded and packed
+//! statistic is within `2e-5·|thr| + 2e-6` of its threshold (docs/FORMAT.md, Accuracy). Also: padded and packed
 //! layouts give identical results, NaN/garbage in the padding is never read, chunked and
 //! fallback paths agree, and steady-state calls reuse pooled device buffers.
 

@@ -100,7 +100,7 @@ fn close(got: f64, want: f64, what: &str) {
 }
 
 /// `tol` = (rtol, atol) of the per-token estimator means: the table's estimators are f64 on the
-/// CPU and f32 on the GPU (SPEC §9); everything derived from decisions is exact on both.
+/// CPU and f32 on the GPU (docs/FORMAT.md, Accuracy); everything derived from decisions is exact on both.
 fn check(c: &Case, out: &Corrections, m: &BTreeMap<String, f64>, who: &str, tol: (f64, f64)) {
     let near = |got: f64, want: f64, what: &str| {
         assert!(

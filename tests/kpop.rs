@@ -1,7 +1,7 @@
 //! KPop (`rollout_rs: "binary_kl"`): both engines against the independent mpmath oracle
-//! `scripts/kpop_oracle.py` (fixture `data/kpop/oracle.json`, 480 tokens, 189 with p and q
+//! `scripts/dev/kpop_oracle.py` (fixture `data/kpop/oracle.json`, 480 tokens, 189 with p and q
 //! within 1e-9 of 1, 23 with a log-prob of exactly 0). CPU: masks equal, values within 1e-12
-//! relative. GPU: values within SPEC §9's relative 2e-3 (no absolute slack, so the 1e-10-sized
+//! relative. GPU: values within docs/FORMAT.md's relative 2e-3 (Accuracy) (no absolute slack, so the 1e-10-sized
 //! values near p = q = 1 are really checked), masks equal away from ties. Also: the naive
 //! formula on rounded p loses every digit there, and the config spellings and metrics.
 
@@ -167,7 +167,7 @@ fn gpu_values_and_masks_match_the_mpmath_oracle() {
     let mut worst = 0f64;
     for i in 0..n {
         let v = raw.seq_stat[2][i];
-        // SPEC §9 (2e-3 relative); the absolute 1e-7 only where the value is not tiny
+        // docs/FORMAT.md (Accuracy) (2e-3 relative); the absolute 1e-7 only where the value is not tiny
         let tol = 2e-3 * o.val[i].abs() + if o.near_one[i] { 0.0 } else { 1e-7 };
         assert!(
             (v - o.val[i]).abs() <= tol,

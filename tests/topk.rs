@@ -1,4 +1,4 @@
-//! Top-K divergences and DPPO / PDM masks (SPEC §7) on the CPU reference path.
+//! Top-K divergences and DPPO / PDM masks (docs/FORMAT.md, DPPO) on the CPU reference path.
 
 mod common;
 
@@ -138,7 +138,7 @@ impl Real {
 }
 
 /// Independent float64 reference, written the naive way: full softmax of both rows, gather
-/// on S (given explicitly), direct tail sums over v ∉ S, the SPEC §7 formulas verbatim.
+/// on S (given explicitly), direct tail sums over v ∉ S, docs/FORMAT.md's formulas verbatim.
 struct Naive {
     kl: f64,
     tv: f64,
@@ -919,7 +919,7 @@ fn gpu_errors_and_infinities() {
     assert!(engine.topk_divergence(&b, TopkSupport::Union, tr).is_err());
 }
 
-/// SPEC §3: logits without log-probs give the sampled-token log-probs, also where y_t is
+/// docs/FORMAT.md (Input tensors): logits without log-probs give the sampled-token log-probs, also where y_t is
 /// outside the rollout top-K (the support then needs log π_roll(y_t)).
 #[test]
 fn logits_without_log_probs_give_the_support_its_sampled_log_prob() {

@@ -1,11 +1,11 @@
 //! Held-back-like verl inputs (`mixed`, `large`, `uniform_shift` look-alikes and extremes:
 //! one non-empty row, B = 1, T = 1) against stored outputs of an independent numpy float64
-//! transcription of verl HEAD (`scripts/verl_oracle.py`, itself checked against every case of
+//! transcription of verl HEAD (`scripts/dev/verl_oracle.py`, itself checked against every case of
 //! `data/verl-golden/head/rollout_corr__*.json`). The data is produced by
-//! `python3 scripts/verl_fuzz.py regress data/verl-fuzz`; this test runs the CLI
+//! `python3 scripts/dev/verl_fuzz.py regress data/verl-fuzz`; this test runs the CLI
 //! (`trmask analyze --backend cpu`) for every config of the golden catalogue.
 //!
-//! Tolerances (SPEC §9): rtol 1e-9; fractions verl rounds to f32 atol 2e-7; `*_std` compared
+//! Tolerances (docs/FORMAT.md, Accuracy): rtol 1e-9; fractions verl rounds to f32 atol 2e-7; `*_std` compared
 //! via the variance (the std of near-constant values is rounding-dominated, see `std_var_tol`);
 //! atol 1e-15 for means of cancelling terms (e.g. `log_ppl_diff` of `uniform_shift`).
 

@@ -61,7 +61,7 @@ impl Tol {
     ///   pure rounding, ~sqrt(ε·M²) ≈ 3e-4 for M ≈ 1, whatever its true value. So the std
     ///   passes when the variances agree to `16·ε_f32·M²` (4 ε for each of the two squares on
     ///   each side: ours and, for sets with a float32 run, verl's own float32 result).
-    /// * Masks: SPEC §9 lets a mask differ only where the statistic is within tolerance of its
+    /// * Masks: docs/FORMAT.md (Accuracy) lets a mask differ only where the statistic is within tolerance of its
     ///   threshold. A flipped token passes only when verl's captured per-token / per-sequence
     ///   statistic of the criterion is within `2e-5·|thr| + 2e-6` of that criterion's
     ///   threshold (e.g. `verl_test_icepop_loss/rs_token_k2_0.02`: k2 = 0.02 exactly in f64,
@@ -127,7 +127,7 @@ struct Produced {
     metrics: BTreeMap<String, f64>,
 }
 
-/// Near-threshold test of SPEC §9 for the tie rule.
+/// Near-threshold test of the tie rule (docs/FORMAT.md, Accuracy).
 fn near(x: f64, thr: f64) -> bool {
     (x - thr).abs() <= 2e-5 * thr.abs() + 2e-6
 }

@@ -537,7 +537,7 @@ fn cpu_fast_common_support_far_below_the_other_sides_maximum() {
 /// below that side's maximum: the elements of the common support where `u < −30` carry the
 /// whole divergence, and their weights must be taken relative to the common support's maximum
 /// (relative to the row's maximum they underflow: f32 at ~90 nats, f64 at ~745). Checked
-/// against the f64 reference at 1e-5 (the GPU's rounding), far inside SPEC's 2e-3.
+/// against the f64 reference at 1e-5 (the GPU's rounding), far inside the documented 2e-3.
 fn common_support_far_below(engine: &dyn Engine) {
     let ninf = f32::NEG_INFINITY;
     for gap in [100.0f32, 1000.0] {
@@ -710,7 +710,7 @@ fn gpu_more_rows_than_one_dispatch_dimension_and_odd_workgroup() {
     run_case(&odd, &c, 1.0, 1.0, &format!("wg 192 seed {}", seed + 1));
 }
 
-/// The `cpu-fast` precision keeps the rule of SPEC §7: a KL of 1e-7 stays resolvable (to
+/// The `cpu-fast` precision keeps the rule of docs/FORMAT.md (Accuracy): a KL of 1e-7 stays resolvable (to
 /// 2e-3 relative, not just under the 1e-7 absolute tolerance) next to logits of magnitude
 /// 100 (f32 inputs; bf16 / f16 inputs at their own spacing), at τ ≠ 1 too; rows with −∞ entries take the f64 path and equal
 /// the reference to the bit.

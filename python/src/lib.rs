@@ -365,7 +365,7 @@ fn vocab_divergence<'py>(
     Ok(out)
 }
 
-/// Top-K divergences (SPEC §7) of the rollout's top-K against the trainer's logits.
+/// Top-K divergences (docs/FORMAT.md, DPPO) of the rollout's top-K against the trainer's logits.
 #[pyfunction]
 fn topk_divergence<'py>(
     py: Python<'py>,

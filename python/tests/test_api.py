@@ -296,7 +296,7 @@ def test_import_outside_the_repo(tmp_path):
 
 
 def test_null_is_threshold_skips_is_with_a_warning():
-    # SPEC §6: verl weights only when rollout_is and its threshold are both set
+    # docs/FORMAT.md (Config): verl weights only when rollout_is and its threshold are both set
     kw = dict(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.05, backend="cpu")
     with pytest.warns(UserWarning, match="rollout_is_threshold is null"):
         w, m, metrics = trmask.compute_rollout_correction_and_rejection_mask(

@@ -2,7 +2,7 @@
 data/verl-golden/{head,legacy}/rollout_corr__*.json (the same cases tests/verl_golden.rs runs)
 through trmask.compute_rollout_correction_and_rejection_mask, with the Rust test's tolerances:
 CPU against verl's float64 outputs at rtol 1e-9, GPU (f32) against verl's float32 outputs at
-2e-5·|ref| + 2e-6 with SPEC §9's tie rule for mask flips."""
+2e-5·|ref| + 2e-6 with the tie rule of docs/FORMAT.md (Accuracy) for mask flips."""
 
 import glob
 import json

@@ -13,7 +13,7 @@ const BAD_SENTINEL: f32 = 3.0e38;
 // (EMPTY_MAX - x) * (1 / temperature) stays finite, so rescaling an empty state never makes
 // 0 * inf.
 const EMPTY_MAX: f32 = -1.0e30;
-// verl's clamp of the log-ratio before exp and in k1/k2/k3 (SPEC §1).
+// verl's clamp of the log-ratio before exp and in k1/k2/k3 (docs/FORMAT.md, log-ratio).
 const SAFETY_BOUND: f32 = 20.0;
 
 fn is_neg_inf(x: f32) -> bool {
@@ -70,7 +70,7 @@ fn log1p_acc(x: f32) -> f32 {
     return log(1.0 + x);
 }
 
-// The seven per-token estimators of SPEC §1, in output order: log_ratio (unclamped), rho, k1,
+// The seven per-token estimators of docs/FORMAT.md, in output order: log_ratio (unclamped), rho, k1,
 // k2, k3, abs, ser, from lr = log pi_train - log pi_roll clamped to +-SAFETY_BOUND (verl).
 fn estimators(lr: f32) -> array<f32, 7> {
     let c = clamp(lr, -SAFETY_BOUND, SAFETY_BOUND);

@@ -4,7 +4,7 @@ use crate::error::{Error, Result};
 use crate::stats::{DppoDirection, TopkDivergence, TopkSupport};
 use serde::{Deserialize, Serialize};
 
-/// The `dppo` configuration block (SPEC §10):
+/// The `dppo` configuration block (docs/FORMAT.md, Config):
 /// `{"divergence": "topk_kl"|"topk_tv", "delta": δ, "delta_low": δ_low, "delta_high": δ_high,
 ///   "direction": "ratio"|"predictive_aggregated"|"predictive_uniform",
 ///   "top_k_support": "union"|"replace_kth"}` (`support` is accepted for `top_k_support`).

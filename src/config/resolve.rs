@@ -14,7 +14,7 @@ impl CorrectionConfig {
         if self.legacy {
             return self.resolve_legacy();
         }
-        // verl weights only when both are set: a null threshold skips IS (SPEC §6; the
+        // verl weights only when both are set: a null threshold skips IS (docs/FORMAT.md, Config; the
         // `warning:` line is `warnings()`'s)
         let is = match (self.rollout_is, &self.rollout_is_threshold) {
             (Some(level), Some(spec)) => {

@@ -49,7 +49,7 @@ pub struct CorrectionConfig {
     pub temperature: f64,
     pub ln_trm: Option<LnTrm>,
     pub token_veto: Option<f64>,
-    /// The DPPO / PDM token mask (SPEC §7), ANDed into `modified_response_mask`.
+    /// The DPPO / PDM token mask (docs/FORMAT.md, DPPO), ANDed into `modified_response_mask`.
     pub dppo: Option<DppoConfig>,
     /// verl's legacy API (commit 9b718e1a, before PR #4544): `rollout_rs` ∈ {token, sequence,
     /// geometric} with `rollout_rs_threshold` / `rollout_rs_threshold_lower` on the IS ratio,

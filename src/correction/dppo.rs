@@ -1,4 +1,4 @@
-//! The DPPO / PDM token mask (SPEC §7) and its `trmask/*` metrics.
+//! The DPPO / PDM token mask (docs/FORMAT.md, DPPO) and its `trmask/*` metrics.
 
 use crate::batch::Batch;
 use crate::config::DppoConfig;

@@ -127,7 +127,7 @@ pub(crate) fn compute_partial(
         });
     }
 
-    // ---- DPPO / PDM token mask (SPEC §7): ANDed in, no sequence decision ----
+    // ---- DPPO / PDM token mask (docs/FORMAT.md, DPPO): ANDed in, no sequence decision ----
     if let Some(d) = &cfg.dppo {
         dppo_keep(batch, table, d, &mut keep, &mut metrics)?;
     }

@@ -5,7 +5,7 @@
 //! config): token statistics, the per-sequence reduction of every criterion's statistic, the
 //! per-criterion keep decisions, the modified mask and the IS weights before batch
 //! normalisation. On the GPU that is one submission (`shaders/masks.wgsl`); on the CPU it is the
-//! f64 reference (`cpu/masks.rs`). The host then finishes batch normalisation, the token veto
+//! f64 reference (`passes/corrections.rs`). The host then finishes batch normalisation, the token veto
 //! and every metric in f64 from the per-token / per-sequence results and the [`StatTable`](crate::stats::StatTable)
 //! (host reductions, no device round trip per metric). verl's quirks (`mmean = Σ / (L + 1e-8)`, means over all
 //! B rows including empty ones, float32-rounded fractions) are applied on top of exact sums and
@@ -41,7 +41,7 @@
 //! `modified_response_mask` is the AND of, per valid token: every `rollout_rs` criterion
 //! (a sequence criterion rejects all tokens of its sequence, a `token_*` criterion only its
 //! token), the token veto, and — when the config has a `dppo` block — the DPPO / PDM keep mask
-//! of `trmask::topk::dppo_mask` (SPEC §7; needs the rollout top-K, `responses`, `old_logits`
+//! of `trmask::topk::dppo_mask` (docs/FORMAT.md, DPPO; needs the rollout top-K, `responses`, `old_logits`
 //! and `advantages`). The DPPO mask drops single tokens only: it never rejects a sequence, so
 //! it sets no bit of `seq_reject_bits` and leaves `seq_accept`, verl's `rollout_corr/*` RS
 //! metrics and the per-criterion `trmask/reject_rate/*` unchanged; `trmask/token_reject_rate`

@@ -1,4 +1,4 @@
-//! Per-token estimators (SPEC §1), f64.
+//! Per-token estimators (docs/FORMAT.md, log-ratio), f64.
 
 use crate::math::k3_from_log_ratio;
 use crate::stats::{TokenStats, SAFETY_BOUND};

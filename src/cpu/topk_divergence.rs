@@ -1,4 +1,4 @@
-//! Top-K divergences (SPEC §7), f64, cancellation-free, parallel over rows.
+//! Top-K divergences (docs/FORMAT.md, DPPO), f64, cancellation-free, parallel over rows.
 //!
 //! With `d_i = log π_i − log μ_i` on S and the true tails `μ_t = 1 − Σ_S μ`, `π_t = 1 − Σ_S π`:
 //! `Σ_S μ_i (log μ_i − log π_i) = Σ_S μ_i k3(d_i) − (μ_t − π_t)` where `k3(d) = expm1(d) − d ≥ 0`

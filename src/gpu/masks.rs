@@ -1,4 +1,4 @@
-//! The fused corrections pass on the GPU (`shaders/masks.wgsl`); mirrors `cpu/masks.rs`.
+//! The fused corrections pass on the GPU (`shaders/masks.wgsl`); mirrors `passes/corrections.rs`.
 //!
 //! One workgroup per sequence, all chunks in one [`Context::run`] submission: per-token
 //! estimators → per-sequence reductions of every criterion's statistic (compensated sums,

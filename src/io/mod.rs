@@ -385,7 +385,7 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
                     dtype,
                 } => Logits::mapped(map, offset, len, dtype, rows, vocab),
                 LogitsSource::Values(v, nulls) => {
-                    // a null row of logits is legal only at padding (SPEC §3), like NaN there
+                    // a null row of logits is legal only at padding (docs/FORMAT.md, Input tensors), like NaN there
                     let valid_null = nulls
                         .iter()
                         .find(|&&i| mask.get(i / vocab.max(1)).copied().unwrap_or(true));

@@ -134,7 +134,7 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
             };
             raw.logits.insert(name.clone(), (shape, src));
         } else {
-            // SPEC §2: offsets are int32 / int64 (a float or byte-wide tensor is a mix-up)
+            // docs/FORMAT.md (Layout): offsets are int32 / int64 (a float or byte-wide tensor is a mix-up)
             if name == "cu_seqlens"
                 && !matches!(
                     view.dtype(),

@@ -138,7 +138,7 @@ fn table_inner(
     let mut derived: Option<(Vec<f64>, Vec<f64>)> = None;
     if let (Some(r), Some(o)) = (&batch.rollout_logits, &batch.old_logits) {
         // π_train(y) = 0 makes KL(π_roll‖π_train) infinite and the sampled log-ratio −∞
-        // (non-finite log-probs are errors, SPEC §2): one verdict on every engine.
+        // (non-finite log-probs are errors, docs/FORMAT.md (Layout)): one verdict on every engine.
         if let Some(ids) = batch.responses.as_deref() {
             if let Some(i) = crate::logits::impossible_sample(o, ids, mask) {
                 return Err(Error::input(
@@ -167,7 +167,7 @@ fn table_inner(
             .stats
             .insert("training_entropy".into(), v.training_entropy);
     }
-    // Without log-probs, the sampled-token log-probs come from the logits (SPEC §3: a
+    // Without log-probs, the sampled-token log-probs come from the logits (docs/FORMAT.md, Input tensors: a
     // log-softmax gather of `responses`), else, for the rollout, from its top-K where every
     // valid y_t is among it.
     let mut roll = batch
@@ -178,7 +178,7 @@ fn table_inner(
     let from_topk;
     if roll.is_none() {
         from_topk = match (&batch.rollout_logits, &batch.responses) {
-            // SPEC §3: logits without log-probs give the sampled-token log-probs
+            // docs/FORMAT.md (Input tensors): logits without log-probs give the sampled-token log-probs
             (Some(logits), Some(y)) => Some(sampled_log_probs(
                 batch,
                 ("rollout_logits", logits),

@@ -104,7 +104,7 @@ def main():
         lengths.append(k)
         left -= k
     doc = {
-        "description": "KPop oracle (scripts/kpop_oracle.py, mpmath 60 digits): "
+        "description": "KPop oracle (scripts/dev/kpop_oracle.py, mpmath 60 digits): "
         "binary_kl = max(D_B(p||q), D_B(q||p)), p = exp(old_log_prob), q = exp(rollout_log_prob); "
         "log-prob >= 0 counts as p = 1 - 1e-8",
         "seed": seed,

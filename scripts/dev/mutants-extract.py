@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Copies a rustfmt-formatted Rust test file without some of its top-level items, for
-scripts/mutants.sh (the CPU halves of the integration tests, in a small crate without the GPU).
+scripts/dev/mutants.sh (the CPU halves of the integration tests, in a small crate without the GPU).
 
     mutants-extract.py FILE [--drop NAME ...] [--from NAME] [--keep NAME ...]
                             [--replace OLD NEW ...] > OUT

@@ -483,7 +483,7 @@ def compare_outputs(got, ref, rtol=1e-12, frac_atol=0.0, std_var_atol=None, labe
 
 
 def validate():
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "verl-golden")
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "verl-golden")
     total, bad = 0, 0
     for f in sorted(glob.glob(os.path.join(root, "head", "rollout_corr__*.json"))):
         g = json.load(open(f))

@@ -6,17 +6,17 @@
 # file's own unit tests, and the integration test named below), so the score is a lower bound
 # for the crate.
 #
-#   scripts/mutants.sh math|grammar|cpu|bounds_sums|bounds|topk|vocab [extra cargo-mutants args]
+#   scripts/dev/mutants.sh math|grammar|cpu|bounds_sums|bounds|topk|vocab [extra cargo-mutants args]
 #
-# Needs `cargo install cargo-mutants` and python3 (scripts/mutants-extract.py copies the CPU
+# Needs `cargo install cargo-mutants` and python3 (scripts/dev/mutants-extract.py copies the CPU
 # halves of tests/topk.rs and tests/vocab_divergence.rs). Work directory:
 # ${MUTANTS_DIR:-/tmp/trmask-mutants}/NAME (results in its mutants.out/). Set MUTANTS_NICE=19 to
 # run at the lowest CPU priority. `vocab` mutates vocab_divergence.rs, vocab_general.rs,
 # vocab_fast.rs and vocab_f32.rs; MUTANTS_FILES="vocab_general" (say) limits it to some of
 # them, so that two runs in two MUTANTS_DIRs can share the work. cpu/mod.rs (the Engine glue) is not covered.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-name=${1:?usage: scripts/mutants.sh math|grammar|cpu|bounds_sums|bounds|topk|vocab [cargo-mutants args]}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+name=${1:?usage: scripts/dev/mutants.sh math|grammar|cpu|bounds_sums|bounds|topk|vocab [cargo-mutants args]}
 shift
 dir=${MUTANTS_DIR:-/tmp/trmask-mutants}/$name
 rm -rf "$dir/src" "$dir/tests"
@@ -196,10 +196,10 @@ pub mod topk {
 }
 RS
     logits_with_wgpu_shim
-    python3 "$root/scripts/mutants-extract.py" "$root/tests/common/mod.rs" --drop trmask::gpu:: --drop std::sync:: \
+    python3 "$root/scripts/dev/mutants-extract.py" "$root/tests/common/mod.rs" --drop trmask::gpu:: --drop std::sync:: \
         --keep Rng --keep seed --keep close --keep assert_close >"$dir/tests/common/mod.rs"
     # the CPU half of tests/topk.rs: the top-K statistics (not the DPPO masks, not the GPU)
-    python3 "$root/scripts/mutants-extract.py" "$root/tests/topk.rs" --from trmask::gpu::pipeline \
+    python3 "$root/scripts/dev/mutants-extract.py" "$root/tests/topk.rs" --from trmask::gpu::pipeline \
         --drop sign_cases --drop dppo_and_pdm_sign_combinations --drop asymmetric_thresholds \
         --drop empty_batch_metrics_are_zero --drop real_small_masks \
         --replace 'use common::{assert_close, close, gpu, gpu_small_chunks, gpu_with_flavour, seed, Rng};' \
@@ -281,9 +281,9 @@ pub mod cpu {
 }
 RS
     logits_with_wgpu_shim
-    python3 "$root/scripts/mutants-extract.py" "$root/tests/common/mod.rs" --drop trmask::gpu:: --drop std::sync:: \
+    python3 "$root/scripts/dev/mutants-extract.py" "$root/tests/common/mod.rs" --drop trmask::gpu:: --drop std::sync:: \
         --keep Rng --keep seed --keep close --keep assert_close >"$dir/tests/common/mod.rs"
-    python3 "$root/scripts/mutants-extract.py" "$root/tests/vocab_divergence.rs" --keep DATA --keep Real --keep f64s \
+    python3 "$root/scripts/dev/mutants-extract.py" "$root/tests/vocab_divergence.rs" --keep DATA --keep Real --keep f64s \
         --keep i32s --keep logits --keep real --keep fields --keep check_real \
         --keep cpu_matches_float64_references --keep gpu_tol --keep normal --keep encode --keep Case \
         --keep case --keep compare --keep run_case --keep DTYPES --keep half_ulp \

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generate held-back-like verl input sets and compare `trmask analyze --backend cpu`
-against scripts/verl_oracle.py for every config of the golden catalogue.
+against scripts/dev/verl_oracle.py for every config of the golden catalogue.
 
   verl_fuzz.py compare [--seeds N] [--bin target/debug/trmask]
   verl_fuzz.py regress OUTDIR      # write small inputs + oracle outputs (data/verl-fuzz)
@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import verl_oracle as vo  # noqa: E402
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 
 def finish(name, desc, lr_rows, lengths, T, rng):
@@ -219,7 +219,7 @@ def regress(outdir, seeds=3):
                     refs.append(pool_index[blob])
                 case["metrics"] = refs
             cases.append(case)
-        json.dump({"generator": "scripts/verl_fuzz.py regress (oracle: scripts/verl_oracle.py)",
+        json.dump({"generator": "scripts/dev/verl_fuzz.py regress (oracle: scripts/dev/verl_oracle.py)",
                    "input": inp, "weights": weights, "metric_pool": pool, "cases": cases},
                   open(os.path.join(outdir, inp["name"] + ".json"), "w"), separators=(",", ":"))
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """How many rows could a one-read vocabulary kernel finish without re-reading them for TV?
 
-Usage: scripts/tv-one-read-study.py FILE.safetensors [FILE …] [--rows N] [--block B]
+Usage: scripts/dev/tv-one-read-study.py FILE.safetensors [FILE …] [--rows N] [--block B]
 
 For each row pair (rollout_logits, old_logits; temperature 1) this computes, in float64 with
 numpy, what a one-read kernel would know at the end of the row and whether that bounds TV within
-a quarter of SPEC §9's tolerance (5e-4·TV + 2.5e-8), the rest being left for f32 rounding:
+a quarter of the tolerance of docs/FORMAT.md (Accuracy) (5e-4·TV + 2.5e-8), the rest being left for f32 rounding:
 
 * the log-normaliser difference λ0 estimated from the row's first B entries (default 2,048;
   B = 256 threads × 8), against the exact λ known at the end (δ = λ − λ0);
