@@ -1,5 +1,5 @@
 """verl conformance through the Python drop-in: every case of
-data/verl-golden/{head,legacy}/rollout_corr__*.json (the same cases tests/verl_golden.rs runs)
+data/verl-golden/{head,legacy}/rollout_corr__*.json (the same cases tests/conformance/verl_golden.rs runs)
 through trmask.compute_rollout_correction_and_rejection_mask, with the Rust test's tolerances:
 CPU against verl's float64 outputs at rtol 1e-9, GPU (f32) against verl's float32 outputs at
 2e-5·|ref| + 2e-6 with the tie rule of docs/FORMAT.md (Accuracy) for mask flips."""

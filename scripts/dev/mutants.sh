@@ -9,7 +9,7 @@
 #   scripts/dev/mutants.sh math|grammar|cpu|bounds_sums|bounds|topk|vocab [extra cargo-mutants args]
 #
 # Needs `cargo install cargo-mutants` and python3 (scripts/dev/mutants-extract.py copies the CPU
-# halves of tests/topk.rs and tests/vocab_divergence.rs). Work directory:
+# halves of tests/conformance/topk.rs and tests/gpu/vocab_divergence.rs). Work directory:
 # ${MUTANTS_DIR:-/tmp/trmask-mutants}/NAME (results in its mutants.out/). Set MUTANTS_NICE=19 to
 # run at the lowest CPU priority. `vocab` mutates vocab_divergence.rs, vocab_general.rs,
 # vocab_fast.rs and vocab_f32.rs; MUTANTS_FILES="vocab_general" (say) limits it to some of
@@ -130,8 +130,8 @@ pub mod batch {
     }
 }
 RS
-    # the CPU half of tests/numeric_rules.rs (the argmax rules)
-    cat >"$dir/tests/numeric_rules.rs" <<'RS'
+    # the CPU half of tests/conformance/numeric_rules.rs (the argmax rules)
+    cat >"$dir/tests/conformance/numeric_rules.rs" <<'RS'
 use mh_cpu::batch::Segments;
 use mh_cpu::cpu::segment_reduce::segment_reduce;
 
@@ -158,16 +158,16 @@ RS
     args=(--file src/cpu/segment_reduce.rs --file src/cpu/token_stats.rs -- --lib --tests)
     ;;
 bounds_sums | bounds)
-    # named trmask so that tests/bounds.rs compiles unchanged
+    # named trmask so that tests/conformance/bounds.rs compiles unchanged
     manifest trmask "$(printf '[dependencies]\nserde = { version = "1", features = ["derive"] }\n\n[dev-dependencies]\nserde_json = { version = "1", features = ["float_roundtrip"] }\n')"
     cp "$root/Cargo.lock" "$dir/Cargo.lock"
     cp "$root/src/bounds.rs" "$root/src/bounds_sums.rs" "$root/src/error.rs" "$dir/src/"
-    cp "$root/tests/bounds.rs" "$dir/tests/"
+    cp "$root/tests/conformance/bounds.rs" "$dir/tests/"
     printf 'pub mod bounds;\nmod bounds_sums;\npub mod error;\npub use error::{Error, Result};\n' >"$dir/src/lib.rs"
-    args=(--file "src/$name.rs" -- --lib --test bounds)
+    args=(--file "src/$name.rs" -- --lib --test conformance bounds::)
     ;;
 topk)
-    # named trmask so that the CPU half of tests/topk.rs compiles unchanged but for its `use`s
+    # named trmask so that the CPU half of tests/conformance/topk.rs compiles unchanged but for its `use`s
     manifest trmask "$(printf '[dependencies]\nrayon = "1"\nserde = { version = "1", features = ["derive"] }\nmemmap2 = "0.9"\nhalf = "2"\n\n[dev-dependencies]\nsafetensors = "0.6"\n')"
     cp "$root/Cargo.lock" "$dir/Cargo.lock"
     mkdir -p "$dir/src/cpu" "$dir/tests/common"
@@ -198,8 +198,8 @@ RS
     logits_with_wgpu_shim
     python3 "$root/scripts/dev/mutants-extract.py" "$root/tests/common/mod.rs" --drop trmask::gpu:: --drop std::sync:: \
         --keep Rng --keep seed --keep close --keep assert_close >"$dir/tests/common/mod.rs"
-    # the CPU half of tests/topk.rs: the top-K statistics (not the DPPO masks, not the GPU)
-    python3 "$root/scripts/dev/mutants-extract.py" "$root/tests/topk.rs" --from trmask::gpu::pipeline \
+    # the CPU half of tests/conformance/topk.rs: the top-K statistics (not the DPPO masks, not the GPU)
+    python3 "$root/scripts/dev/mutants-extract.py" "$root/tests/conformance/topk.rs" --from trmask::gpu::pipeline \
         --drop sign_cases --drop dppo_and_pdm_sign_combinations --drop asymmetric_thresholds \
         --drop empty_batch_metrics_are_zero --drop real_small_masks \
         --replace 'use common::{assert_close, close, gpu, gpu_small_chunks, gpu_with_flavour, seed, Rng};' \
@@ -207,12 +207,12 @@ RS
         --replace 'dppo_mask, topk_divergence, DppoConfig, DppoDirection, TopkDivergence, TopkStats,' \
         'topk_divergence, TopkStats,' \
         --replace 'use trmask::{Batch, DType, Engine, Error, Logits};' 'use trmask::{Batch, DType, Error, Logits};' \
-        >"$dir/tests/topk.rs"
-    args=(--file src/cpu/topk_divergence.rs -- --lib --test topk)
+        >"$dir/tests/conformance/topk.rs"
+    args=(--file src/cpu/topk_divergence.rs -- --lib --test conformance topk::)
     ;;
 vocab)
     # vocab_divergence.rs + vocab_general.rs + vocab_fast.rs, with the CPU half of
-    # tests/vocab_divergence.rs (the f64 references on real logits) through a one-method Engine
+    # tests/gpu/vocab_divergence.rs (the f64 references on real logits) through a one-method Engine
     manifest trmask "$(printf '[dependencies]\nrayon = "1"\nserde = { version = "1", features = ["derive"] }\nmemmap2 = "0.9"\nhalf = "2"\n\n[dev-dependencies]\nsafetensors = "0.6"\n')"
     cp "$root/Cargo.lock" "$dir/Cargo.lock"
     mkdir -p "$dir/src/cpu" "$dir/tests/common"
@@ -229,7 +229,7 @@ mod stats;
 pub use error::{Error, Result};
 pub use logits::{DType, Logits};
 pub use stats::VocabStats;
-/// The one method of trmask's `Engine` that tests/vocab_divergence.rs's CPU half calls.
+/// The one method of trmask's `Engine` that tests/gpu/vocab_divergence.rs's CPU half calls.
 pub trait Engine {
     fn name(&self) -> String;
     fn vocab_divergence(
@@ -283,7 +283,7 @@ RS
     logits_with_wgpu_shim
     python3 "$root/scripts/dev/mutants-extract.py" "$root/tests/common/mod.rs" --drop trmask::gpu:: --drop std::sync:: \
         --keep Rng --keep seed --keep close --keep assert_close >"$dir/tests/common/mod.rs"
-    python3 "$root/scripts/dev/mutants-extract.py" "$root/tests/vocab_divergence.rs" --keep DATA --keep Real --keep f64s \
+    python3 "$root/scripts/dev/mutants-extract.py" "$root/tests/gpu/vocab_divergence.rs" --keep DATA --keep Real --keep f64s \
         --keep i32s --keep logits --keep real --keep fields --keep check_real \
         --keep cpu_matches_float64_references --keep gpu_tol --keep normal --keep encode --keep Case \
         --keep case --keep compare --keep run_case --keep DTYPES --keep half_ulp \
@@ -293,12 +293,12 @@ RS
         --keep large_vocabularies --keep cpu_fast_handles_extreme_magnitudes_temperature_and_identical_inputs \
         --keep extreme_magnitudes_temperature_and_identical_inputs \
         --keep cpu_fast_infinite_divergences_and_errors_match_cpu --keep infinite_divergences_and_errors \
-        --keep cpu_fast_resolves_a_1e_7_kl_next_to_logits_of_100 >"$dir/tests/vocab_divergence.rs"
+        --keep cpu_fast_resolves_a_1e_7_kl_next_to_logits_of_100 >"$dir/tests/gpu/vocab_divergence.rs"
     files=(vocab_divergence vocab_general vocab_fast vocab_f32)
     [ -n "${MUTANTS_FILES:-}" ] && read -ra files <<<"$MUTANTS_FILES"
     args=()
     for f in "${files[@]}"; do args+=(--file "src/cpu/$f.rs"); done
-    args+=(-- --lib --test vocab_divergence)
+    args+=(-- --lib --test gpu vocab_divergence::)
     ;;
 *)
     echo "unknown set '$name' (math, grammar, cpu, bounds_sums, bounds, topk, vocab)" >&2

@@ -181,7 +181,7 @@ REGRESS_SETS = ["mixed_s0", "mixed_s1", "large_s2", "uniform_shift_s0", "uniform
 
 
 def regress(outdir, seeds=3):
-    """Small regression data for tests/verl_fuzz.rs: per input set, the input and the oracle's
+    """Small regression data for tests/conformance/verl_fuzz.rs: per input set, the input and the oracle's
     outputs for every catalogue config (masks as 0/1 strings, weights shared between configs
     with the same IS settings)."""
     os.makedirs(outdir, exist_ok=True)

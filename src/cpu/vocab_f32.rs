@@ -3,7 +3,7 @@
 //! (exact for bf16 / f16 inputs), 16-lane exponentials and terms, every sum accumulated in f32
 //! over blocks of [`BLOCK`] elements and in f64 across blocks. One read of each logit, then one
 //! pass over the stored f32 weights for TV. Accuracy is the GPU engine's (docs/FORMAT.md, Accuracy: 2e-3·|ref| +
-//! 1e-7 for the divergences), not the f64 reference's 1e-9: `tests/vocab_divergence.rs` measures it
+//! 1e-7 for the divergences), not the f64 reference's 1e-9: `tests/gpu/vocab_divergence.rs` measures it
 //! against the f64 path on the real logits and on random rows. Rows it does not take (−∞
 //! entries, an extreme mismatch between the modes, f32 over- or underflow of the constants)
 //! return `None` and take the f64 path.

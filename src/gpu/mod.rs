@@ -17,7 +17,7 @@
 //! Accuracy: f32 on the device. Per-token estimators start from the log-ratio computed in f64
 //! on the host and rounded once (see `token_stats.rs`); k3 and `ser` use series for small
 //! |lr|. Segment sums are compensated (TwoSum) and finished in f64. Results match the CPU
-//! reference within `2e-5·|ref| + 2e-6` (tests/gpu_vs_cpu.rs).
+//! reference within `2e-5·|ref| + 2e-6` (tests/gpu/gpu_vs_cpu.rs).
 //!
 //! Reductions across threads come in two flavours ([`pipeline::Flavour`]): subgroup shuffles
 //! where the device has `SUBGROUP` with one fixed subgroup size dividing the workgroup size

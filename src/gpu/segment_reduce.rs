@@ -6,7 +6,7 @@
 //! all statistics in one submission. Sums are compensated on the device (TwoSum, returned as an
 //! f32 (hi, lo) pair added in f64 on the host), so the only error left is the rounding of the
 //! inputs to f32. [`SegmentReduceParams::one`] is the opaque 1.0 that keeps the shader compiler
-//! from folding TwoSum's error term away (tests/gpu_vs_cpu.rs `segment_sums_are_compensated`).
+//! from folding TwoSum's error term away (tests/gpu/gpu_vs_cpu.rs `segment_sums_are_compensated`).
 //! A sequence longer than one chunk is cut into pieces whose partial results are merged on the
 //! host in order (ties keep the first maximum).
 

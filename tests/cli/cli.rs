@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 
 fn tmp(name: &str) -> PathBuf {
     common::scratch("cli", name)

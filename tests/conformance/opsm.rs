@@ -4,7 +4,7 @@
 //! thresholds), on both engines; the per-token advantage sign case where slime splits a
 //! sequence and trmask does not; config errors and metrics.
 
-mod common;
+use crate::common;
 
 use common::{gpu, json_flatten, load_json};
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 //! (here at a non-zero, unaligned offset) and gives the same bits as host logits; a buffer
 //! without STORAGE usage is an error naming the tensor; the CPU engine refuses device logits.
 
-mod common;
+use crate::common;
 
 use common::{gpu, Rng};
 use trmask::cpu::CpuEngine;

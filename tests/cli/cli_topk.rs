@@ -4,7 +4,7 @@
 //! `old_logits` = trainer_logits (f32), and per-token `advantages`. The same batch is stored as
 //! data/sample/real-small-topk.safetensors (checked here; `TRMASK_WRITE_SAMPLE=1` rewrites it).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 
 use trmask::{Engine, Segments};
 
-mod common;
+use crate::common;
 
 #[test]
 fn argmax_is_the_first_maximum_on_every_engine() {

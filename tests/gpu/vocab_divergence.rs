@@ -1,7 +1,7 @@
 //! Exact vocabulary divergences: CPU reference vs float64 references on real logits, GPU vs
 //! those references and vs the CPU on random batches.
 
-mod common;
+use crate::common;
 
 use common::{vocab_bits as bits, vocab_fields as fields, Rng};
 use safetensors::SafeTensors;

@@ -7,7 +7,7 @@
 //! (verl computes `sqrt(E[x²] − E[x]²)`, whose cancellation depends on torch's summation order). A GPU engine compares against the `float32` outputs where
 //! present at `2e-5·|ref| + 2e-6` (see [`Tol::gpu`]).
 
-mod common;
+use crate::common;
 use common::{json_flatten as flatten, json_num as num, load_json as load};
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -7,7 +7,7 @@ use trmask::compare::{compare, mann_whitney};
 use trmask::cpu::CpuEngine;
 use trmask::{Batch, CorrectionConfig, Engine};
 
-mod common;
+use crate::common;
 
 #[test]
 fn mann_whitney_matches_the_normal_approximation_oracle() {

@@ -1,7 +1,7 @@
 //! The GPU context: adapter selection, capabilities, error handling (never a panic), device
 //! sharing and workgroup sizes. Skips without an adapter unless `TRMASK_REQUIRE_GPU=1`.
 
-mod common;
+use crate::common;
 
 use common::{assert_close, gpu, seed, Rng};
 use std::sync::Arc;

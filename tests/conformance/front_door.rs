@@ -1,7 +1,7 @@
 //! The front door: framework-named dumps, explicit layouts, Python-written JSON, YAML configs,
 //! the one-screen summary, `--metrics -` and `--metrics-jsonl`.
 
-mod common;
+use crate::common;
 
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;

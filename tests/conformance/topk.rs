@@ -1,6 +1,6 @@
 //! Top-K divergences and DPPO / PDM masks (docs/FORMAT.md, DPPO) on the CPU reference path.
 
-mod common;
+use crate::common;
 
 use common::{assert_close, close, gpu, gpu_small_chunks, gpu_with_flavour, seed, Rng};
 use std::collections::BTreeMap;

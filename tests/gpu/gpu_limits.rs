@@ -4,7 +4,7 @@
 //! limit — wgpu 30 does not check this itself, drivers with exactly 16 KiB would fail — and
 //! every op × dtype × flavour the adapter supports runs and matches the CPU reference.
 
-mod common;
+use crate::common;
 
 use common::{assert_close, gpu, Rng};
 use naga::valid::{Capabilities, ValidationFlags, Validator};

@@ -2,7 +2,7 @@
 //! no console errors, no network). Without Chromium the rendering check is skipped with a
 //! message, except under CI (`CI` set), where it fails.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -9,7 +9,7 @@
 //! via the variance (the std of near-constant values is rounding-dominated, see `std_var_tol`);
 //! atol 1e-15 for means of cancelling terms (e.g. `log_ppl_diff` of `uniform_shift`).
 
-mod common;
+use crate::common;
 
 use common::{json_flatten as flatten, json_num as num, load_json as load};
 use serde_json::Value;

@@ -6,7 +6,7 @@
 //! The rule: entropies within `1e-4·|ref| + 1e-6`, sampled-token log-probs within
 //! `1e-4·|ref| + 2e-6`, KL / KL_rev / TV within `2e-3·|ref| + 1e-7`.
 
-mod common;
+use crate::common;
 use common::{vocab_bits as bits, vocab_fields as fields};
 
 use safetensors::SafeTensors;

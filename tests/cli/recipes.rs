@@ -3,7 +3,7 @@
 //! reads what it wrote under the framework's names. Needs python3 with numpy and safetensors:
 //! skipped with a message when they are absent, a failure under CI (`CI` set).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -6,7 +6,7 @@ use trmask::analysis::analyze;
 use trmask::cpu::CpuEngine;
 use trmask::{Batch, CorrectionConfig, Engine};
 
-mod common;
+use crate::common;
 
 /// `b` sequences of 1..=`t` valid tokens, trainer − rollout log-prob a mix of small noise and
 /// a few large outliers.

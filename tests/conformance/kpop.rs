@@ -7,7 +7,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
-mod common;
+use crate::common;
 
 use common::{gpu, json_flatten, load_json};
 use serde_json::{json, Value};

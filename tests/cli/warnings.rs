@@ -1,7 +1,7 @@
 //! `warning:` lines: each fires on an input made for it, none fires on the sample data, and
 //! none changes the exit code or the metrics.
 
-mod common;
+use crate::common;
 
 use serde_json::{json, Value};
 

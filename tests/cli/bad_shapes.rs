@@ -1,7 +1,7 @@
 //! Bad shapes through the public engine API give the same verdict on both engines: an `Err`
 //! naming the tensor, never a panic (the CPU reference used to index and slice unchecked).
 
-mod common;
+use crate::common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use trmask::cpu::CpuEngine;

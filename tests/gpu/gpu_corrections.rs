@@ -7,7 +7,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
-mod common;
+use crate::common;
 
 use common::{assert_close, gpu, gpu_small_chunks, seed, Rng};
 use trmask::config::IsLevel;

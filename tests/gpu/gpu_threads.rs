@@ -2,7 +2,7 @@
 //! corrections_pass, vocab_divergence, topk_divergence) runs concurrently on the same device,
 //! with other threads polling it, and gives bit-identical results to a single thread.
 
-mod common;
+use crate::common;
 
 use common::{gpu, Rng};
 use std::sync::Arc;

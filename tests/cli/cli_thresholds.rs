@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-mod common;
+use crate::common;
 
 fn tmp(name: &str) -> PathBuf {
     common::scratch("cli_thresholds", name)

@@ -5,7 +5,7 @@
 //! minima, fractions, quantiles and the certificate), and each rank's outputs — weights, mask,
 //! per-sequence statistics and decisions — equal its rows of the whole-batch run.
 
-mod common;
+use crate::common;
 
 use common::{seed, Rng};
 use std::collections::BTreeMap;

@@ -2,7 +2,7 @@
 //! engines. Skips (with a message) when there is no adapter unless `TRMASK_REQUIRE_GPU=1`.
 //! `TRMASK_SEED=…` replays a failure.
 
-mod common;
+use crate::common;
 
 use common::{assert_close, gpu, gpu_small_chunks, gpu_with_flavour, seed, Rng};
 use trmask::cpu::CpuEngine;

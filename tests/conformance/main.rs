@@ -1,0 +1,22 @@
+//! Conformance: verl goldens and fuzz, the distributed merge, corrections, KPop, top-K, OPSM, kept mass, groups, numeric rules, the front door, bounds, the tensor-name table.
+//!
+//! One test binary per suite (`cargo test --test conformance`), so CI builds and links a few
+//! binaries instead of one per file; each file below is a module.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bounds;
+mod bounds_inverse;
+mod corrections;
+mod distributed;
+mod front_door;
+mod groups_lengths;
+mod kept_mass;
+mod kpop;
+mod numeric_rules;
+mod opsm;
+mod tensor_names;
+mod topk;
+mod verl_fuzz;
+mod verl_golden;
