@@ -25,6 +25,9 @@
 //   and moderate cross factors take a lean loop with the same sums (see `lean` below).
 // Pass 3 (only rows where the first-order correction is not provably negligible, i.e. much
 //   p-mass sits within |λ − λ0| of TV's kink): TV again with the exact λ.
+// Rows of at most 8·WG·ONCHIP_OCTS elements are read from memory once: each thread keeps its
+//   octets of both rows on-chip during pass 1 and the later passes run on that copy, in the
+//   same order (the same bits as reading the row again).
 // Raw logit differences are formed before scaling by `it`, so temperature costs no accuracy.
 
 // Slots per thread of the workgroup trees (pass 1: two 6-float states and the flags; pass 2: 13
@@ -47,7 +50,15 @@ const F_A_EMPTY: u32 = 64u;
 const F_B_EMPTY: u32 = 128u;
 const F_LEAN: u32 = 256u; // pass 2 took the lean loop
 const F_THIRD_PASS: u32 = 512u; // the row was read a third time (pass 3)
-const F_PASS1_FULL: u32 = 1024u; // pass 1 read the row again with masks (see pass 1 in main)
+const F_PASS1_FULL: u32 = 1024u; // pass 1 ran again with masks (see pass 1 in main)
+const F_ON_CHIP: u32 = 2048u; // the row was read once: every later loop ran on the copy kept on-chip
+
+// Octets (eight elements of each row) a thread keeps on-chip: rows of V <= 8·WG·ONCHIP_OCTS
+// elements are read from memory once, by the plain pass 1, and every later loop (the masked
+// pass 1, pass 2, pass 3) runs on the thread's private copy (`Chip`) instead of reading the
+// row again. The host (src/gpu/vocab_divergence.rs, `ONCHIP_OCTS`) picks workgroups large
+// enough for that where it can.
+const ONCHIP_OCTS: u32 = 16u;
 
 // The kernel's uniform; Rust twin `VocabDivergenceParams` in src/gpu/vocab_divergence.rs.
 struct VocabDivergenceParams {
@@ -78,6 +89,40 @@ override WIDE: bool = false;
 const ROW_MASKED: u32 = 0xffffffffu;
 
 var<workgroup> wg_active: u32;
+
+// A thread's on-chip copy of its octets of both rows (octet k holds elements 8·(t + k·WG) ..).
+struct Chip {
+    x: array<Oct, ONCHIP_OCTS>,
+    y: array<Oct, ONCHIP_OCTS>,
+}
+
+// Where a thread's octets of the row lie: thread t's k-th octet starts at element
+// 8·(t + k·WG) of the row (`abase` / `bbase` the rows' first elements, `last_*` their last).
+struct RowAt {
+    t: u32,
+    v: u32,
+    abase: u32,
+    bbase: u32,
+    last_a: u32,
+    last_b: u32,
+}
+
+// Octet k of the thread's rows (element i = its first): from the on-chip copy when `chip`,
+// else read from memory. `chip` is a constant at every call site, so each loop compiles only
+// its own source (software rasterizers would otherwise run both sides inside the loop).
+fn oct_x(c: ptr<function, Chip>, k: u32, i: u32, at: RowAt, chip: bool) -> Oct {
+    if (chip) {
+        return (*c).x[k];
+    }
+    return load8_a(at.abase + i, at.last_a);
+}
+
+fn oct_y(c: ptr<function, Chip>, k: u32, i: u32, at: RowAt, chip: bool) -> Oct {
+    if (chip) {
+        return (*c).y[k];
+    }
+    return load8_b(at.bbase + i, at.last_b);
+}
 
 // ---- pass 1 state (raw logit units; `it` applied to differences) -------------------------
 struct Acc1 {
@@ -580,6 +625,93 @@ fn general_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row) {
     }
 }
 
+// The plain pass 1 over the thread's octets (read from memory), kept on-chip when `keep`.
+fn p1_plain_loop(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<function, vec2<f32>>, c: ptr<function, Chip>, at: RowAt, it: f32, keep: bool) {
+    var k = 0u;
+    for (var i = 8u * at.t; i < at.v; i += 8u * WG) {
+        let xo = load8_a(at.abase + i, at.last_a);
+        let yo = load8_b(at.bbase + i, at.last_b);
+        if (keep) {
+            (*c).x[k] = xo;
+            (*c).y[k] = yo;
+        }
+        k += 1u;
+        p1_block_plain(sp, sq, lo, xo, yo, i, at.v, it);
+    }
+}
+
+// The masked pass 1 over the thread's octets; their flags back.
+fn p1_masked_loop(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, c: ptr<function, Chip>, at: RowAt, it: f32, chip: bool) -> u32 {
+    var fl = 0u;
+    var k = 0u;
+    for (var i = 8u * at.t; i < at.v; i += 8u * WG) {
+        fl |= p1_block(sp, sq, oct_x(c, k, i, at, chip), oct_y(c, k, i, at, chip), i, at.v, it);
+        k += 1u;
+    }
+    return fl;
+}
+
+// Pass 2 over the thread's octets through the lean or the general element.
+fn p2_loop(st: ptr<function, P2Sums>, c: ptr<function, Chip>, at: RowAt, r: P2Row, lean: bool, chip: bool) {
+    var k = 0u;
+    for (var i = 8u * at.t; i < at.v; i += 8u * WG) {
+        p2_block(st, oct_x(c, k, i, at, chip), oct_y(c, k, i, at, chip), i, at.v, r, lean);
+        k += 1u;
+    }
+}
+
+// Pass 3's row constants: both directions, the exact λ and which common-support masses
+// underflowed in pass 1 (recomputed here).
+struct P3Row {
+    dp: Dir,
+    dq: Dir,
+    it: f32,
+    lam: f32,
+    need_q: bool,
+    need_p: bool,
+}
+
+// Pass 3's element (skipped where either side is −inf, including past the row): st.x TV's
+// Σ|p − q|, st.y Σ_common e^{(y − mc_q)it}, st.z Σ_common e^{(x − mc_p)it}.
+fn p3_add(st: ptr<function, vec3<f32>>, x: f32, y: f32, r: P3Row) {
+    if (is_neg_inf(x) || is_neg_inf(y)) {
+        return;
+    }
+    let it = r.it;
+    let p_i = exp((x - r.dp.m) * it) * r.dp.inv_s;
+    let vv = -(((x - y) - r.dp.c) * it) - r.lam;
+    if (abs(vv) <= 1.0) {
+        (*st).x += p_i * abs(expm1_acc(vv));
+    } else {
+        (*st).x += abs(p_i - exp((y - r.dq.m) * it) * r.dq.inv_s);
+    }
+    if (r.need_q) {
+        (*st).y += exp((y - r.dq.mc) * it);
+    }
+    if (r.need_p) {
+        (*st).z += exp((x - r.dp.mc) * it);
+    }
+}
+
+// Pass 3 over the thread's octets.
+fn p3_loop(st: ptr<function, vec3<f32>>, c: ptr<function, Chip>, at: RowAt, r: P3Row, chip: bool) {
+    var k = 0u;
+    for (var i = 8u * at.t; i < at.v; i += 8u * WG) {
+        let m = in_row(i, at.v);
+        let x = masked_oct(oct_x(c, k, i, at, chip), m);
+        let y = masked_oct(oct_y(c, k, i, at, chip), m);
+        p3_add(st, x.lo.x, y.lo.x, r);
+        p3_add(st, x.lo.y, y.lo.y, r);
+        p3_add(st, x.lo.z, y.lo.z, r);
+        p3_add(st, x.lo.w, y.lo.w, r);
+        p3_add(st, x.hi.x, y.hi.x, r);
+        p3_add(st, x.hi.y, y.hi.y, r);
+        p3_add(st, x.hi.z, y.hi.z, r);
+        p3_add(st, x.hi.w, y.hi.w, r);
+        k += 1u;
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -618,11 +750,18 @@ fn main(
     // or +inf, the masked loop reads the row again (flag F_PASS1_FULL). Each loop stands
     // outside any branch inside it (llvmpipe runs both sides of every `if` inside a loop, but
     // a loop none of whose invocations enters stops after one check).
+    let at = RowAt(t, v, abase, bbase, last_a, last_b);
+    // rows of at most 8·WG·ONCHIP_OCTS elements: each thread keeps its octets on-chip, and
+    // every later loop runs on that copy (one read of memory)
+    let onchip = v <= 8u * WG * ONCHIP_OCTS;
+    var chip: Chip;
     var sp = acc1_empty();
     var sq = acc1_empty();
     var lo = vec2<f32>(BIG);
-    for (var i = 8u * t; i < v; i += 8u * WG) {
-        p1_block_plain(&sp, &sq, &lo, load8_a(abase + i, last_a), load8_b(bbase + i, last_b), i, v, it);
+    if (onchip) {
+        p1_plain_loop(&sp, &sq, &lo, &chip, at, it, true);
+    } else {
+        p1_plain_loop(&sp, &sq, &lo, &chip, at, it, false);
     }
     sp.mc = sp.m;
     sq.mc = sq.m;
@@ -639,8 +778,10 @@ fn main(
         sp = acc1_empty();
         sq = acc1_empty();
         var fl = 0u;
-        for (var i = 8u * t; i < v; i += 8u * WG) {
-            fl |= p1_block(&sp, &sq, load8_a(abase + i, last_a), load8_b(bbase + i, last_b), i, v, it);
+        if (onchip) {
+            fl = p1_masked_loop(&sp, &sq, &chip, at, it, true);
+        } else {
+            fl = p1_masked_loop(&sp, &sq, &chip, at, it, false);
         }
         acc1_store(0u, t, sp);
         acc1_store(6u, t, sq);
@@ -690,14 +831,16 @@ fn main(
     // element instead of seven and three; software rasterizers evaluate both sides of every
     // `if` inside a loop, so the lean and the general loop are two loops.
     let lean = abs(lam0) <= LEAN_LAMBDA && abs(kx) <= LEAN_K && abs(ky) <= LEAN_K;
-    if (lean) {
-        for (var i = 8u * t; i < v; i += 8u * WG) {
-            p2_block(&sums, load8_a(abase + i, last_a), load8_b(bbase + i, last_b), i, v, row_c, true);
+    if (onchip) {
+        if (lean) {
+            p2_loop(&sums, &chip, at, row_c, true, true);
+        } else {
+            p2_loop(&sums, &chip, at, row_c, false, true);
         }
+    } else if (lean) {
+        p2_loop(&sums, &chip, at, row_c, true, false);
     } else {
-        for (var i = 8u * t; i < v; i += 8u * WG) {
-            p2_block(&sums, load8_a(abase + i, last_a), load8_b(bbase + i, last_b), i, v, row_c, false);
-        }
+        p2_loop(&sums, &chip, at, row_c, false, false);
     }
     let fp = sums.fp;
     let fq = sums.fq;
@@ -750,32 +893,16 @@ fn main(
     let again = workgroupUniformLoad(&wg_active);
     if (again != 0u) {
         // ---- pass 3 (only rows that need it) ----
-        var acc = 0.0;
-        var cq = 0.0; // Σ_common e^{(y − mc_q)it}
-        var cp = 0.0; // Σ_common e^{(x − mc_p)it}
-        for (var i = t; i < v; i += WG) {
-            let x = load_a(abase + i);
-            let y = load_b(bbase + i);
-            if (is_neg_inf(x) || is_neg_inf(y)) {
-                continue;
-            }
-            let p_i = exp((x - dp.m) * it) * dp.inv_s;
-            let vv = -(((x - y) - dp.c) * it) - lam;
-            if (abs(vv) <= 1.0) {
-                acc += p_i * abs(expm1_acc(vv));
-            } else {
-                acc += abs(p_i - exp((y - dq.m) * it) * dq.inv_s);
-            }
-            if (!nq.ok) {
-                cq += exp((y - dq.mc) * it);
-            }
-            if (!np.ok) {
-                cp += exp((x - dp.mc) * it);
-            }
+        let r3 = P3Row(dp, dq, it, lam, !nq.ok, !np.ok);
+        var s3 = vec3<f32>(0.0);
+        if (onchip) {
+            p3_loop(&s3, &chip, at, r3, true);
+        } else {
+            p3_loop(&s3, &chip, at, r3, false);
         }
-        red_sh[t] = acc;
-        red_sh[MAX_WG + t] = cq;
-        red_sh[2u * MAX_WG + t] = cp;
+        red_sh[t] = s3.x;
+        red_sh[MAX_WG + t] = s3.y;
+        red_sh[2u * MAX_WG + t] = s3.z;
         red_sum_slots(t, 3u);
         tv = red_sh[0];
         if (!nq.ok) {
@@ -820,6 +947,9 @@ fn main(
     }
     if (again != 0u) {
         flags |= F_THIRD_PASS;
+    }
+    if (onchip) {
+        flags |= F_ON_CHIP;
     }
     results[ob + 0u] = kl;
     results[ob + 1u] = klr;

@@ -90,7 +90,7 @@ pub fn noise_floor(batch: &Batch, c: &Criterion) -> Option<NoiseFloor> {
         / r.len().max(1) as f64;
     let e = var.sqrt();
     let mut s = match c.stat {
-        Stat::K1 | Stat::Abs | Stat::Ser | Stat::LnTrm => e,
+        Stat::K1 | Stat::Abs | Stat::Ser | Stat::LnTrm | Stat::Opsm => e,
         Stat::Tv | Stat::TopkTv => e / 2.0,
         Stat::K2 | Stat::K3 | Stat::Kl | Stat::KlRev | Stat::TopkKl | Stat::BinaryKl => e * e / 2.0,
     };

@@ -40,6 +40,7 @@ mod stats;
 pub mod tensors;
 // Layer 0–1: inputs and their validation.
 mod batch;
+pub mod kept_mass;
 mod logits;
 mod support;
 // Layer 1: configuration.

@@ -274,11 +274,13 @@ impl Corrections {
 }
 
 /// How the GPU vocabulary kernel read the valid rows of the last exact-divergence call on a
-/// context (`trmask::gpu::Context::last_vocab_passes`): every row is read twice (pass 1:
+/// context (`trmask::gpu::Context::last_vocab_passes`): every row passes twice (pass 1:
 /// normalisers and shifts; pass 2: the divergence sums); pass 1 once more, with per-element
 /// masks, when the row holds a −∞ (or a NaN / +∞) logit; and a third time when the first-order
 /// TV correction is not provably negligible (or a common-support mass underflowed). Pass 2
-/// takes its lean loop (two exponentials per element) when the row is well conditioned.
+/// takes its lean loop (two exponentials per element) when the row is well conditioned. A row
+/// short enough for the workgroup to keep on-chip is read from memory once whatever passes
+/// ran; longer rows are read once per pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VocabPasses {
     /// Valid rows (token slots) of the call.
@@ -287,17 +289,22 @@ pub struct VocabPasses {
     pub lean_rows: u64,
     /// Rows whose pass 1 ran again with per-element masks (a −∞, NaN or +∞ logit).
     pub masked_pass1_rows: u64,
-    /// Rows read a third time.
+    /// Rows whose pass 3 ran (TV again with the exact λ).
     pub third_pass_rows: u64,
+    /// Rows read from memory once: every pass after the first ran on the copy each thread
+    /// kept on-chip.
+    pub on_chip_rows: u64,
+    /// Reads of rows from memory, summed over the rows: 1 for a row kept on-chip, else 2 plus
+    /// one for a masked pass 1 and one for a pass 3.
+    pub row_reads: u64,
 }
 
 impl VocabPasses {
-    /// Average reads of each logit: 2 + (masked pass-1 rows + third-pass rows) / rows (0
-    /// without rows).
+    /// Average reads of each logit from memory: `row_reads / rows` (0 without rows).
     pub fn reads_per_logit(&self) -> f64 {
         if self.rows == 0 {
             return 0.0;
         }
-        2.0 + (self.masked_pass1_rows + self.third_pass_rows) as f64 / self.rows as f64
+        self.row_reads as f64 / self.rows as f64
     }
 }

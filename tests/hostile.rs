@@ -62,6 +62,15 @@ fn assert_exit(got: (i32, String), want: i32, needles: &[&str], what: &str) {
     }
 }
 
+/// Exit 0 with every needle on stdout.
+fn assert_ok(out: &Output, needles: &[&str], what: &str) {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(out), 0, "{what}: {out:?}");
+    for n in needles {
+        assert!(text.contains(n), "{what}: stdout lacks {n:?}: {text}");
+    }
+}
+
 /// A safetensors file from `(name, dtype, shape, bytes)`.
 fn safetensors(path: &Path, tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) {
     let mut header = serde_json::Map::new();
@@ -157,7 +166,7 @@ fn declared_counts_never_size_an_allocation() {
             ],
         );
         let r = run_in(&d, &["analyze", "shape.safetensors", "--backend", "cpu"]);
-        assert_exit(r, 2, &["`old_log_prob`", needle], what);
+        assert_exit(r, 2, &["shape.safetensors", "`old_log_prob`", needle], what);
     }
 }
 
@@ -596,6 +605,39 @@ fn stdout_failures_are_exit_1() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         assert_exit((code(&out), err), 1, &["stdout"], "> /dev/full");
+        // the summary is written before the outputs are renamed into place: none is left
+        for args in [
+            &[
+                "analyze",
+                "in.json",
+                "--backend",
+                "cpu",
+                "--output",
+                "out.json",
+            ][..],
+            &[
+                "analyze",
+                "in.json",
+                "--backend",
+                "cpu",
+                "--metrics",
+                "m.json",
+            ][..],
+            &["report", "in.json", "--backend", "cpu", "-o", "r.html"][..],
+        ] {
+            let full = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap();
+            let out = capped(&d, args).stdout(full).output().unwrap();
+            assert_eq!(code(&out), 1, "{args:?} > /dev/full: {out:?}");
+            let left: Vec<_> = std::fs::read_dir(&d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n != "in.json")
+                .collect();
+            assert!(left.is_empty(), "{args:?} > /dev/full left {left:?}");
+        }
         let full = std::fs::OpenOptions::new()
             .write(true)
             .open("/dev/full")
@@ -664,14 +706,56 @@ fn messages_name_the_problem() {
             .status()
             .is_ok_and(|s| s.success());
         if ok {
-            // Bounded: an old reader blocks on the FIFO forever.
-            let out = Command::new("timeout")
-                .args(["20", BIN, "analyze", "fifo.json", "--backend", "cpu"])
-                .current_dir(&d)
-                .output()
-                .unwrap();
-            let err = String::from_utf8_lossy(&out.stderr).into_owned();
-            assert_exit((code(&out), err), 2, &["fifo.json", "FIFO"], "fifo");
+            // A FIFO is read as a stream of JSON, like `--config` reads one (bounded: a
+            // reader that waits for more than the writer sends would hang).
+            std::fs::write(d.join("good.json"), GOOD).unwrap();
+            for (input, needles) in [
+                ("good.json", &["1 sequences"][..]),
+                (
+                    "st.safetensors",
+                    &["fifo.json", "pipe", "safetensors", "regular file"][..],
+                ),
+            ] {
+                if input == "st.safetensors" {
+                    safetensors(
+                        &d.join(input),
+                        &[("rollout_log_prob", "F32", vec![1, 2], f32s(&[-1.0; 2]))],
+                    );
+                }
+                let writer = Command::new("sh")
+                    .args(["-c", &format!("cat {input} > fifo.json")])
+                    .current_dir(&d)
+                    .spawn()
+                    .unwrap();
+                let out = Command::new("timeout")
+                    .args(["20", BIN, "analyze", "fifo.json", "--backend", "cpu"])
+                    .current_dir(&d)
+                    .output()
+                    .unwrap();
+                let mut writer = writer;
+                let _ = writer.kill();
+                let _ = writer.wait();
+                if input == "good.json" {
+                    assert_ok(&out, needles, input);
+                } else {
+                    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+                    assert_exit((code(&out), err), 2, needles, input);
+                }
+            }
+            // process substitution, the way a shell user pipes a batch in
+            if Command::new("bash").arg("--version").output().is_ok() {
+                let out = Command::new("timeout")
+                    .args([
+                        "20",
+                        "bash",
+                        "-c",
+                        &format!("{BIN} analyze <(cat good.json) --backend cpu"),
+                    ])
+                    .current_dir(&d)
+                    .output()
+                    .unwrap();
+                assert_ok(&out, &["1 sequences"], "<(cat good.json)");
+            }
         }
         std::os::unix::fs::symlink("/dev/zero", d.join("zero.json")).unwrap();
         let r = run_in(&d, &["analyze", "zero.json", "--backend", "cpu"]);

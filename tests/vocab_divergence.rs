@@ -582,14 +582,7 @@ fn multi_chunk_runs_equal_single_chunk_runs_bit_for_bit() {
     let seed = common::seed(0x5eed_0004);
     // the default engine's workgroup for rows of `v` (smaller on CPU adapters), forced on the
     // small-chunk engines so that both reduce in the same order
-    let wg = |v: usize, db: DType| {
-        gpu.context().row_workgroup_size(
-            trmask::gpu::pipeline::Op::VocabDivergence(db),
-            v as u64,
-            3,
-            0,
-        )
-    };
+    let wg = |v: usize, db: DType| gpu.context().vocab_workgroup_size(db, v as u64);
     // binding limit: a handful of rows per chunk (and 1 row per chunk for the widest case)
     let small = |wg: u32, mapped: Option<bool>| {
         GpuEngine::with_options(&ContextOptions {
@@ -812,6 +805,19 @@ fn half_ulp(dt: DType, x: f32) -> f64 {
 #[test]
 fn gpu_lean_general_and_third_pass_rows_match_the_reference() {
     let Some(gpu) = common::gpu() else { return };
+    // the default engine keeps rows of 3001 on-chip (one read whatever the passes); eight
+    // threads per workgroup cannot (8 · 8 · ONCHIP_OCTS < 3001), so every pass reads the row
+    let streamed = trmask::gpu::GpuEngine::with_options(&trmask::gpu::ContextOptions {
+        workgroup_size: Some(8),
+        ..Default::default()
+    })
+    .expect("another engine on the same adapter");
+    for (engine, on_chip) in [(gpu.as_ref(), true), (&streamed, false)] {
+        lean_general_and_third_pass_rows(engine, on_chip);
+    }
+}
+
+fn lean_general_and_third_pass_rows(gpu: &trmask::gpu::GpuEngine, on_chip: bool) {
     let seed = common::seed(0x5eed_0017);
     let mut total = trmask::gpu::VocabPasses::default();
     for (i, (scale, noise, temp, neg_inf, want_lean)) in [
@@ -829,7 +835,7 @@ fn gpu_lean_general_and_third_pass_rows_match_the_reference() {
         let s = seed + i as u64;
         let c = case(s, 24, 3001, DType::BF16, DType::F32, scale, noise, neg_inf);
         let what = format!("scale {scale} noise {noise} T {temp} -inf {neg_inf} seed {s}");
-        run_case(gpu.as_ref(), &c, temp, scale, &what);
+        run_case(gpu, &c, temp, scale, &what);
         let p = gpu.context().last_vocab_passes().expect("counted");
         let valid = c.mask.iter().filter(|&&m| m).count() as u64;
         assert_eq!(p.rows, valid, "{what}: {p:?}");
@@ -849,10 +855,13 @@ fn gpu_lean_general_and_third_pass_rows_match_the_reference() {
             })
             .count() as u64;
         assert_eq!(p.masked_pass1_rows, with_neg_inf, "{what}: {p:?}");
+        assert_eq!(p.on_chip_rows, if on_chip { p.rows } else { 0 }, "{p:?}");
+        check_reads(&p);
         total.rows += p.rows;
         total.lean_rows += p.lean_rows;
         total.masked_pass1_rows += p.masked_pass1_rows;
         total.third_pass_rows += p.third_pass_rows;
+        total.row_reads += p.row_reads;
     }
     // p's mass outside q's support, its common support 200 nats down: that mass underflows in
     // pass 1, so the row is read a third time (deterministically, whatever the seed)
@@ -871,6 +880,7 @@ fn gpu_lean_general_and_third_pass_rows_match_the_reference() {
     total.rows += p.rows;
     total.masked_pass1_rows += p.masked_pass1_rows;
     total.third_pass_rows += p.third_pass_rows;
+    total.row_reads += p.row_reads;
     assert!(
         total.lean_rows > 0
             && total.lean_rows < total.rows
@@ -879,8 +889,21 @@ fn gpu_lean_general_and_third_pass_rows_match_the_reference() {
             && total.masked_pass1_rows < total.rows,
         "every path taken: {total:?}"
     );
+    check_reads(&p); // four elements: on-chip on both engines
+    assert_eq!(p.on_chip_rows, 1, "{p:?}");
     let r = total.reads_per_logit();
-    assert!((2.0..=4.0).contains(&r), "{r}");
+    assert!(if on_chip { r == 1.0 } else { r > 2.0 }, "{total:?}");
+}
+
+/// Reads counted from each row's flags: one per row kept on-chip, else one per pass (calls
+/// whose rows all took the same path).
+fn check_reads(p: &trmask::gpu::VocabPasses) {
+    let want = match p.on_chip_rows {
+        0 => 2 * p.rows + p.masked_pass1_rows + p.third_pass_rows,
+        n if n == p.rows => p.rows,
+        _ => panic!("mixed paths in one call: {p:?}"),
+    };
+    assert_eq!(p.row_reads, want, "{p:?}");
 }
 
 #[test]

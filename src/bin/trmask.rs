@@ -335,17 +335,16 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
                 }
                 texts.push(text);
             }
-            commit.finish()?;
-            // The summaries say "wrote …": printed once the files exist.
-            for (k, text) in texts.iter().enumerate() {
-                if to_stderr {
+            // The summary goes out with the files, before they are renamed into place: when
+            // stdout fails (`> /dev/full`) no output is left committed.
+            if to_stderr {
+                commit.finish()?;
+                for text in &texts {
                     eprintln!("{text}");
-                } else {
-                    if k > 0 {
-                        say!("");
-                    }
-                    say!("{text}");
                 }
+            } else {
+                commit.print(&texts.join("\n\n"));
+                commit.finish()?;
             }
             Ok(0)
         }
@@ -387,8 +386,8 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
             let html = trmask::report::render_html(&subject(&ctx, &name, &d));
             let mut commit = trmask::io::Commit::new();
             commit.stage(&output, html.into_bytes())?;
+            commit.print(&format!("wrote {}", output.display()));
             commit.finish()?;
-            say!("wrote {}", output.display());
             Ok(0)
         }
         Command::Bounds(args) => bounds::run(args).map(|()| 0),
@@ -415,8 +414,12 @@ fn trend(run: &Path, output: &Path) -> Result<(), trmask::Error> {
     let html = trmask::report::render_trend_html(&steps, &name);
     let mut commit = trmask::io::Commit::new();
     commit.stage(output, html.into_bytes())?;
+    commit.print(&format!(
+        "wrote {} ({} steps)",
+        output.display(),
+        steps.len()
+    ));
     commit.finish()?;
-    say!("wrote {} ({} steps)", output.display(), steps.len());
     Ok(())
 }
 

@@ -44,7 +44,8 @@ impl CorrectionConfig {
                         format!(
                             "Invalid rollout_rs option: {opt}. Must be one of verl's {VERL_OPTIONS:?} \
                              or trmask's token_/seq_sum_/seq_mean_/seq_max_ with abs, ser, kl, kl_rev, tv, \
-                             topk_kl, topk_tv, binary_kl, or seq_lntrm (binary_kl alone is KPop, token level)."
+                             topk_kl, topk_tv, binary_kl, or seq_lntrm (binary_kl alone is KPop, token level), \
+                             or opsm (DeepSeek-V3.2's off-policy sequence masking)."
                         ),
                     ));
                 }
@@ -270,6 +271,9 @@ pub enum Stat {
     /// KPop's bidirectional binary KL `max(D_B(p‖q), D_B(q‖p))` of the sampled token
     /// (`binary_kl`, verl PR #6800 / AReaL; `trmask::numerics::binary_kl`).
     BinaryKl,
+    /// OPSM's `log(π_roll/π_train) = −lr` (unclamped) of a sequence whose advantage is
+    /// negative (`opsm` only; DeepSeek-V3.2).
+    Opsm,
 }
 
 impl Stat {
@@ -303,6 +307,7 @@ impl Stat {
             Stat::TopkTv => "topk_tv",
             Stat::LnTrm => "lntrm",
             Stat::BinaryKl => "binary_kl",
+            Stat::Opsm => "opsm",
         }
     }
 
@@ -320,11 +325,17 @@ pub enum Agg {
     SeqMax,
     /// `seq_lntrm` (LN-TRM).
     LnTrm,
+    /// `opsm`: the mean of `−lr` over a sequence's valid tokens, tested only when the
+    /// sequence's advantage (the mean over its valid tokens) is negative.
+    Opsm,
 }
 
 fn parse_option(opt: &str) -> Option<(Agg, Stat)> {
     if opt == "seq_lntrm" {
         return Some((Agg::LnTrm, Stat::LnTrm));
+    }
+    if opt == "opsm" {
+        return Some((Agg::Opsm, Stat::Opsm));
     }
     if opt == "binary_kl" {
         // verl's (PR #6800) spelling of token_binary_kl (KPop)

@@ -3,6 +3,7 @@
 //! the DPPO / PDM mask and every metric.
 
 use super::dppo::dppo_keep;
+use super::opsm::OpsmColumns;
 use crate::batch::{Batch, Layout};
 use crate::bounds::lntrm_weight;
 use crate::config::{Agg, Criterion, IsLevel, Resolved, Stat};
@@ -72,7 +73,13 @@ pub(crate) fn compute_partial(
 
     // ---- weights and masks: one engine pass (one GPU submission) ----
     let lntrm_w = lntrm_column(&ctx, cfg);
-    let plan = mask_plan(table, cfg, &lntrm_w)?;
+    let opsm = OpsmColumns::new(
+        &ctx,
+        batch,
+        lr,
+        cfg.criteria.iter().any(|c| c.agg == Agg::Opsm),
+    )?;
+    let plan = mask_plan(table, cfg, &lntrm_w, &opsm)?;
     let raw = engine.corrections_pass(lr, segs, &plan)?;
 
     // ---- IS weights ----
@@ -93,7 +100,7 @@ pub(crate) fn compute_partial(
     let mut keep: Vec<bool> = raw.mask.clone();
     let mut criteria = Vec::new();
     for (ci, c) in cfg.criteria.iter().enumerate() {
-        let res = criterion(&ctx, table, c, ci, &raw, cfg, rho, k1, &mut metrics)?;
+        let res = criterion(&ctx, table, c, ci, &raw, cfg, rho, k1, &opsm, &mut metrics)?;
         criteria.push(res);
     }
     if !cfg.criteria.is_empty() {
@@ -225,9 +232,15 @@ fn lntrm_column(ctx: &Ctx, cfg: &Resolved) -> Vec<f64> {
 }
 
 /// The engine-side description of the configured criteria and IS weights.
-fn mask_plan<'a>(table: &'a StatTable, cfg: &Resolved, lntrm_w: &'a [f64]) -> Result<MaskPlan<'a>> {
+fn mask_plan<'a>(
+    table: &'a StatTable,
+    cfg: &Resolved,
+    lntrm_w: &'a [f64],
+    opsm: &'a OpsmColumns,
+) -> Result<MaskPlan<'a>> {
     let mut columns: Vec<&'a [f64]> = Vec::new();
     let mut lntrm_col = None;
+    let mut opsm_col = None;
     let mut criteria = Vec::with_capacity(cfg.criteria.len());
     for c in &cfg.criteria {
         let mut col = |v: &'a [f64]| {
@@ -244,6 +257,15 @@ fn mask_plan<'a>(table: &'a StatTable, cfg: &Resolved, lntrm_w: &'a [f64]) -> Re
             Stat::LnTrm => {
                 let j = *lntrm_col.get_or_insert_with(|| col(lntrm_w));
                 MaskSource::SerWeighted(j)
+            }
+            // −lr on negative-advantage sequences (column j), their weights (column j + 1)
+            Stat::Opsm => {
+                let j = *opsm_col.get_or_insert_with(|| {
+                    let j = col(&opsm.value);
+                    col(&opsm.weight);
+                    j
+                });
+                MaskSource::Column(j)
             }
             // from both log-probs (columns j, j + 1) and the log-ratio
             Stat::BinaryKl => {
@@ -263,6 +285,7 @@ fn mask_plan<'a>(table: &'a StatTable, cfg: &Resolved, lntrm_w: &'a [f64]) -> Re
                 let j = *lntrm_col.get_or_insert_with(|| col(lntrm_w));
                 MaskAgg::WeightedMean(j)
             }
+            Agg::Opsm => MaskAgg::WeightedMean(opsm_col.expect("set by the source") + 1),
         };
         let (lower, upper) = if c.is_k1() {
             (c.lower.map(f64::ln), c.upper.ln())
@@ -392,6 +415,7 @@ fn criterion(
     cfg: &Resolved,
     rho: &[f64],
     k1: &[f64],
+    opsm: &OpsmColumns,
     m: &mut Partial,
 ) -> Result<CriterionResult> {
     let b = ctx.b;
@@ -410,6 +434,7 @@ fn criterion(
             k3v = ctx.tok(|i| ser[i] * w[i]);
             &k3v
         }
+        Stat::Opsm => &opsm.value,
         s => table.get(s.name())?,
     };
     let (lower_log, upper_log) = if c.is_k1() {

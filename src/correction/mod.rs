@@ -52,6 +52,7 @@
 pub(crate) mod dppo;
 mod head;
 mod legacy;
+mod opsm;
 
 pub use crate::stats::{Corrections, CriterionResult};
 pub use head::compute;

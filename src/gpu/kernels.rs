@@ -182,6 +182,31 @@ impl Context {
         })
     }
 
+    /// Threads per workgroup of the vocabulary kernel (`train` the trainer logits' dtype) on
+    /// rows of `vocab` elements: [`Self::row_workgroup_size`], raised on CPU adapters to the
+    /// size that keeps the row on-chip (read once) when the op's full size allows it.
+    pub fn vocab_workgroup_size(&self, train: DType, vocab: u64) -> u32 {
+        let op = Op::VocabDivergence(train);
+        let wg = self.row_workgroup_size(op, vocab, 3, 0);
+        match u32::try_from(super::vocab_divergence::on_chip_workgroup(vocab)) {
+            Ok(chip) if chip <= self.workgroup_size(op) => wg.max(chip),
+            _ => wg,
+        }
+    }
+
+    /// `key` with at least `wg` threads per workgroup (a power of two up to the op's full
+    /// size; never past [`Self::workgroup_size`], so a pinned size stays), its flavour
+    /// chosen again for the new size.
+    pub fn workgroup_at_least(&self, key: KernelKey, wg: u32) -> KernelKey {
+        let full = self.workgroup_size(key.op);
+        let workgroup = key.workgroup.max(wg.next_power_of_two().min(full));
+        KernelKey {
+            workgroup,
+            flavour: self.flavour_at(key.op, workgroup),
+            ..key
+        }
+    }
+
     /// The smallest workgroup worth a dispatch: the subgroup size (at least 8, at most 64),
     /// within `full`.
     fn floor_workgroup(&self, full: u32) -> u32 {

@@ -86,6 +86,18 @@ const F_B_EMPTY: u32 = 128;
 const F_LEAN: u32 = 256;
 const F_THIRD_PASS: u32 = 512;
 const F_PASS1_FULL: u32 = 1024;
+const F_ON_CHIP: u32 = 2048;
+
+/// Octets (eight elements of each row) a thread of the kernel keeps on-chip
+/// (`ONCHIP_OCTS` in the shader): rows of at most `8 · workgroup · ONCHIP_OCTS` elements are
+/// read from memory once, every later loop runs on the copy.
+pub const ONCHIP_OCTS: u64 = 16;
+
+/// Threads per workgroup with which a row of `vocab` elements fits on-chip (a power of two;
+/// more than the largest workgroup when it cannot).
+pub fn on_chip_workgroup(vocab: u64) -> u64 {
+    vocab.div_ceil(8 * ONCHIP_OCTS).max(1).next_power_of_two()
+}
 
 fn ceil4(x: u64) -> u64 {
     x.div_ceil(4) * 4
@@ -147,6 +159,9 @@ fn variant(ctx: &Context, rollout: &Logits, train: &Logits, wide: bool) -> Resul
         (vocab as u64, 3, 0),
         &|| format!("rollout_logits: a row of {vocab} logits"),
     )?;
+    // CPU adapters pick small workgroups (idle threads cost there); a workgroup large enough
+    // to keep the row on-chip reads it once instead of two or three times
+    let key = ctx.workgroup_at_least(key, ctx.vocab_workgroup_size(train.dtype(), vocab as u64));
     Ok(KernelKey {
         variant: wide,
         ..key
@@ -414,10 +429,16 @@ fn vocab_passes(raw: &[f32], mask: &[bool]) -> VocabPasses {
         .filter(|(_, &m)| m)
     {
         let flags = o[7] as u32;
+        let (masked, third) = (flags & F_PASS1_FULL != 0, flags & F_THIRD_PASS != 0);
         p.rows += 1;
         p.lean_rows += u64::from(flags & F_LEAN != 0);
-        p.masked_pass1_rows += u64::from(flags & F_PASS1_FULL != 0);
-        p.third_pass_rows += u64::from(flags & F_THIRD_PASS != 0);
+        p.masked_pass1_rows += u64::from(masked);
+        p.third_pass_rows += u64::from(third);
+        p.on_chip_rows += u64::from(flags & F_ON_CHIP != 0);
+        p.row_reads += match flags & F_ON_CHIP != 0 {
+            true => 1,
+            false => 2 + u64::from(masked) + u64::from(third),
+        };
     }
     p
 }

@@ -96,7 +96,8 @@ pub fn check_distinct(inputs: &[(&str, &Path)], outputs: &[(&str, &Path)]) -> Re
 }
 
 /// Opens an input for reading after checking that it is a regular file (a directory, FIFO,
-/// socket or device is refused, naming what it is); returns the file and its size.
+/// socket or device is refused, naming what it is; [`read_text`] reads FIFOs as streams);
+/// returns the file and its size.
 pub fn open_input(path: &Path) -> Result<(fs::File, u64)> {
     let p = path.display().to_string();
     let m = fs::metadata(path).map_err(|e| Error::io(&p, &e))?;
@@ -131,12 +132,43 @@ fn file_kind(m: &fs::Metadata) -> &'static str {
     "not a file"
 }
 
+/// Whether `path` is a stream to read as it comes: a FIFO, a process substitution
+/// (`<(…)`, `/dev/fd/N`) or a piped `/dev/stdin`. A directory, socket, device or missing path
+/// is not (opening it reports what it is).
+pub fn is_stream(path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt as _;
+        fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        false
+    }
+}
+
 /// Reads a whole text input of at most `limit` bytes (checked before reading, and again while
-/// reading in case the file grows).
+/// reading in case the file grows). A stream ([`is_stream`]: a pipe, `<(…)`) is read as it
+/// comes, up to the same limit; memory grows only with the bytes that arrive.
 pub fn read_text(path: &Path, limit: u64) -> Result<String> {
+    read_text_checked(path, limit, |_| Ok(()))
+}
+
+/// [`read_text`] with a check of the first bytes (up to 16) before the rest is read, so a
+/// stream that is plainly not text is refused without reading it to the limit.
+pub fn read_text_checked(
+    path: &Path,
+    limit: u64,
+    head: impl Fn(&[u8]) -> Result<()>,
+) -> Result<String> {
     use std::io::Read as _;
     let p = path.display().to_string();
-    let (f, len) = open_input(path)?;
+    let (mut f, len) = if is_stream(path) {
+        (fs::File::open(path).map_err(|e| Error::io(&p, &e))?, 0)
+    } else {
+        open_input(path)?
+    };
     let too_big = || {
         Error::file(
             &p,
@@ -150,9 +182,14 @@ pub fn read_text(path: &Path, limit: u64) -> Result<String> {
         return Err(too_big());
     }
     let mut buf = Vec::new();
-    buf.try_reserve_exact(len as usize)
+    buf.try_reserve_exact(len.max(16) as usize)
         .map_err(|_| Error::OutOfMemory(format!("{len} bytes to read {p}")))?;
-    f.take(limit + 1)
+    (&mut f)
+        .take(16)
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::io(&p, &e))?;
+    head(&buf)?;
+    f.take(limit + 1 - buf.len() as u64)
         .read_to_end(&mut buf)
         .map_err(|e| Error::io(&p, &e))?;
     if buf.len() as u64 > limit {
@@ -167,8 +204,8 @@ enum Action {
     Rename { tmp: PathBuf, target: PathBuf },
     /// Bytes for a path that is not a regular file (`/dev/null`, a FIFO): written in place.
     Direct { target: PathBuf, bytes: Vec<u8> },
-    /// Bytes for standard output.
-    Stdout(Vec<u8>),
+    /// Bytes for standard output; `quiet_pipe`: a closed pipe (`… | head`) is not a failure.
+    Stdout { bytes: Vec<u8>, quiet_pipe: bool },
     /// Bytes appended to a JSON-lines file (truncated back if the run fails later).
     Append { target: PathBuf, bytes: Vec<u8> },
 }
@@ -202,7 +239,10 @@ impl Commit {
     /// Stages `bytes` for `path` (`-`: standard output).
     pub fn stage(&mut self, path: &Path, bytes: Vec<u8>) -> Result<()> {
         if path.as_os_str() == "-" {
-            self.actions.push(Action::Stdout(bytes));
+            self.actions.push(Action::Stdout {
+                bytes,
+                quiet_pipe: false,
+            });
             return Ok(());
         }
         let target = resolve(path);
@@ -238,6 +278,20 @@ impl Commit {
         f.write_all(&bytes)
             .and_then(|_| f.sync_all())
             .map_err(|e| Error::io(&p, &e))
+    }
+
+    /// Stages the text a run prints on standard output (its summary, "wrote …"): written with
+    /// the other outputs and before any rename, so a failed write (`> /dev/full`) leaves no
+    /// output committed. A closed pipe (`… | head`) is not a failure.
+    pub fn print(&mut self, text: &str) {
+        let mut bytes = text.as_bytes().to_vec();
+        if !bytes.ends_with(b"\n") {
+            bytes.push(b'\n');
+        }
+        self.actions.push(Action::Stdout {
+            bytes,
+            quiet_pipe: true,
+        });
     }
 
     /// Stages one line to append to a JSON-lines file.
@@ -280,11 +334,14 @@ impl Commit {
                     let p = target.display().to_string();
                     fs::write(&target, bytes).map_err(|e| Error::io(&p, &e))
                 }
-                Action::Stdout(bytes) => {
+                Action::Stdout { bytes, quiet_pipe } => {
                     let mut out = std::io::stdout().lock();
-                    out.write_all(&bytes)
-                        .and_then(|_| out.flush())
-                        .map_err(|e| Error::io("<stdout>", &e))
+                    match out.write_all(&bytes).and_then(|_| out.flush()) {
+                        Err(e) if quiet_pipe && e.kind() == std::io::ErrorKind::BrokenPipe => {
+                            Ok(())
+                        }
+                        r => r.map_err(|e| Error::io("<stdout>", &e)),
+                    }
                 }
                 Action::Append { target, bytes } => append(&target, &bytes, &mut appended),
             };

@@ -51,8 +51,9 @@ pub struct Input {
     pub step: Option<f64>,
 }
 
-/// Reads a batch from `path` (`.json`, anything else is read as safetensors) with the default
-/// options (the layout must be given).
+/// Reads a batch from `path` with the default options (the layout must be given): `.json`, a
+/// pipe such as `<(…)`, or a file starting with `{` is read as JSON, anything else as
+/// safetensors.
 pub fn read_batch(path: &Path) -> Result<Batch> {
     Ok(read_input(path, &ReadOptions::default())?.batch)
 }
@@ -60,11 +61,26 @@ pub fn read_batch(path: &Path) -> Result<Batch> {
 /// Reads a batch and where its tensors came from.
 pub fn read_input(path: &Path, opts: &ReadOptions) -> Result<Input> {
     let p = path.display().to_string();
-    let is_json = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
-    let raw = if is_json {
-        let text = files::read_text(path, files::JSON_LIMIT)?;
+    let is_json = has_extension(path, "json");
+    // A pipe (`<(…)`, a FIFO, piped stdin) has no useful name: it is read as JSON, like
+    // `--config` reads one. Safetensors inputs are memory-mapped and must be regular files.
+    let stream = files::is_stream(path);
+    let raw = if is_json || stream || (!has_extension(path, "safetensors") && starts_as_json(path))
+    {
+        let text = files::read_text_checked(path, files::JSON_LIMIT, |head| {
+            if looks_like_safetensors(head) {
+                return Err(Error::file(
+                    &p,
+                    if stream {
+                        "is a pipe carrying a safetensors file; safetensors inputs are \
+                         memory-mapped, so save it to a regular file first (a pipe is read as JSON)"
+                    } else {
+                        "holds a safetensors file, not JSON: name it .safetensors"
+                    },
+                ));
+            }
+            Ok(())
+        })?;
         raw::read_json(&text).map_err(|e| relabel(e, &p))?
     } else {
         raw::read_safetensors(path)?
@@ -80,6 +96,35 @@ pub fn batch_from_json(text: &str) -> Result<Batch> {
 /// Reads a batch from JSON text with options.
 pub fn input_from_json(text: &str, opts: &ReadOptions) -> Result<Input> {
     build(raw::read_json(text)?, opts)
+}
+
+fn has_extension(path: &Path, ext: &str) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case(ext))
+}
+
+/// Whether a regular file without a telling name (`/dev/stdin` redirected from a file) starts
+/// with JSON's `{`: never the start of a safetensors file (see [`looks_like_safetensors`]).
+fn starts_as_json(path: &Path) -> bool {
+    use std::io::Read as _;
+    let Ok((f, _)) = files::open_input(path) else {
+        return false;
+    };
+    let mut head = Vec::with_capacity(64);
+    if f.take(64).read_to_end(&mut head).is_err() {
+        return false;
+    }
+    head.iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'{')
+}
+
+/// The start of a safetensors file: an 8-byte little-endian header length, then the header's
+/// `{`. JSON text cannot start so: its first 8 bytes, read as that length, exceed 2^56.
+fn looks_like_safetensors(head: &[u8]) -> bool {
+    head.len() > 8
+        && head[8] == b'{'
+        && u64::from_le_bytes(head[..8].try_into().unwrap_or([0xff; 8])) < 1 << 40
 }
 
 fn relabel(e: Error, path: &str) -> Error {

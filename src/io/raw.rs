@@ -70,10 +70,11 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
     // library users who read files that another process rewrites should copy them first.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(&p, &e))?;
     let map = Arc::new(map);
-    let st = safetensors::SafeTensors::deserialize(&map).map_err(|e| {
-        bad_tensor_entry(&map)
-            .unwrap_or_else(|| Error::file(&p, format!("not a valid safetensors file: {e}")))
-    })?;
+    let st =
+        safetensors::SafeTensors::deserialize(&map).map_err(|e| match bad_tensor_entry(&map) {
+            Some((tensor, problem)) => Error::file(&p, format!("tensor `{tensor}`: {problem}")),
+            None => Error::file(&p, format!("not a valid safetensors file: {e}")),
+        })?;
     let step = safetensors::SafeTensors::read_metadata(&map)
         .ok()
         .and_then(|(_, m)| {
@@ -155,7 +156,7 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
 
 /// Which header entry makes a safetensors file invalid, when one does: a shape whose size
 /// overflows or disagrees with its `data_offsets` (the crate's error names no tensor).
-fn bad_tensor_entry(bytes: &[u8]) -> Option<Error> {
+fn bad_tensor_entry(bytes: &[u8]) -> Option<(String, String)> {
     let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
     let header = bytes.get(8..8usize.checked_add(usize::try_from(n).ok()?)?)?;
     let entries: BTreeMap<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
@@ -182,7 +183,7 @@ fn bad_tensor_entry(bytes: &[u8]) -> Option<Error> {
             ),
             _ => continue,
         };
-        return Some(Error::input(name, problem));
+        return Some((name, problem));
     }
     None
 }

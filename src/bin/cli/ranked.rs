@@ -82,9 +82,8 @@ pub fn analyze(
             commit.stage(p, trmask::io::metrics_bytes(&d.analysis.metrics)?)?;
             written.push(format!("{} (the whole batch)", p.display()));
         }
-        commit.finish()?;
         if rank != 0 {
-            return Ok(());
+            return commit.finish();
         }
         let name = format!("{} (rank 0 of {size} MPI ranks)", input.display());
         let mut text = trmask::report::summary(&subject(&ctx, &name, &d), &written);
@@ -97,8 +96,9 @@ pub fn analyze(
                 text.push_str(&format!("\n{key:<48} {v:.6e}"));
             }
         }
-        say!("{text}");
-        Ok(())
+        // printed with the files, before they are renamed into place (see analyze)
+        commit.print(&text);
+        commit.finish()
     })();
     if let Err(e) = &result {
         if size > 1 {

@@ -1,0 +1,51 @@
+//! DeepSeek-V3.2's off-policy sequence masking (OPSM, `rollout_rs: "opsm"`): a sequence is
+//! rejected iff its advantage is negative and the mean of `log(π_roll/π_train) = −lr` over its
+//! valid tokens exceeds δ. The decision runs in the engine's corrections pass as a weighted
+//! mean: the value column holds `−lr` on the tokens of negative-advantage sequences (0
+//! elsewhere) and the weight column 1 there (0 elsewhere), so a sequence with a non-negative
+//! advantage aggregates to 0, which every δ > 0 keeps.
+
+use crate::batch::Batch;
+use crate::error::{Error, Result};
+use crate::metrics::ctx::Ctx;
+
+/// OPSM's two per-slot columns (value, weight), or empty ones when no criterion is `opsm`.
+pub(crate) struct OpsmColumns {
+    pub value: Vec<f64>,
+    pub weight: Vec<f64>,
+}
+
+impl OpsmColumns {
+    /// The columns for `batch` (`lr` is the table's unclamped log-ratio): a sequence's
+    /// advantage is the sum of `advantages` over its valid tokens (its sign is the mean's),
+    /// so a per-token advantage that changes sign within a sequence does not split it.
+    pub(crate) fn new(ctx: &Ctx, batch: &Batch, lr: &[f64], needed: bool) -> Result<Self> {
+        if !needed {
+            return Ok(OpsmColumns {
+                value: Vec::new(),
+                weight: Vec::new(),
+            });
+        }
+        let adv = batch.advantages.as_deref().ok_or_else(|| {
+            Error::input(
+                "advantages",
+                "is missing: rollout_rs 'opsm' rejects only sequences with a negative advantage",
+            )
+        })?;
+        let mut seq_adv = vec![0.0f64; ctx.b];
+        for i in 0..ctx.mask.len() {
+            if ctx.mask[i] {
+                seq_adv[ctx.owner[i]] += adv[i];
+            }
+        }
+        let neg = |i: usize| ctx.mask[i] && seq_adv[ctx.owner[i]] < 0.0;
+        Ok(OpsmColumns {
+            value: (0..ctx.mask.len())
+                .map(|i| if neg(i) { -lr[i] } else { 0.0 })
+                .collect(),
+            weight: (0..ctx.mask.len())
+                .map(|i| if neg(i) { 1.0 } else { 0.0 })
+                .collect(),
+        })
+    }
+}

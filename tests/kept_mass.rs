@@ -1,0 +1,100 @@
+//! The kept mass of a top-p sampler on `data/causal-sample` (a top-p 0.95 engine that stored
+//! raw and processed rollout log-probs and the raw top-20): `log S_t` from the top-20 equals
+//! raw − processed on every token whose kept set fits in the top-20 (to 1e-6), the kept count
+//! equals the generator's `top_p_kept`, the others are flagged with a bound that holds, and
+//! replaying the kept set (`old_log_prob − log S_t`) brings the mean k3 down to the raw
+//! log-probs' level.
+
+use safetensors::SafeTensors;
+use trmask::kept_mass::{kept_mass_from_topk, Truncation};
+
+fn read(name: &str) -> Vec<u8> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data/causal-sample")
+        .join(name);
+    std::fs::read(p).unwrap()
+}
+
+fn f32s(t: &SafeTensors, name: &str) -> Vec<f64> {
+    let v = t.tensor(name).unwrap();
+    v.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+        .collect()
+}
+
+fn i32s(t: &SafeTensors, name: &str) -> Vec<i64> {
+    let v = t.tensor(name).unwrap();
+    v.data()
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
+        .collect()
+}
+
+fn k3(x: f64) -> f64 {
+    x.exp_m1() - x
+}
+
+#[test]
+fn top20_kept_mass_equals_raw_minus_processed_and_replay_removes_the_offset() {
+    let (bb, eb) = (read("batch.safetensors"), read("extras.safetensors"));
+    let b = SafeTensors::deserialize(&bb).unwrap();
+    let e = SafeTensors::deserialize(&eb).unwrap();
+    let mask = f32s(&b, "response_mask");
+    let proc = f32s(&b, "rollout_log_prob");
+    let raw = f32s(&b, "rollout_log_prob_raw");
+    let old = f32s(&b, "old_log_prob");
+    let topk = f32s(&b, "rollout_topk_log_prob");
+    let kept_true = i32s(&e, "top_p_kept");
+    let t = Truncation {
+        top_p: 0.95,
+        ..Default::default()
+    };
+    let (mut n, mut exact, mut worst) = (0usize, 0usize, 0.0f64);
+    let (mut k3_proc, mut k3_raw, mut k3_replay) = (0.0, 0.0, 0.0);
+    let mut flagged_fit = 0usize;
+    for i in 0..mask.len() {
+        if mask[i] != 1.0 {
+            continue;
+        }
+        n += 1;
+        let k = kept_mass_from_topk(&topk[i * 20..(i + 1) * 20], &t).unwrap();
+        let truth = raw[i] - proc[i]; // = log S_t (processed = raw − log S)
+        if k.exact {
+            exact += 1;
+            worst = worst.max((k.log_kept_mass - truth).abs());
+            assert_eq!(k.kept, Some(kept_true[i] as usize), "slot {i}: kept count");
+        } else {
+            if kept_true[i] <= 20 {
+                flagged_fit += 1; // a decision within float32 rounding of 0.95
+            }
+            // the bound holds (plus float32 rounding of the stored log-probs)
+            assert!(
+                (k.log_kept_mass - truth).abs() <= k.max_error + 2e-6,
+                "slot {i}: {} vs {truth}, bound {}",
+                k.log_kept_mass,
+                k.max_error
+            );
+        }
+        k3_proc += k3(old[i] - proc[i]);
+        k3_raw += k3(old[i] - raw[i]);
+        k3_replay += k3(old[i] - k.log_kept_mass - proc[i]);
+    }
+    let nf = n as f64;
+    let (k3_proc, k3_raw, k3_replay) = (k3_proc / nf, k3_raw / nf, k3_replay / nf);
+    println!(
+        "{n} valid tokens: kept set known from the top-20 on {exact} ({:.2}%), flagged {} \
+         ({flagged_fit} of them fit but sit within the float32 margin of top_p); max |log S − \
+         (raw − processed)| on the known ones {worst:.3e}",
+        100.0 * exact as f64 / nf,
+        n - exact
+    );
+    println!(
+        "mean k3: processed {k3_proc:.4e}, raw {k3_raw:.4e}, replayed (old − log S − processed) \
+         {k3_replay:.4e}"
+    );
+    assert_eq!(n, 24_560);
+    assert!(exact > 0 && worst <= 1e-6, "worst {worst}");
+    assert!(k3_proc > 20.0 * k3_raw);
+    assert!(k3_replay <= 1.25 * k3_raw, "{k3_replay} vs raw {k3_raw}");
+}
