@@ -113,3 +113,8 @@ pub use wgpu;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// docs/RUST.md's Rust examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/RUST.md")]
+pub struct RustGuideDoctests;

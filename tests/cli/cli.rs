@@ -492,7 +492,7 @@ fn output_must_name_a_file_of_a_known_format() {
     }
 }
 
-/// What a user reads: a config from a pipe (`--config <(echo …)`, as the README shows), the
+/// What a user reads: a config from a pipe (`--config <(echo …)`, as docs/CLI.md shows), the
 /// DPPO line in the config's own words, warnings naming their input when several share a
 /// run, integral JSONL steps, `bounds --json` listing the filled `dbar`, and `devices` saying
 /// what `--backend auto` runs on.

@@ -1,5 +1,5 @@
 //! OPSM (`rollout_rs: "opsm"`, DeepSeek-V3.2's off-policy sequence masking) against golden
-//! vectors from slime's own `compute_opsm_mask` (`scripts/opsm_golden.py`, fixture
+//! vectors from slime's own `compute_opsm_mask` (`scripts/dev/opsm_golden.py`, fixture
 //! `data/opsm/golden.json`: 12 packed sequences incl. an empty one and a zero-advantage one, four
 //! thresholds), on both engines; the per-token advantage sign case where slime splits a
 //! sequence and trmask does not; config errors and metrics.

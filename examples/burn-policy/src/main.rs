@@ -141,7 +141,7 @@ fn main() -> anyhow::Result<()> {
     let advantages: Vec<f32> = (0..B * T)
         .map(|i| if i % T < T / 2 { 1.0 } else { -1.0 })
         .collect();
-    let mask = vec![true; B * T];
+    let mask = [true; B * T];
     let lr = 0.5;
 
     for step in 0..STEPS {

@@ -13,7 +13,7 @@ per sequence, GRPO-style, in `cases`), and per threshold slime's per-token keep 
 case with per-token advantages that change sign inside a sequence, where slime masks single
 tokens (its per-token sign test) and trmask rejects whole sequences.
 
-Usage: python3 scripts/opsm_golden.py --slime /path/to/slime [--commit REV] [--out data/opsm/golden.json]
+Usage: python3 scripts/dev/opsm_golden.py --slime /path/to/slime [--commit REV] [--out data/opsm/golden.json]
 """
 import argparse
 import ast
@@ -93,7 +93,7 @@ def main() -> None:
     keep_tok, _ = run(adv_tok, 1e-4)
     out = {
         "source": f"THUDM/slime {SRC} compute_opsm_mask @ {rev}",
-        "generator": "scripts/opsm_golden.py",
+        "generator": "scripts/dev/opsm_golden.py",
         "torch": torch.__version__,
         "lengths": lengths,
         "rollout_log_prob": rollout.tolist(),
