@@ -154,3 +154,27 @@ fn analyze_writes_the_kept_mass_and_replays_only_when_asked() {
     assert!(CorrectionConfig::from_json_str(r#"{"top_p": 1.5}"#).is_err());
     assert!(CorrectionConfig::from_json_str(r#"{"top_k": 2.5}"#).is_err());
 }
+
+#[test]
+fn the_corrector_never_ignores_sampling_replay() {
+    use trmask::cpu::CpuEngine;
+    use trmask::{CorrectionConfig, Corrector, Step};
+    let c = CorrectionConfig::from_json_str(r#"{"top_p": 0.9, "sampling_replay": true}"#).unwrap();
+    let cu = [0i64, 2];
+    let step = Step::packed(&cu)
+        .old_log_prob(&[-1.0, -1.0][..])
+        .rollout_log_prob(&[-0.9, -0.9][..]);
+    let e = Corrector::new(CpuEngine::new(), &c)
+        .unwrap()
+        .correct(&step)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rollout_topk_log_prob"), "{e}");
+    // measuring only: no top-K, no kept-mass metrics, no error
+    let c = CorrectionConfig::from_json_str(r#"{"top_p": 0.9}"#).unwrap();
+    let out = Corrector::new(CpuEngine::new(), &c)
+        .unwrap()
+        .correct(&step)
+        .unwrap();
+    assert!(!out.metrics.keys().any(|k| k.contains("kept")));
+}
