@@ -80,6 +80,20 @@ pub fn analyze_shard(
     ex: &mut dyn Exchange,
 ) -> Result<Analysis> {
     let resolved = config.resolve()?;
+    let kept = crate::kept_mass::batch_kept_mass(
+        batch,
+        &config.sampling,
+        config.sampling_replay,
+        config.bypass_mode,
+    )?;
+    let original = batch;
+    let batch = match &kept {
+        Some(crate::kept_mass::BatchKeptMass {
+            replayed: Some((_, b)),
+            ..
+        }) => b,
+        _ => batch,
+    };
     let table = token_table_config(engine, batch, config)?;
     let (mut corrections, corr_partial) =
         correction::compute_shard(engine, batch, &table, &resolved, ex)?;
@@ -176,6 +190,25 @@ pub fn analyze_shard(
             .map(|&b| b as f64)
             .collect(),
     ));
+    if let Some(k) = &kept {
+        outputs.push(token_output(
+            original,
+            "log_kept_mass",
+            k.log_kept_mass.clone(),
+        ));
+        if let Some((name, b)) = &k.replayed {
+            let v = match *name {
+                "old_log_prob" => b.old_log_prob.clone(),
+                _ => b.log_prob.clone(),
+            };
+            outputs.push(token_output(
+                b,
+                &format!("{name}_kept"),
+                v.unwrap_or_default(),
+            ));
+        }
+        partial.extend(k.metrics(original));
+    }
     let corr_keys = corr_partial.clone();
     partial.extend(corr_partial);
     certificate_partial(

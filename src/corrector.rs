@@ -364,9 +364,28 @@ impl Corrector {
     /// IS weights, the modified response mask, per-sequence decisions and verl's / trmask's
     /// metrics for one step.
     pub fn correct(&self, step: &Step<'_>) -> Result<Corrections> {
-        let batch = step.to_batch()?;
+        let mut batch = step.to_batch()?;
+        // a truncated sampler's kept mass (`top_p` / `top_k` / `min_p` with the raw top-K)
+        let c = &self.config;
+        let kept = crate::kept_mass::batch_kept_mass(
+            &batch,
+            &c.sampling,
+            c.sampling_replay,
+            c.bypass_mode,
+        )?;
+        let mut kept_metrics = None;
+        if let Some(mut k) = kept {
+            kept_metrics = Some(k.metrics(&batch).finish()?);
+            if let Some((_, b)) = k.replayed.take() {
+                batch = b;
+            }
+        }
         let table = self.table(&batch)?;
-        correction::compute(self.engine.as_ref(), &batch, &table, &self.resolved)
+        let mut out = correction::compute(self.engine.as_ref(), &batch, &table, &self.resolved)?;
+        if !self.resolved.verl_metrics_only {
+            out.metrics.extend(kept_metrics.unwrap_or_default());
+        }
+        Ok(out)
     }
 
     /// [`correct`](Self::correct) for one data-parallel rank holding `step`, a shard of the
@@ -374,10 +393,27 @@ impl Corrector {
     /// calls it collectively): this shard's weights and mask (IS weights normalised over the
     /// whole batch) and the whole batch's metrics, identical on every rank.
     pub fn correct_shard(&self, step: &Step<'_>, ex: &mut dyn Exchange) -> Result<Corrections> {
-        let batch = step.to_batch()?;
+        let mut batch = step.to_batch()?;
+        let c = &self.config;
+        let kept = crate::kept_mass::batch_kept_mass(
+            &batch,
+            &c.sampling,
+            c.sampling_replay,
+            c.bypass_mode,
+        )?;
+        let mut kept_metrics = None;
+        if let Some(mut k) = kept {
+            kept_metrics = Some(k.metrics(&batch));
+            if let Some((_, b)) = k.replayed.take() {
+                batch = b;
+            }
+        }
         let table = self.table(&batch)?;
-        let (mut c, p) =
+        let (mut c, mut p) =
             correction::compute_shard(self.engine.as_ref(), &batch, &table, &self.resolved, ex)?;
+        if !self.resolved.verl_metrics_only {
+            p.extend(kept_metrics.unwrap_or_default());
+        }
         let merged = exchange(ex, p)?;
         correction::check_valid_tokens(&merged, batch.layout())?;
         c.metrics = merged.finish()?;

@@ -17,8 +17,11 @@
 //! p_max` dropped), then top-k, then top-p on the top-k-renormalised distribution (an id is kept
 //! iff the mass of the more probable ids before it is `< top_p`; the most probable id always).
 
+use crate::batch::Batch;
 use crate::error::{Error, Result};
-use crate::math::log_sum_exp;
+use crate::math::{k3_from_log_ratio, log_sum_exp};
+use crate::partial::{Acc, Empty, FracMode, Partial};
+use crate::stats::SAFETY_BOUND;
 
 /// A sampler's truncation settings (vLLM / SGLang names); the defaults switch each one off.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -280,6 +283,145 @@ pub fn log_kept_mass_of_ids(logits: &[f64], ids: &[i64]) -> Result<f64> {
         ));
     }
     Ok((log_sum_exp(&kept) - log_sum_exp(logits)).min(0.0))
+}
+
+/// A batch's kept mass (per slot, 0 at invalid slots) and, with `sampling_replay`, the batch
+/// whose trainer log-prob is renormalised over the kept set.
+pub(crate) struct BatchKeptMass {
+    pub log_kept_mass: Vec<f64>,
+    pub known: Vec<bool>,
+    /// The trainer tensor replayed (`old_log_prob`, or `log_prob` in bypass mode) and the
+    /// batch holding `trainer − log S_t` there.
+    pub replayed: Option<(&'static str, Batch)>,
+    /// k3 of the log-ratio of every valid token before and after removing `log S_t`.
+    pub k3_before: Vec<f64>,
+    pub k3_after: Vec<f64>,
+}
+
+/// The kept mass of every valid token of `batch` from its raw rollout top-K and `t`; `None`
+/// when `t` truncates nothing, or when there is no top-K and `replay` is off. With `replay`
+/// and no top-K: an error naming `rollout_topk_log_prob`.
+pub(crate) fn batch_kept_mass(
+    batch: &Batch,
+    t: &Truncation,
+    replay: bool,
+    bypass: bool,
+) -> Result<Option<BatchKeptMass>> {
+    t.validate()?;
+    if t.is_off() {
+        if replay {
+            return Err(Error::config(
+                "sampling_replay",
+                "needs the engine's truncation: top_p, top_k or min_p",
+            ));
+        }
+        return Ok(None);
+    }
+    let Some(topk) = batch.rollout_topk_log_prob.as_deref() else {
+        if replay {
+            return Err(Error::input(
+                "rollout_topk_log_prob",
+                "is missing: sampling_replay needs the rollout's raw top-K log-probs",
+            ));
+        }
+        return Ok(None);
+    };
+    let k = batch.topk;
+    let mask = batch.mask();
+    let mut log_kept_mass = vec![0.0; mask.len()];
+    let mut known = vec![false; mask.len()];
+    for i in 0..mask.len() {
+        if mask[i] {
+            let m = kept_mass_from_topk(&topk[i * k..(i + 1) * k], t)?;
+            log_kept_mass[i] = m.log_kept_mass;
+            known[i] = m.exact;
+        }
+    }
+    let (name, train) = match (&batch.old_log_prob, &batch.log_prob) {
+        (Some(o), _) if !bypass => ("old_log_prob", o),
+        (_, Some(l)) => ("log_prob", l),
+        (Some(o), None) => ("old_log_prob", o),
+        (None, None) => {
+            return Err(Error::input(
+                "old_log_prob",
+                "is missing: the kept mass is compared with the trainer's log-prob",
+            ))
+        }
+    };
+    let roll = batch
+        .rollout_log_prob
+        .as_deref()
+        .ok_or_else(|| Error::input("rollout_log_prob", "is missing: the kept mass needs it"))?;
+    let kept_train: Vec<f64> = (0..mask.len())
+        .map(|i| {
+            if mask[i] {
+                train[i] - log_kept_mass[i]
+            } else {
+                train[i]
+            }
+        })
+        .collect();
+    let k3s = |tr: &[f64]| -> Vec<f64> {
+        (0..mask.len())
+            .filter(|&i| mask[i])
+            .map(|i| k3_from_log_ratio((tr[i] - roll[i]).clamp(-SAFETY_BOUND, SAFETY_BOUND)))
+            .collect()
+    };
+    let (k3_before, k3_after) = (k3s(train), k3s(&kept_train));
+    let replayed = if replay {
+        let mut b = batch.clone();
+        if name == "old_log_prob" {
+            b.old_log_prob = Some(kept_train);
+        } else {
+            b.log_prob = Some(kept_train);
+        }
+        Some((name, b))
+    } else {
+        None
+    };
+    Ok(Some(BatchKeptMass {
+        log_kept_mass,
+        known,
+        replayed,
+        k3_before,
+        k3_after,
+    }))
+}
+
+impl BatchKeptMass {
+    /// `trmask/log_kept_mass_{mean,min}`, `trmask/kept_set_known_fraction` and the mean k3
+    /// before / after removing the kept mass (`trmask/k3_mean_{raw_trainer,kept_trainer}`),
+    /// mergeable over ranks.
+    pub(crate) fn metrics(&self, batch: &Batch) -> Partial {
+        let mask = batch.mask();
+        let vals: Vec<f64> = (0..mask.len())
+            .filter(|&i| mask[i])
+            .map(|i| self.log_kept_mass[i])
+            .collect();
+        let n = vals.len();
+        let known = (0..mask.len())
+            .filter(|&i| mask[i] && self.known[i])
+            .count();
+        let mut p = Partial::new();
+        p.put("trmask/log_kept_mass_mean", Acc::mean(&vals, Empty::Absent));
+        p.put(
+            "trmask/log_kept_mass_min",
+            Acc::min(vals.iter().copied(), Empty::Absent),
+        );
+        p.put(
+            "trmask/kept_set_known_fraction",
+            Acc::frac(known, n, FracMode::F64, Empty::Absent),
+        );
+        p.put(
+            "trmask/k3_mean_raw_trainer",
+            Acc::mean(&self.k3_before, Empty::Absent),
+        );
+        p.put(
+            "trmask/k3_mean_kept_trainer",
+            Acc::mean(&self.k3_after, Empty::Absent),
+        );
+        p
+    }
 }
 
 #[cfg(test)]

@@ -184,6 +184,41 @@ impl CorrectionConfig {
                         Some(DppoConfig::from_json(val)?)
                     }
                 }
+                "top_p" | "min_p" => {
+                    let x = if val.is_null() {
+                        if key == "top_p" {
+                            1.0
+                        } else {
+                            0.0
+                        }
+                    } else {
+                        want_f64(key, val)?
+                    };
+                    if key == "top_p" {
+                        c.sampling.top_p = x;
+                    } else {
+                        c.sampling.min_p = x;
+                    }
+                    c.sampling.validate()?;
+                }
+                "top_k" => {
+                    // vLLM's -1 and 0 both mean off
+                    let x = if val.is_null() { 0.0 } else { want_f64(key, val)? };
+                    if x.fract() != 0.0 || x < -1.0 || x > u32::MAX as f64 {
+                        return Err(Error::config(
+                            key,
+                            format!("must be an integer >= -1 (-1 or 0: off), got {x}"),
+                        ));
+                    }
+                    c.sampling.top_k = x.max(0.0) as usize;
+                }
+                "sampling_replay" => {
+                    c.sampling_replay = match val {
+                        Value::Null => false,
+                        Value::Bool(b) => *b,
+                        _ => return Err(Error::config(key, "must be true or false")),
+                    }
+                }
                 "legacy" => {
                     c.legacy |= val
                         .as_bool()
@@ -207,7 +242,8 @@ impl CorrectionConfig {
                         other,
                         "unknown config key (expected rollout_is, rollout_is_threshold, \
                          rollout_is_batch_normalize, rollout_rs, rollout_rs_threshold, bypass_mode, \
-                         loss_type, temperature, ln_trm, token_veto, dppo)",
+                         loss_type, temperature, ln_trm, token_veto, dppo, top_p, top_k, min_p, \
+                         sampling_replay)",
                     ))
                 }
             }
@@ -322,6 +358,18 @@ impl CorrectionConfig {
         }
         if let Some(t) = self.token_veto {
             m.insert("token_veto".into(), num_json(t));
+        }
+        if self.sampling.top_p < 1.0 {
+            m.insert("top_p".into(), num_json(self.sampling.top_p));
+        }
+        if self.sampling.top_k > 0 {
+            m.insert("top_k".into(), Value::from(self.sampling.top_k as u64));
+        }
+        if self.sampling.min_p > 0.0 {
+            m.insert("min_p".into(), num_json(self.sampling.min_p));
+        }
+        if self.sampling_replay {
+            m.insert("sampling_replay".into(), Value::Bool(true));
         }
         if let Some(d) = &self.dppo {
             m.insert(

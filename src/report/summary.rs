@@ -85,6 +85,31 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
         mis.push(format!("top-K KL mean {}", num(x)));
     }
     out.push(format!("mismatch: {}", mis.join(", ")));
+    // the sampler's truncation (top-p / top-k / min-p configured with the raw top-K)
+    if let (Some(ls), Some(known), Some(before), Some(after)) = (
+        m("trmask/log_kept_mass_mean"),
+        m("trmask/kept_set_known_fraction"),
+        m("trmask/k3_mean_raw_trainer"),
+        m("trmask/k3_mean_kept_trainer"),
+    ) {
+        let share = if before > 0.0 {
+            format!(
+                ", {}% of the mismatch is truncation",
+                num((1000.0 * (1.0 - after / before)).round() / 10.0)
+            )
+        } else {
+            String::new()
+        };
+        out.push(format!(
+            "truncation: log kept mass mean {} (min {}), kept set known on {}% of tokens; k3 mean \
+             {} against the raw trainer, {} against the kept-set trainer{share}",
+            num(ls),
+            num(m("trmask/log_kept_mass_min").unwrap_or(ls)),
+            num((1000.0 * known).round() / 10.0),
+            num(before),
+            num(after),
+        ));
+    }
     let n = c.seq_accept.len();
     let acc = c.seq_accept.iter().filter(|&&x| x).count();
     let kept = (0..c.mask.len())

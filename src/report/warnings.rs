@@ -117,7 +117,20 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
         let mean = vals.iter().sum::<f64>() / vals.len() as f64;
         let var = vals.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / vals.len() as f64;
         let sd = var.sqrt();
-        if mean.abs() > 1e-3 && mean.abs() > 3.0 * sd {
+        let replayed = w.analysis.metrics.contains_key("trmask/log_kept_mass_mean");
+        if mean.abs() > 1e-3 && mean.abs() > 3.0 * sd && mean < 0.0 && !replayed {
+            // the trainer − processed-rollout offset of a top-p sampler is log S ≥ log top_p
+            out.push(format!(
+                "warning: log_ratio has mean {} but spread only {}: a constant offset, not \
+                 token-level mismatch; it looks like top-p sampling with top_p ≈ {} (rollout \
+                 log-probs of the renormalised distribution): set \"top_p\" (or top_k / min_p) \
+                 and \"sampling_replay\": true with the raw rollout top-K \
+                 (rollout_topk_log_prob), or pass the engine's raw log-probs",
+                num(mean),
+                num(sd),
+                num((mean.exp() * 1000.0).round() / 1000.0)
+            ));
+        } else if mean.abs() > 1e-3 && mean.abs() > 3.0 * sd {
             out.push(format!(
                 "warning: log_ratio has mean {} but spread only {}: a constant offset, not \
                  token-level mismatch (top-p / top-k sampling, whose rollout log-probs are of \

@@ -98,3 +98,83 @@ fn top20_kept_mass_equals_raw_minus_processed_and_replay_removes_the_offset() {
     assert!(k3_proc > 20.0 * k3_raw);
     assert!(k3_replay <= 1.25 * k3_raw, "{k3_replay} vs raw {k3_raw}");
 }
+
+#[test]
+fn analyze_writes_the_kept_mass_and_replays_only_when_asked() {
+    use trmask::cpu::CpuEngine;
+    use trmask::CorrectionConfig;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data/causal-sample/batch.safetensors");
+    let batch = trmask::io::read_batch(&path).unwrap();
+    let run = |cfg: &str| {
+        let c = CorrectionConfig::from_json_str(cfg).unwrap();
+        trmask::analysis::analyze(&CpuEngine::new(), &batch, &c).unwrap()
+    };
+    let plain = run("{}");
+    assert!(
+        !plain.metrics.keys().any(|k| k.contains("kept")),
+        "no truncation configured"
+    );
+    assert!(!plain.outputs.iter().any(|o| o.name == "log_kept_mass"));
+    let measured = run(r#"{"top_p": 0.95}"#);
+    let replayed = run(r#"{"top_p": 0.95, "sampling_replay": true}"#);
+    for a in [&measured, &replayed] {
+        assert!(a.outputs.iter().any(|o| o.name == "log_kept_mass"));
+        let m = |k: &str| a.metrics[k];
+        assert!((m("trmask/log_kept_mass_mean") + 0.0505).abs() < 1e-3);
+        assert!(m("trmask/log_kept_mass_min") >= 0.95f64.ln() - 1e-6);
+        assert!((m("trmask/kept_set_known_fraction") - 1903.0 / 24560.0).abs() < 1e-12);
+        assert!(m("trmask/k3_mean_raw_trainer") > 1e-3);
+        assert!(m("trmask/k3_mean_kept_trainer") < 5e-5);
+    }
+    // the estimators follow the replayed trainer log-prob only with sampling_replay
+    let k3 = |a: &trmask::analysis::Analysis| a.metrics["trmask/k3_mean"];
+    assert!((k3(&measured) - k3(&plain)).abs() < 1e-15);
+    assert!(k3(&replayed) < 5e-5 && k3(&plain) > 1e-3);
+    assert!(replayed
+        .outputs
+        .iter()
+        .any(|o| o.name == "old_log_prob_kept"));
+    assert!(!measured
+        .outputs
+        .iter()
+        .any(|o| o.name == "old_log_prob_kept"));
+    println!(
+        "trmask/k3_mean: plain {:.4e}, top_p measured {:.4e}, sampling_replay {:.4e}",
+        k3(&plain),
+        k3(&measured),
+        k3(&replayed)
+    );
+    // replay needs the truncation and the top-K
+    let c = CorrectionConfig::from_json_str(r#"{"sampling_replay": true}"#).unwrap();
+    let e = trmask::analysis::analyze(&CpuEngine::new(), &batch, &c)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sampling_replay"), "{e}");
+    assert!(CorrectionConfig::from_json_str(r#"{"top_p": 1.5}"#).is_err());
+    assert!(CorrectionConfig::from_json_str(r#"{"top_k": 2.5}"#).is_err());
+}
+
+#[test]
+fn the_corrector_never_ignores_sampling_replay() {
+    use trmask::cpu::CpuEngine;
+    use trmask::{CorrectionConfig, Corrector, Step};
+    let c = CorrectionConfig::from_json_str(r#"{"top_p": 0.9, "sampling_replay": true}"#).unwrap();
+    let cu = [0i64, 2];
+    let step = Step::packed(&cu)
+        .old_log_prob(&[-1.0, -1.0][..])
+        .rollout_log_prob(&[-0.9, -0.9][..]);
+    let e = Corrector::new(CpuEngine::new(), &c)
+        .unwrap()
+        .correct(&step)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rollout_topk_log_prob"), "{e}");
+    // measuring only: no top-K, no kept-mass metrics, no error
+    let c = CorrectionConfig::from_json_str(r#"{"top_p": 0.9}"#).unwrap();
+    let out = Corrector::new(CpuEngine::new(), &c)
+        .unwrap()
+        .correct(&step)
+        .unwrap();
+    assert!(!out.metrics.keys().any(|k| k.contains("kept")));
+}
