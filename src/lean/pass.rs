@@ -12,8 +12,8 @@ use rayon::prelude::*;
 
 /// Slots a tile holds (inputs widened tile by tile on the stack, never as a whole).
 const TILE: usize = 512;
-/// Fewest slots a parallel task covers.
-const TASK_SLOTS: usize = 1 << 16;
+/// Fewest slots a parallel task covers (two tasks for a 64 × 1024 step).
+const TASK_SLOTS: usize = 1 << 15;
 
 /// How the lean pass's slots form sequences.
 #[derive(Clone, Copy, Debug)]
