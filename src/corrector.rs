@@ -29,94 +29,14 @@ use crate::config::{CorrectionConfig, Resolved, Stat};
 use crate::correction;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::lean::{self, LeanInputs, LeanLayout, LeanPlan};
 use crate::logits::Logits;
-use crate::partial::{exchange, Exchange};
+use crate::partial::{exchange, Exchange, SingleProcess};
 use crate::passes::correction_table;
 use crate::stats::Corrections;
 use crate::tensors::{self, Role, Shape};
-use half::{bf16, f16};
+pub use crate::values::{MaskOut, MaskValues, Outputs, Values, WeightsOut};
 use std::sync::Arc;
-
-/// Borrowed per-token values in the trainer's own dtype.
-#[derive(Clone, Copy, Debug)]
-pub enum Values<'a> {
-    F64(&'a [f64]),
-    F32(&'a [f32]),
-    BF16(&'a [bf16]),
-    F16(&'a [f16]),
-}
-
-impl Values<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Values::F64(v) => v.len(),
-            Values::F32(v) => v.len(),
-            Values::BF16(v) => v.len(),
-            Values::F16(v) => v.len(),
-        }
-    }
-    fn to_f64(self) -> Vec<f64> {
-        match self {
-            Values::F64(v) => v.to_vec(),
-            Values::F32(v) => v.iter().map(|&x| x as f64).collect(),
-            Values::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
-            Values::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
-        }
-    }
-}
-
-/// A borrowed response mask: `bool`, or 0/1 numbers (anything else is an error).
-#[derive(Clone, Copy, Debug)]
-pub enum MaskValues<'a> {
-    Bool(&'a [bool]),
-    U8(&'a [u8]),
-    I64(&'a [i64]),
-    F32(&'a [f32]),
-    F64(&'a [f64]),
-}
-
-impl MaskValues<'_> {
-    fn to_f64(self) -> Result<Vec<f64>> {
-        let bad = |i: usize, v: String| {
-            Error::input(
-                "response_mask",
-                format!("must hold 0 or 1, found {v} at index {i}"),
-            )
-        };
-        let num = |v: &mut dyn Iterator<Item = f64>| -> Result<Vec<f64>> {
-            v.enumerate()
-                .map(|(i, x)| {
-                    if x == 0.0 || x == 1.0 {
-                        Ok(x)
-                    } else {
-                        Err(bad(i, x.to_string()))
-                    }
-                })
-                .collect()
-        };
-        match self {
-            MaskValues::Bool(m) => Ok(m.iter().map(|&b| b as u8 as f64).collect()),
-            MaskValues::U8(m) => num(&mut m.iter().map(|&x| x as f64)),
-            MaskValues::I64(m) => num(&mut m.iter().map(|&x| x as f64)),
-            MaskValues::F32(m) => num(&mut m.iter().map(|&x| x as f64)),
-            MaskValues::F64(m) => num(&mut m.iter().copied()),
-        }
-    }
-}
-
-/// `From<&[T]>` for a borrowed-values enum, one variant per element type.
-macro_rules! from_slices {
-    ($enum:ident: $($t:ty => $variant:ident),+) => {
-        $(impl<'a> From<&'a [$t]> for $enum<'a> {
-            fn from(v: &'a [$t]) -> Self {
-                $enum::$variant(v)
-            }
-        })+
-    };
-}
-
-from_slices!(Values: f64 => F64, f32 => F32, bf16 => BF16, f16 => F16);
-from_slices!(MaskValues: bool => Bool, u8 => U8, i64 => I64, f32 => F32, f64 => F64);
 
 #[derive(Clone, Debug)]
 enum StepLayout<'a> {
@@ -234,6 +154,38 @@ impl<'a> Step<'a> {
         self
     }
 
+    /// The lean pass's inputs: exactly the rollout's and the training policy's log-probs
+    /// (`log_prob` in bypass mode, else `old_log_prob` or `log_prob`) and the layout, nothing
+    /// else (`None` sends the step down the full path).
+    fn lean_inputs(&self, bypass: bool) -> Option<LeanInputs<'a>> {
+        if self.advantages.is_some()
+            || self.responses.is_some()
+            || self.uid.is_some()
+            || self.rollout_logits.is_some()
+            || self.old_logits.is_some()
+        {
+            return None;
+        }
+        let train = match (self.old_log_prob, self.log_prob) {
+            (None, Some(lp)) => lp,
+            (Some(old), None) if !bypass => old,
+            _ => return None,
+        };
+        let layout = match &self.layout {
+            StepLayout::Padded { batch, seq_len } => LeanLayout::Padded {
+                batch: *batch,
+                seq_len: *seq_len,
+            },
+            StepLayout::Packed { cu_seqlens } => LeanLayout::Packed(cu_seqlens),
+        };
+        Some(LeanInputs {
+            layout,
+            mask: self.response_mask,
+            roll: self.rollout_log_prob?,
+            train,
+        })
+    }
+
     fn to_batch(&self) -> Result<Batch> {
         let mask = self.response_mask.map(MaskValues::to_f64).transpose()?;
         let mut batch = match &self.layout {
@@ -299,6 +251,8 @@ pub struct Corrector {
     engine: Arc<dyn Engine>,
     config: CorrectionConfig,
     resolved: Resolved,
+    /// The fused lean pass's plan, where it serves this config on this engine.
+    lean: Option<LeanPlan>,
 }
 
 impl std::fmt::Debug for Corrector {
@@ -316,11 +270,14 @@ impl Corrector {
     /// trainer's own wgpu device — or an `Arc<dyn Engine>` shared with other work).
     pub fn new(engine: impl IntoEngine, config: &CorrectionConfig) -> Result<Self> {
         let resolved = config.resolve()?;
-        Ok(Corrector {
+        let mut c = Corrector {
             engine: engine.into_engine(),
             config: config.clone(),
             resolved,
-        })
+            lean: None,
+        };
+        c.lean = c.lean_plan();
+        Ok(c)
     }
 
     /// Computes only verl's `rollout_corr/*` metrics (`on`), not trmask's diagnostics
@@ -338,7 +295,29 @@ impl Corrector {
     /// ```
     pub fn verl_metrics_only(mut self, on: bool) -> Self {
         self.resolved.verl_metrics_only = on;
+        self.lean = self.lean_plan();
         self
+    }
+
+    /// The lean pass runs on the CPU engines (the f64 reference's formulas).
+    fn lean_plan(&self) -> Option<LeanPlan> {
+        // the GPU engine, and a truncated sampler's kept mass (read from the raw top-K), take
+        // the full path
+        if self.engine.is_gpu() || !self.config.sampling.is_off() || self.config.sampling_replay {
+            return None;
+        }
+        lean::plan(&self.resolved)
+    }
+
+    /// True when [`correct_into`](Self::correct_into) runs the fused lean pass for steps
+    /// holding only log-probs and a mask (else it runs [`correct`](Self::correct) and copies).
+    pub fn has_lean_pass(&self) -> bool {
+        self.lean.is_some()
+    }
+
+    /// True when the config produces IS weights (`correct_into` then needs a weights buffer).
+    pub fn has_weights(&self) -> bool {
+        self.resolved.is.is_some()
     }
 
     /// The engine this corrector runs on.
@@ -417,6 +396,114 @@ impl Corrector {
         let merged = exchange(ex, p)?;
         correction::check_valid_tokens(&merged, batch.layout())?;
         c.metrics = merged.finish()?;
+        Ok(c)
+    }
+}
+
+impl Corrector {
+    /// [`correct`](Self::correct) writing the IS weights and the modified response mask into
+    /// the caller's buffers (`out`, one value per slot, verl's dtypes): the trainer's hot path.
+    /// For steps holding only both policies' log-probs and a mask, and the configs it serves
+    /// (verl's metrics only, sampled-token criteria, token or sequence IS), this is one fused
+    /// pass over each sequence that reads the inputs in their own dtype; anything else runs
+    /// [`correct`](Self::correct) and copies. The returned [`Corrections`] holds the decisions
+    /// and metrics; its `weights` and `mask` are left empty.
+    ///
+    /// ```
+    /// use trmask::{cpu::CpuEngine, CorrectionConfig, Corrector, MaskOut, Outputs, Step, WeightsOut};
+    /// let cfg = CorrectionConfig::preset("decoupled_k3_rs_token_tis")?;
+    /// let c = Corrector::new(CpuEngine::new(), &cfg)?.verl_metrics_only(true);
+    /// let rollout: Vec<f32> = vec![-1.0, -0.5, -0.2, -2.0, -1.0, 0.0];
+    /// let old: Vec<f32> = vec![-1.0, -0.5, -0.2, -1.0, -3.0, 0.0];
+    /// let mask = [1.0f32, 1.0, 1.0, 1.0, 1.0, 0.0];
+    /// let step = Step::padded(2, 3).response_mask(&mask[..])
+    ///     .rollout_log_prob(&rollout[..]).old_log_prob(&old[..]);
+    /// let (mut w, mut m) = (vec![0f32; 6], vec![0f32; 6]);
+    /// let out = c.correct_into(&step, Outputs {
+    ///     weights: Some(WeightsOut::F32(&mut w)),
+    ///     mask: MaskOut::F32(&mut m),
+    /// })?;
+    /// assert_eq!(m, vec![1.0, 1.0, 1.0, 0.0, 0.0, 0.0]); // seq_mean_k3 rejects sequence 1
+    /// assert_eq!(out.seq_accept, vec![true, false]);
+    /// assert!(c.has_lean_pass() && out.metrics.contains_key("rollout_corr/rollout_is_mean"));
+    /// # Ok::<(), trmask::Error>(())
+    /// ```
+    pub fn correct_into(&self, step: &Step<'_>, out: Outputs<'_>) -> Result<Corrections> {
+        self.correct_into_with(step, out, &mut SingleProcess)
+    }
+
+    /// [`correct_into`](Self::correct_into) for one data-parallel rank (see
+    /// [`correct_shard`](Self::correct_shard)).
+    pub fn correct_shard_into(
+        &self,
+        step: &Step<'_>,
+        out: Outputs<'_>,
+        ex: &mut dyn Exchange,
+    ) -> Result<Corrections> {
+        self.correct_into_with(step, out, ex)
+    }
+
+    fn correct_into_with(
+        &self,
+        step: &Step<'_>,
+        mut out: Outputs<'_>,
+        ex: &mut dyn Exchange,
+    ) -> Result<Corrections> {
+        match (&out.weights, self.has_weights()) {
+            (None, true) => {
+                return Err(Error::input(
+                    "rollout_is_weights",
+                    "needs an output buffer: the config has IS weights",
+                ))
+            }
+            (Some(_), false) => {
+                return Err(Error::input(
+                    "rollout_is_weights",
+                    "was given a buffer but the config has no IS weights",
+                ))
+            }
+            _ => {}
+        }
+        let lean = self
+            .lean
+            .as_ref()
+            .zip(step.lean_inputs(self.config.bypass_mode));
+        if let Some((plan, inp)) = lean {
+            if let Some((mut c, p)) = lean::run(plan, &inp, &mut out, ex)? {
+                let merged = exchange(ex, p)?;
+                if merged.count("#valid_tokens") == 0 {
+                    // the full path words the error for the layout
+                    return self.correct_shard(step, ex);
+                }
+                c.metrics = merged.finish()?;
+                return Ok(c);
+            }
+        }
+        let mut c = if ex.size() <= 1 {
+            self.correct(step)?
+        } else {
+            self.correct_shard(step, ex)?
+        };
+        let slots = c.mask.len();
+        if out.mask.len() != slots {
+            return Err(Error::input(
+                "modified_response_mask",
+                format!("buffer has {} slots, the step {slots}", out.mask.len()),
+            ));
+        }
+        let keep: Vec<bool> = c.mask.iter().map(|&m| m != 0.0).collect();
+        out.mask.store(0, &keep);
+        if let (Some(wo), Some(w)) = (out.weights.as_mut(), &c.weights) {
+            if wo.len() != slots {
+                return Err(Error::input(
+                    "rollout_is_weights",
+                    format!("buffer has {} slots, the step {slots}", wo.len()),
+                ));
+            }
+            wo.store(0, w);
+        }
+        c.weights = None;
+        c.mask = Vec::new();
         Ok(c)
     }
 }

@@ -38,6 +38,7 @@ mod math;
 pub mod plan;
 mod stats;
 pub mod tensors;
+mod values;
 // Layer 0–1: inputs and their validation.
 mod batch;
 pub mod kept_mass;
@@ -60,6 +61,7 @@ pub mod calibrate;
 mod certificate;
 pub mod compare;
 pub mod correction;
+mod lean;
 mod metrics;
 pub mod partial;
 // Layer 5: what the CLI and bindings call.
@@ -77,7 +79,9 @@ pub mod trend;
 pub use batch::{Batch, Layout, Segments};
 pub use certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};
 pub use config::CorrectionConfig;
-pub use corrector::{Corrector, IntoEngine, MaskValues, Step, Values};
+pub use corrector::{
+    Corrector, IntoEngine, MaskOut, MaskValues, Outputs, Step, Values, WeightsOut,
+};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use gpu::GpuEngine;

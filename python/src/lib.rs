@@ -8,6 +8,7 @@
 mod arrays;
 mod batch;
 mod exchange;
+mod outputs;
 
 use arrays::{Arr, LAST_BORROWS};
 use numpy::{PyArray1, PyArrayMethods, ToPyArray};
@@ -129,7 +130,45 @@ fn correct<'py>(
     backend: &str,
     verl_only: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    correct_with(py, tensors, config_json, backend, None, verl_only)
+    correct_with(py, tensors, config_json, backend, None, verl_only, None)
+}
+
+/// Whether the config gives IS weights (so `correct_into` needs a weights buffer), after
+/// building (and caching) its corrector; also its `warning:` lines.
+#[pyfunction]
+#[pyo3(signature = (config_json, backend, verl_only=false))]
+fn config_info(
+    py: Python<'_>,
+    config_json: &str,
+    backend: &str,
+    verl_only: bool,
+) -> PyResult<(bool, Vec<String>)> {
+    let c = corrector(py, config_json, backend, verl_only)?;
+    Ok((c.has_weights(), c.config().warnings()))
+}
+
+/// [`correct`] (or, with `rank`/`size`/`all_gather`, [`correct_shard`]) writing the weights
+/// and the modified mask into `weights_out` / `mask_out` (NumPy arrays of the step's slots the
+/// caller allocated in verl's output dtypes): the returned dict has no `weights` / `mask`.
+#[pyfunction]
+#[pyo3(signature = (tensors, config_json, backend, verl_only, weights_out, mask_out, shard=None))]
+#[allow(clippy::too_many_arguments)]
+fn correct_into<'py>(
+    py: Python<'py>,
+    tensors: &Bound<'py, PyDict>,
+    config_json: &str,
+    backend: &str,
+    verl_only: bool,
+    weights_out: Option<Bound<'py, PyAny>>,
+    mask_out: Bound<'py, PyAny>,
+    shard: Option<(usize, usize, Py<PyAny>)>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let ex = match shard {
+        Some((rank, size, ag)) => Some(exchange::PyExchange::new(rank, size, ag)?),
+        None => None,
+    };
+    let outs = (weights_out, mask_out);
+    correct_with(py, tensors, config_json, backend, ex, verl_only, Some(outs))
 }
 
 /// [`correct`] on this rank's shard of a data-parallel batch: per-token weights and mask of
@@ -150,7 +189,7 @@ fn correct_shard<'py>(
     verl_only: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let ex = exchange::PyExchange::new(rank, size, all_gather)?;
-    correct_with(py, tensors, config_json, backend, Some(ex), verl_only)
+    correct_with(py, tensors, config_json, backend, Some(ex), verl_only, None)
 }
 
 fn correct_with<'py>(
@@ -160,6 +199,7 @@ fn correct_with<'py>(
     backend: &str,
     ex: Option<exchange::PyExchange>,
     verl_only: bool,
+    outs: Option<(Option<Bound<'py, PyAny>>, Bound<'py, PyAny>)>,
 ) -> PyResult<Bound<'py, PyDict>> {
     arrays::reset_borrows();
     let corrector = corrector(py, config_json, backend, verl_only)?;
@@ -240,6 +280,26 @@ fn correct_with<'py>(
         }
         _ => unreachable!("two logits tensors at most"),
     }
+    if let Some((w, m)) = outs {
+        let mut wa = w
+            .map(|w| outputs::OutArr::borrow("rollout_is_weights", &w))
+            .transpose()?;
+        let mut ma = outputs::OutArr::borrow("modified_response_mask", &m)?;
+        let out = trmask::Outputs {
+            weights: wa.as_mut().map(|w| w.weights()).transpose()?,
+            mask: ma.mask()?,
+        };
+        let c = match ex {
+            None => py
+                .detach(|| corrector.correct_into(&step, out))
+                .map_err(to_py)?,
+            Some(mut ex) => {
+                let r = py.detach(|| corrector.correct_shard_into(&step, out, &mut ex));
+                r.map_err(|e| ex.take_error().unwrap_or_else(|| to_py(e)))?
+            }
+        };
+        return details(py, &c);
+    }
     let c = match ex {
         None => py.detach(|| corrector.correct(&step)).map_err(to_py)?,
         Some(mut ex) => {
@@ -247,9 +307,15 @@ fn correct_with<'py>(
             r.map_err(|e| ex.take_error().unwrap_or_else(|| to_py(e)))?
         }
     };
-    let out = PyDict::new(py);
+    let out = details(py, &c)?;
     out.set_item("weights", c.weights.as_deref().map(|w| f64_array(py, w)))?;
     out.set_item("mask", f64_array(py, &c.mask))?;
+    Ok(out)
+}
+
+/// The decisions and metrics of a correction as a dict.
+fn details<'py>(py: Python<'py>, c: &trmask::Corrections) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
     out.set_item("seq_accept", c.seq_accept.to_pyarray(py))?;
     let seq_len: Vec<i64> = c.seq_len.iter().map(|&n| n as i64).collect();
     out.set_item("seq_len", seq_len.to_pyarray(py))?;
@@ -521,6 +587,8 @@ fn last_borrows() -> Vec<(String, usize, usize)> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(correct, m)?)?;
     m.add_function(wrap_pyfunction!(correct_shard, m)?)?;
+    m.add_function(wrap_pyfunction!(correct_into, m)?)?;
+    m.add_function(wrap_pyfunction!(config_info, m)?)?;
     m.add_function(wrap_pyfunction!(analyze, m)?)?;
     m.add_function(wrap_pyfunction!(vocab_divergence, m)?)?;
     m.add_function(wrap_pyfunction!(topk_divergence, m)?)?;

@@ -117,6 +117,77 @@ def backend_name(backend: str = "auto") -> str:
     return _native.engine_name(backend)[0]
 
 
+# (verl arguments, backend, verl metrics only) -> (config JSON, has weights, warnings), for
+# calls that pass no config=, preset= or trmask option: no JSON per call
+_CONFIGS: Dict[Any, Tuple[str, bool, List[str]]] = {}
+
+
+def _resolved_config(
+    config: Optional[Mapping[str, Any]],
+    preset_name: Optional[str],
+    verl: Tuple[Any, ...],
+    options: Mapping[str, Any],
+    backend: str,
+    verl_only: bool,
+) -> Tuple[str, bool]:
+    key = None
+    if config is None and preset_name is None and not options:
+        key = (verl, backend, verl_only)
+        try:
+            hit = _CONFIGS.get(key)
+        except TypeError:  # an unhashable threshold: the native side names the problem
+            key, hit = None, None
+        if hit is not None:
+            for w in hit[2]:
+                warnings.warn(w, UserWarning, stacklevel=3)
+            return hit[0], hit[1]
+    names = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold")
+    cfg = _config(config, preset_name, dict(zip(names, verl)), options)
+    config_json = _json(cfg)
+    try:
+        has_weights, notes = _native.config_info(config_json, backend, verl_only)
+    except ValueError as e:
+        verl_e = _verl_exception(e)
+        if verl_e is e:
+            raise
+        raise verl_e from None
+    texts = [w[len("warning: ") :] if w.startswith("warning: ") else w for w in notes]
+    for w in texts:
+        warnings.warn(w, UserWarning, stacklevel=3)
+    if key is not None:
+        if len(_CONFIGS) >= 64:
+            _CONFIGS.clear()
+        _CONFIGS[key] = (config_json, has_weights, texts)
+    return config_json, has_weights
+
+
+# the mask dtypes the library writes (others are written as float64 and converted)
+_MASK_OUT = {np.dtype(t) for t in (np.bool_, np.uint8, np.int64, np.float32, np.float64)}
+
+
+def _np_dtype(dtype: Any) -> Any:
+    """The NumPy dtype of an output of `dtype` (a torch dtype without a NumPy twin, bfloat16,
+    is written as float32 and converted once)."""
+    if isinstance(dtype, np.dtype) or isinstance(dtype, type):
+        return np.dtype(dtype)
+    name = str(dtype).replace("torch.", "")
+    return np.dtype({"bool": np.bool_, "uint8": np.uint8, "int64": np.int64, "float64": np.float64}.get(name, np.float32))
+
+
+def _slots(tensors: Mapping[str, Any]) -> int:
+    """Token slots of the step: the mask's size, or the packed layout's last offset."""
+    m = tensors.get("response_mask")
+    if m is not None:
+        return int(m.size)
+    cu = tensors.get("cu_seqlens")
+    if cu is not None and cu.size > 0:
+        return max(int(cu.ravel()[-1]), 0)
+    lp = tensors.get("old_log_prob", tensors.get("rollout_log_prob"))
+    if isinstance(lp, tuple):
+        return int(lp[1].size)
+    return 0 if lp is None else int(lp.size)
+
+
 def _config(
     config: Optional[Mapping[str, Any]],
     preset_name: Optional[str],
@@ -199,17 +270,14 @@ def compute_rollout_correction_and_rejection_mask(
 
     For one shard per data-parallel rank see :mod:`trmask.distributed`.
     """
-    cfg = _config(
+    verl_only = not trmask_metrics
+    config_json, has_weights = _resolved_config(
         config,
         preset,
-        {
-            "rollout_is": rollout_is,
-            "rollout_is_threshold": rollout_is_threshold,
-            "rollout_is_batch_normalize": rollout_is_batch_normalize,
-            "rollout_rs": rollout_rs,
-            "rollout_rs_threshold": rollout_rs_threshold,
-        },
+        (rollout_is, rollout_is_threshold, rollout_is_batch_normalize, rollout_rs, rollout_rs_threshold),
         options,
+        backend,
+        verl_only,
     )
     given = dict(
         old_log_prob=old_log_prob,
@@ -228,19 +296,6 @@ def compute_rollout_correction_and_rejection_mask(
     for name, x in given.items():
         if x is not None:
             tensors[name], kinds[name] = borrow(x, name, _ROLES[name])
-    config_json = _json(cfg)
-    try:
-        _warn_config(config_json)
-        verl_only = not trmask_metrics
-        if _exchange is None:
-            out = _native.correct(tensors, config_json, backend, verl_only)
-        else:  # trmask.distributed: (rank, world size, all_gather)
-            out = _native.correct_shard(tensors, config_json, backend, *_exchange, verl_only)
-    except ValueError as e:
-        verl = _verl_exception(e)
-        if verl is e:
-            raise
-        raise verl from None
     shape = next((shape_of(tensors[n]) for n in _TOKEN_SHAPE if n in tensors), None)
     # verl's weights have old_log_prob's dtype (rollout_log_prob's when it is alone)
     values_kind = kinds.get("old_log_prob")
@@ -249,13 +304,25 @@ def compute_rollout_correction_and_rejection_mask(
         first = next(iter(kinds.values()), Kind(False, np.float64))
         values_kind = Kind(first.torch, _float64(first.torch), first.device)
     mask_kind = kinds.get("response_mask") or values_kind
+    # the outputs, allocated once in verl's dtypes; the library writes them in place
+    slots = _slots(tensors)
+    w_np = np.empty(slots, _np_dtype(float_out_dtype(values_kind))) if has_weights else None
+    m_src = tensors.get("response_mask")
+    m_dtype = m_src.dtype if isinstance(m_src, np.ndarray) else _np_dtype(mask_kind.dtype)
+    m_np = np.empty(slots, m_dtype if m_dtype in _MASK_OUT else np.float64)
+    try:
+        out = _native.correct_into(tensors, config_json, backend, verl_only, w_np, m_np, _exchange)
+    except ValueError as e:
+        verl = _verl_exception(e)
+        if verl is e:
+            raise
+        raise verl from None
 
     def tok(a: np.ndarray) -> np.ndarray:
         return a.reshape(shape) if shape is not None else a
 
-    weights = out["weights"]
-    weights = None if weights is None else values_kind.out(tok(weights), float_out_dtype(values_kind))
-    mask = mask_kind.out(tok(out["mask"]))
+    weights = None if w_np is None else values_kind.out(tok(w_np), float_out_dtype(values_kind))
+    mask = mask_kind.out(tok(m_np))
     metrics = {
         k: float(v)
         for k, v in out["metrics"].items()

@@ -14,6 +14,7 @@ mod front_door;
 mod groups_lengths;
 mod kept_mass;
 mod kpop;
+mod lean_pass;
 mod numeric_rules;
 mod opsm;
 mod tensor_names;

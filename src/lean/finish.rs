@@ -1,0 +1,487 @@
+//! The lean pass's per-sequence records, and the metric partial and decisions built from
+//! them: the same accumulators, under the same keys, as `correction::head` puts.
+
+use super::plan::{is_weight, LAgg, LCrit, LeanPlan, MAX_CRITERIA};
+use crate::config::{IsLevel, IsSpec};
+use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
+use crate::stats::{Corrections, CriterionResult, SAFETY_BOUND};
+
+/// The sequence-IS batch normaliser's partial (an internal key, not a metric).
+pub(crate) const SEQ_NORM: &str = "#lean_seq_is_norm";
+
+/// One criterion's sums over one sequence.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CritRec {
+    /// Σ or max of the statistic (sequence criteria).
+    pub(crate) agg: f64,
+    /// Σ of the per-token value verl's metrics read (the statistic, or the sequence's value
+    /// on each of its tokens).
+    pub(crate) pts: f64,
+    pub(crate) tmax: f64,
+    pub(crate) tmin: f64,
+    pub(crate) hi: u64,
+    pub(crate) lo: u64,
+    /// Σ and Σ² of the value clamped to the thresholds (verl's std, which cancels: so
+    /// compensated).
+    pub(crate) sc1: Sum,
+    pub(crate) sc2: Sum,
+    /// Valid tokens this criterion rejected.
+    pub(crate) rej: u64,
+    /// The sequence's statistic (sequence criteria) or rejected fraction (token criteria).
+    pub(crate) value: f64,
+}
+
+impl Default for CritRec {
+    fn default() -> Self {
+        CritRec {
+            agg: 0.0,
+            pts: 0.0,
+            tmax: f64::NEG_INFINITY,
+            tmin: f64::INFINITY,
+            hi: 0,
+            lo: 0,
+            sc1: Sum::default(),
+            sc2: Sum::default(),
+            rej: 0,
+            value: 0.0,
+        }
+    }
+}
+
+impl CritRec {
+    /// A token criterion's valid token with statistic `x`.
+    #[inline]
+    pub(crate) fn add_token(&mut self, c: &LCrit, x: f64) {
+        self.pts += x;
+        self.tmax = self.tmax.max(x);
+        self.tmin = self.tmin.min(x);
+        self.hi += u64::from(x > c.upper);
+        self.lo += u64::from(c.lower.is_some_and(|l| x < l));
+        let sc = x.max(c.lower.unwrap_or(0.0)).min(c.upper);
+        self.sc1.add(sc);
+        self.sc2.add(sc * sc);
+    }
+}
+
+/// One sequence's sums (valid tokens only, in slot order).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SeqRec {
+    pub(crate) n: u64,
+    pub(crate) s_train: f64,
+    pub(crate) s_roll: f64,
+    pub(crate) s_lr: f64,
+    pub(crate) s_k3u: f64,
+    pub(crate) s_rho2: f64,
+    pub(crate) s_w: f64,
+    pub(crate) w_max: f64,
+    pub(crate) w_min: f64,
+    pub(crate) s_raw: f64,
+    /// Σ and Σ² of the clipped weights (verl's std and ESS, which cancel: compensated).
+    pub(crate) s_wc: Sum,
+    pub(crate) s_wc2: Sum,
+    pub(crate) is_hi: u64,
+    pub(crate) is_lo: u64,
+    pub(crate) is_oob: u64,
+    /// Sequence IS: the sequence's weight (before batch normalisation).
+    pub(crate) seq_weight: f64,
+    /// Valid tokens some criterion rejected.
+    pub(crate) n_rej_any: u64,
+    pub(crate) crit: [CritRec; MAX_CRITERIA],
+}
+
+impl Default for SeqRec {
+    fn default() -> Self {
+        SeqRec {
+            n: 0,
+            s_train: 0.0,
+            s_roll: 0.0,
+            s_lr: 0.0,
+            s_k3u: 0.0,
+            s_rho2: 0.0,
+            s_w: 0.0,
+            w_max: f64::NEG_INFINITY,
+            w_min: f64::INFINITY,
+            s_raw: 0.0,
+            s_wc: Sum::default(),
+            s_wc2: Sum::default(),
+            is_hi: 0,
+            is_lo: 0,
+            is_oob: 0,
+            seq_weight: 0.0,
+            n_rej_any: 0,
+            crit: [CritRec::default(); MAX_CRITERIA],
+        }
+    }
+}
+
+impl SeqRec {
+    /// A valid token's raw ratio and IS weight (token IS).
+    #[inline]
+    pub(crate) fn add_token_weight(&mut self, is: &IsSpec, raw: f64, w: f64) {
+        self.s_w += w;
+        self.w_max = self.w_max.max(w);
+        self.w_min = self.w_min.min(w);
+        self.s_raw += raw;
+        self.is_hi += u64::from(raw > is.upper);
+        self.is_lo += u64::from(raw < is.lower.unwrap_or(1.0 / is.upper));
+        if let Some(l) = is.lower {
+            self.is_oob += u64::from(raw < l || raw > is.upper);
+        }
+        let wc = w.clamp(0.0, is.upper);
+        self.s_wc.add(wc);
+        self.s_wc2.add(wc * wc);
+    }
+
+    /// Sequence IS: the weight of every valid token, `exp(clamp(Σ lr))` through TIS / IcePop.
+    pub(crate) fn finish_seq_weight(&mut self, is: &IsSpec) -> f64 {
+        let raw = self.s_lr.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp();
+        let w = is_weight(is, raw);
+        let n = self.n as f64;
+        self.seq_weight = w;
+        if self.n > 0 {
+            self.s_w = n * w;
+            self.w_max = w;
+            self.w_min = w;
+            self.s_raw = n * raw;
+            let wc = w.clamp(0.0, is.upper);
+            self.s_wc = times(n, wc);
+            self.s_wc2 = times(n, wc * wc);
+            if let Some(l) = is.lower {
+                self.is_oob = if raw < l || raw > is.upper { self.n } else { 0 };
+            }
+        }
+        w
+    }
+
+    /// A sequence criterion's value and decision; true when it rejects the sequence.
+    pub(crate) fn finish_seq_criterion(&mut self, ci: usize, c: &LCrit) -> bool {
+        let n = self.n as f64;
+        let r = &mut self.crit[ci];
+        let v = match c.agg {
+            LAgg::Sum => r.agg,
+            LAgg::MeanVerl => r.agg / (n + 1e-8),
+            LAgg::Mean if self.n > 0 => r.agg / n,
+            LAgg::Max if self.n > 0 => r.agg,
+            _ => 0.0,
+        };
+        r.value = v;
+        let rejected = self.n > 0 && !c.keep(v);
+        r.rej = if rejected { self.n } else { 0 };
+        r.pts = n * v;
+        let sc = v.max(c.lower.unwrap_or(0.0)).min(c.upper);
+        r.sc1 = times(n, sc);
+        r.sc2 = times(n, sc * sc);
+        rejected
+    }
+}
+
+/// `n · x` exactly, as a compensated sum (the product and its FMA rounding error).
+fn times(n: f64, x: f64) -> Sum {
+    let p = n * x;
+    let mut s = Sum::default();
+    s.add(p);
+    if p.is_finite() {
+        s.add(n.mul_add(x, -p));
+    }
+    s
+}
+
+fn merged(v: impl Iterator<Item = Sum>) -> Sum {
+    let mut s = Sum::default();
+    v.for_each(|x| s.merge(x));
+    s
+}
+
+fn sum(v: impl Iterator<Item = f64>) -> Sum {
+    Sum::of(v)
+}
+
+fn masked(s: Sum, n: u64) -> Acc {
+    Acc::masked_mean(s, n as usize)
+}
+
+fn count_sum(v: impl Iterator<Item = u64>) -> Sum {
+    Sum::of(v.map(|k| k as f64))
+}
+
+fn f32_frac(k: usize, n: usize) -> Acc {
+    Acc::frac(k, n, FracMode::F32, Empty::Compute)
+}
+
+fn mean(v: &[f64]) -> Acc {
+    Acc::mean(v, Empty::Compute)
+}
+
+fn vmax(v: impl IntoIterator<Item = f64>) -> Acc {
+    Acc::max(v, Empty::Compute)
+}
+
+fn vmin(v: impl IntoIterator<Item = f64>) -> Acc {
+    Acc::min(v, Empty::Compute)
+}
+
+/// `*_seq_mean`, `_seq_std`, `_seq_max`, `_seq_min`, `_seq_max_deviation` (from `dev`).
+fn seq_stats(p: &mut Partial, pre: &str, v: &[f64], dev: f64) {
+    p.put(format!("{pre}_seq_mean"), mean(v));
+    p.put(format!("{pre}_seq_std"), Acc::moments(v));
+    p.put(format!("{pre}_seq_max"), vmax(v.iter().copied()));
+    p.put(format!("{pre}_seq_min"), vmin(v.iter().copied()));
+    p.put(
+        format!("{pre}_seq_max_deviation"),
+        vmax(v.iter().map(|x| (x - dev).abs())),
+    );
+}
+
+/// The metric partial of one task's sequences.
+pub(crate) fn chunk_partial(plan: &LeanPlan, recs: &[SeqRec]) -> Partial {
+    let mut m = Partial::new();
+    let p = |k: &str| format!("rollout_corr/{k}");
+    let n: u64 = recs.iter().map(|r| r.n).sum();
+    let b = recs.len();
+    m.put("#valid_tokens", Acc::Count(n));
+    let row = |s: f64, r: &SeqRec| s / (r.n as f64 + 1e-8);
+    // ---- compute_offpolicy_metrics ----
+    let mt: Vec<f64> = recs.iter().map(|r| row(r.s_train, r)).collect();
+    let mr: Vec<f64> = recs.iter().map(|r| row(r.s_roll, r)).collect();
+    let map = |v: &[f64], f: fn(f64) -> f64| v.iter().map(|&x| f(x)).collect::<Vec<_>>();
+    m.put(p("training_ppl"), mean(&map(&mt, |x| (-x).exp())));
+    m.put(p("training_log_ppl"), mean(&map(&mt, |x| -x)));
+    m.put(p("rollout_ppl"), mean(&map(&mr, |x| (-x).exp())));
+    m.put(p("rollout_log_ppl"), mean(&map(&mr, |x| -x)));
+    let d: Vec<f64> = mr.iter().zip(&mt).map(|(r, t)| r - t).collect();
+    m.put(p("log_ppl_diff"), mean(&d));
+    m.put(p("log_ppl_abs_diff"), mean(&map(&d, f64::abs)));
+    m.put(p("log_ppl_diff_max"), vmax(d.iter().copied()));
+    m.put(p("log_ppl_diff_min"), vmin(d.iter().copied()));
+    m.put(p("ppl_ratio"), mean(&map(&d, f64::exp)));
+    m.put(p("kl"), masked(sum(recs.iter().map(|r| -r.s_lr)), n));
+    m.put(p("k3_kl"), masked(sum(recs.iter().map(|r| r.s_k3u)), n));
+    m.put(
+        p("chi2_token"),
+        Acc::MaskedMean {
+            sum: sum(recs.iter().map(|r| r.s_rho2)),
+            n,
+            offset: -1.0,
+        },
+    );
+    m.put(
+        p("chi2_seq"),
+        Acc::Mean {
+            sum: sum(recs
+                .iter()
+                .map(|r| (2.0 * r.s_lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp())),
+            n: b as u64,
+            offset: -1.0,
+            empty: Empty::Compute,
+        },
+    );
+    if let Some(is) = &plan.is {
+        is_metrics(&mut m, is, recs, n);
+    }
+    for (ci, c) in plan.criteria.iter().enumerate() {
+        criterion_metrics(&mut m, c, ci, recs, n);
+    }
+    if !plan.criteria.is_empty() {
+        m.put(
+            p("rollout_rs_masked_fraction"),
+            masked(count_sum(recs.iter().map(|r| r.n_rej_any)), n),
+        );
+        let k = recs.iter().filter(|r| r.n_rej_any > 0).count();
+        m.put(p("rollout_rs_seq_masked_fraction"), f32_frac(k, b));
+    }
+    m
+}
+
+fn is_metrics(m: &mut Partial, is: &IsSpec, recs: &[SeqRec], n: u64) {
+    let p = |k: &str| format!("rollout_corr/{k}");
+    let b = recs.len();
+    let upper = is.upper;
+    let lower = is.lower.unwrap_or(1.0 / upper);
+    m.put(
+        p("rollout_is_mean"),
+        masked(sum(recs.iter().map(|r| r.s_w)), n),
+    );
+    match is.level {
+        IsLevel::Sequence => {
+            let sl = || recs.iter().map(|r| r.s_lr);
+            m.put(
+                p("rollout_is_max"),
+                vmax(sl().map(|l| l.min(SAFETY_BOUND).exp())),
+            );
+            m.put(p("rollout_is_min"), vmin(sl().map(f64::exp)));
+            let lu = (upper as f32).ln() as f64;
+            let ll = (lower as f32).ln() as f64;
+            let hi = sl().filter(|&s| s > lu).count();
+            let lo = sl().filter(|&s| s < ll).count();
+            m.put(p("rollout_is_ratio_fraction_high"), f32_frac(hi, b));
+            m.put(p("rollout_is_ratio_fraction_low"), f32_frac(lo, b));
+        }
+        IsLevel::Token => {
+            let hi = count_sum(recs.iter().map(|r| r.is_hi));
+            let lo = count_sum(recs.iter().map(|r| r.is_lo));
+            m.put(p("rollout_is_ratio_fraction_high"), masked(hi, n));
+            m.put(p("rollout_is_ratio_fraction_low"), masked(lo, n));
+            let valid = || recs.iter().filter(|r| r.n > 0);
+            m.put(p("rollout_is_max"), vmax(valid().map(|r| r.w_max)));
+            m.put(p("rollout_is_min"), vmin(valid().map(|r| r.w_min)));
+        }
+    }
+    let (s1, s2) = (
+        merged(recs.iter().map(|r| r.s_wc)),
+        merged(recs.iter().map(|r| r.s_wc2)),
+    );
+    m.put(p("rollout_is_std"), Acc::VerlStd { s1, s2, n });
+    m.put(
+        p("rollout_is_eff_sample_size"),
+        Acc::VerlEss { s1, s2, n, key: 0 },
+    );
+    let seq_mean: Vec<f64> = recs.iter().map(|r| r.s_w / (r.n as f64 + 1e-8)).collect();
+    seq_stats(m, &p("rollout_is"), &seq_mean, 1.0);
+    let raw_seq = || recs.iter().map(|r| r.s_raw / (r.n as f64 + 1e-8));
+    let hi = raw_seq().filter(|&x| x > upper).count();
+    let lo = raw_seq().filter(|&x| x < lower).count();
+    m.put(p("rollout_is_seq_fraction_high"), f32_frac(hi, b));
+    m.put(p("rollout_is_seq_fraction_low"), f32_frac(lo, b));
+    if is.lower.is_some() {
+        let oob = count_sum(recs.iter().map(|r| r.is_oob));
+        m.put(p("rollout_is_oob_ratio"), masked(oob, n));
+    }
+    if is.batch_normalize && is.level == IsLevel::Sequence {
+        let valid: Vec<f64> = (0..b)
+            .filter(|&i| recs[i].n > 0)
+            .map(|i| seq_mean[i])
+            .collect();
+        m.put(SEQ_NORM, Acc::mean(&valid, Empty::Zero));
+    }
+}
+
+fn criterion_metrics(m: &mut Partial, c: &LCrit, ci: usize, recs: &[SeqRec], n: u64) {
+    let pre = format!("rollout_corr/rollout_rs_{}", c.name);
+    let is_seq = c.agg != LAgg::Token;
+    let cr = |r: &SeqRec| r.crit[ci];
+    let valid_vals: Vec<f64> = recs
+        .iter()
+        .filter(|r| r.n > 0)
+        .map(|r| {
+            if is_seq {
+                cr(r).value
+            } else {
+                cr(r).pts / (r.n as f64 + 1e-8)
+            }
+        })
+        .collect();
+    let nv = valid_vals.len();
+    let upper = c.upper;
+    let thr_l = c.lower.unwrap_or(0.0);
+    let count = |f: &dyn Fn(f64) -> bool| valid_vals.iter().filter(|&&x| f(x)).count();
+    m.put(
+        format!("{pre}_mean"),
+        masked(sum(recs.iter().map(|r| cr(r).pts)), n),
+    );
+    if is_seq {
+        m.put(format!("{pre}_max"), vmax(valid_vals.iter().copied()));
+        m.put(format!("{pre}_min"), vmin(valid_vals.iter().copied()));
+        m.put(
+            format!("{pre}_fraction_high"),
+            f32_frac(count(&|x| x > upper), nv),
+        );
+        let lo = if c.lower.is_some() {
+            f32_frac(count(&|x| x < thr_l), nv)
+        } else {
+            Acc::Const(0.0)
+        };
+        m.put(format!("{pre}_fraction_low"), lo);
+    } else {
+        let valid = || recs.iter().filter(|r| r.n > 0);
+        m.put(format!("{pre}_max"), vmax(valid().map(|r| cr(r).tmax)));
+        m.put(format!("{pre}_min"), vmin(valid().map(|r| cr(r).tmin)));
+        let hi = count_sum(recs.iter().map(|r| cr(r).hi));
+        m.put(format!("{pre}_fraction_high"), masked(hi, n));
+        let lo = if c.lower.is_some() {
+            masked(count_sum(recs.iter().map(|r| cr(r).lo)), n)
+        } else {
+            Acc::Const(0.0)
+        };
+        m.put(format!("{pre}_fraction_low"), lo);
+    }
+    let (s1, s2) = (
+        merged(recs.iter().map(|r| cr(r).sc1)),
+        merged(recs.iter().map(|r| cr(r).sc2)),
+    );
+    m.put(format!("{pre}_std"), Acc::VerlStd { s1, s2, n });
+    m.put(format!("{pre}_seq_mean"), mean(&valid_vals));
+    m.put(format!("{pre}_seq_std"), Acc::moments(&valid_vals));
+    m.put(format!("{pre}_seq_max"), vmax(valid_vals.iter().copied()));
+    m.put(format!("{pre}_seq_min"), vmin(valid_vals.iter().copied()));
+    m.put(
+        format!("{pre}_seq_max_deviation"),
+        vmax(valid_vals.iter().map(|x| x.abs())),
+    );
+    m.put(
+        format!("{pre}_seq_fraction_high"),
+        f32_frac(count(&|x| x > upper), nv),
+    );
+    if c.lower.is_some() {
+        m.put(
+            format!("{pre}_seq_fraction_low"),
+            f32_frac(count(&|x| x < thr_l), nv),
+        );
+    }
+    m.put(
+        format!("{pre}_masked_fraction"),
+        masked(count_sum(recs.iter().map(|r| cr(r).rej)), n),
+    );
+    let k = recs.iter().filter(|r| cr(r).rej > 0).count();
+    m.put(
+        format!("{pre}_seq_masked_fraction"),
+        Acc::frac(k, nv, FracMode::F64, Empty::Compute),
+    );
+}
+
+/// The per-sequence decisions of the whole shard (weights and mask are in the caller's
+/// buffers; metrics are finished by the caller).
+pub(crate) fn details(plan: &LeanPlan, recs: &[SeqRec]) -> Corrections {
+    let criteria: Vec<CriterionResult> = plan
+        .criteria
+        .iter()
+        .enumerate()
+        .map(|(ci, c)| CriterionResult {
+            name: c.name.clone(),
+            output_name: if c.name.starts_with("seq_") {
+                c.name.clone()
+            } else {
+                format!("seq_{}", c.name)
+            },
+            seq_stat: recs
+                .iter()
+                .map(|r| {
+                    let cr = &r.crit[ci];
+                    match c.agg {
+                        LAgg::Token if r.n > 0 => cr.rej as f64 / r.n as f64,
+                        LAgg::Token => 0.0,
+                        _ => cr.value,
+                    }
+                })
+                .collect(),
+            seq_reject: recs.iter().map(|r| r.crit[ci].rej > 0).collect(),
+        })
+        .collect();
+    let b = recs.len();
+    let mut bits = vec![0u64; b];
+    for (ci, c) in criteria.iter().enumerate() {
+        for (bb, &r) in bits.iter_mut().zip(&c.seq_reject) {
+            if r {
+                *bb |= 1 << ci;
+            }
+        }
+    }
+    Corrections {
+        weights: None,
+        mask: Vec::new(),
+        seq_accept: bits.iter().map(|&x| x == 0).collect(),
+        seq_len: recs.iter().map(|r| r.n as usize).collect(),
+        seq_reject_bits: bits,
+        criteria,
+        metrics: Default::default(),
+    }
+}

@@ -1,0 +1,19 @@
+//! The fused lean pass: verl's corrections for log-prob-only batches in one pass over each
+//! sequence, reading the borrowed inputs in their own dtype and writing the weights and the
+//! modified mask into caller-owned buffers (`Corrector::correct_into`).
+//!
+//! [`plan`] compiles a resolved config into a [`LeanPlan`] where the pass serves it (verl's
+//! metrics only; sampled-token criteria k1 / k2 / k3 / abs / ser, token or sequence; token or
+//! sequence IS, TIS or IcePop, batch-normalised or not); anything else (logits, top-K, DPPO,
+//! LN-TRM, the token veto, legacy mode, trmask's diagnostics) takes the full path. The pass
+//! gives the full path's masks and decisions, and its weights and metrics to within rounding
+//! (per-sequence sums in slot order; batch sums compensated); inputs it cannot vouch for (a
+//! mask value other than 0/1, a non-finite valid log-prob, no valid token) make it step aside
+//! so that the full path reports the error.
+
+mod finish;
+mod pass;
+mod plan;
+
+pub(crate) use pass::{run, LeanInputs, LeanLayout};
+pub(crate) use plan::{plan, LeanPlan};
