@@ -693,22 +693,31 @@ fn p3_add(st: ptr<function, vec3<f32>>, x: f32, y: f32, r: P3Row) {
     }
 }
 
-// Pass 3 over the thread's octets.
+// Element j (0 .. 7) of an octet.
+fn oct_elem(o: Oct, j: u32) -> f32 {
+    if (j < 4u) {
+        return o.lo[j];
+    }
+    return o.hi[j - 4u];
+}
+
+// Pass 3, one element per step (one copy of the element's code: pass 3 is rare, and each copy
+// costs software rasterizers' shader compiles): over the thread's octets kept on-chip when
+// `chip`, else over the row read again with the workgroup's stride.
 fn p3_loop(st: ptr<function, vec3<f32>>, c: ptr<function, Chip>, at: RowAt, r: P3Row, chip: bool) {
-    var k = 0u;
-    for (var i = 8u * at.t; i < at.v; i += 8u * WG) {
-        let m = in_row(i, at.v);
-        let x = masked_oct(oct_x(c, k, i, at, chip), m);
-        let y = masked_oct(oct_y(c, k, i, at, chip), m);
-        p3_add(st, x.lo.x, y.lo.x, r);
-        p3_add(st, x.lo.y, y.lo.y, r);
-        p3_add(st, x.lo.z, y.lo.z, r);
-        p3_add(st, x.lo.w, y.lo.w, r);
-        p3_add(st, x.hi.x, y.hi.x, r);
-        p3_add(st, x.hi.y, y.hi.y, r);
-        p3_add(st, x.hi.z, y.hi.z, r);
-        p3_add(st, x.hi.w, y.hi.w, r);
-        k += 1u;
+    if (chip) {
+        let n = 8u * ((at.v + 8u * WG - 1u - 8u * at.t) / (8u * WG));
+        for (var e = 0u; e < n; e++) {
+            let k = e / 8u;
+            let i = 8u * (at.t + k * WG) + e % 8u;
+            if (i < at.v) {
+                p3_add(st, oct_elem((*c).x[k], e % 8u), oct_elem((*c).y[k], e % 8u), r);
+            }
+        }
+    } else {
+        for (var i = at.t; i < at.v; i += WG) {
+            p3_add(st, load_a(at.abase + i), load_b(at.bbase + i), r);
+        }
     }
 }
 
