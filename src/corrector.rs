@@ -343,28 +343,8 @@ impl Corrector {
     /// IS weights, the modified response mask, per-sequence decisions and verl's / trmask's
     /// metrics for one step.
     pub fn correct(&self, step: &Step<'_>) -> Result<Corrections> {
-        let mut batch = step.to_batch()?;
-        // a truncated sampler's kept mass (`top_p` / `top_k` / `min_p` with the raw top-K)
-        let c = &self.config;
-        let kept = crate::kept_mass::batch_kept_mass(
-            &batch,
-            &c.sampling,
-            c.sampling_replay,
-            c.bypass_mode,
-        )?;
-        let mut kept_metrics = None;
-        if let Some(mut k) = kept {
-            kept_metrics = Some(k.metrics(&batch).finish()?);
-            if let Some((_, b)) = k.replayed.take() {
-                batch = b;
-            }
-        }
-        let table = self.table(&batch)?;
-        let mut out = correction::compute(self.engine.as_ref(), &batch, &table, &self.resolved)?;
-        if !self.resolved.verl_metrics_only {
-            out.metrics.extend(kept_metrics.unwrap_or_default());
-        }
-        Ok(out)
+        // one process is the data-parallel path with nothing to exchange
+        self.correct_shard(step, &mut SingleProcess)
     }
 
     /// [`correct`](Self::correct) for one data-parallel rank holding `step`, a shard of the

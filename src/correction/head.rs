@@ -9,7 +9,7 @@ use crate::bounds::lntrm_weight;
 use crate::config::{Agg, Criterion, IsLevel, Resolved, Stat};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::metrics::ctx::{mean, std_unbiased, vmax, vmin, Ctx};
+use crate::metrics::ctx::{vmax, vmin, Ctx};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
 use crate::metrics::trmask::trmask_metrics;
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
@@ -369,7 +369,7 @@ fn is_weights(
     m.put(p("rollout_is_std"), std);
     m.put(p("rollout_is_eff_sample_size"), ess);
     let seq_mean = ctx.mmean_rows(&s_w);
-    seq_mean_metrics(m, &|k| p(&format!("rollout_is_{k}")), &seq_mean);
+    seq_mean_metrics(m, &|k| p(&format!("rollout_is_{k}")), &seq_mean, 1.0);
     let raw_seq = ctx.mmean_rows(&ctx.reduce(&raw)?);
     let hi = raw_seq.iter().filter(|&&x| x > upper).count();
     let lo = raw_seq.iter().filter(|&&x| x < lower).count();
@@ -499,14 +499,7 @@ fn criterion(
     let cmin = lower_log.unwrap_or(0.0);
     let sc = ctx.tok(|i| pts[i].max(cmin).min(upper_log));
     m.put(format!("{pre}_std"), ctx.std_and_ess(&sc, 0).0);
-    m.put(format!("{pre}_seq_mean"), mean(&valid_vals));
-    m.put(format!("{pre}_seq_std"), std_unbiased(&valid_vals));
-    m.put(format!("{pre}_seq_max"), vmax(valid_vals.iter().copied()));
-    m.put(format!("{pre}_seq_min"), vmin(valid_vals.iter().copied()));
-    m.put(
-        format!("{pre}_seq_max_deviation"),
-        vmax(valid_vals.iter().map(|x| x.abs())),
-    );
+    seq_mean_metrics(m, &|k| format!("{pre}_{k}"), &valid_vals, 0.0);
     m.put(
         format!("{pre}_seq_fraction_high"),
         f32_frac(count(&|x| x > upper_log), nv),

@@ -60,7 +60,7 @@ fn ratio_metrics(
     m.put(p("std"), std);
     m.put(p("eff_sample_size"), ess);
     let seq_mean = ctx.mmean_rows(&s_w);
-    seq_mean_metrics(m, &p, &seq_mean);
+    seq_mean_metrics(m, &p, &seq_mean, 1.0);
     let hi = seq_mean.iter().filter(|&&x| x > upper).count();
     let lo = seq_mean.iter().filter(|&&x| x < lower).count();
     m.put(p("seq_fraction_high"), f32_frac(hi, b));

@@ -3,6 +3,8 @@
 
 use super::plan::{is_weight, LAgg, LCrit, LeanPlan, MAX_CRITERIA};
 use crate::config::{IsLevel, IsSpec};
+use crate::metrics::ctx::{f32_frac, vmax, vmin};
+use crate::metrics::verl::seq_mean_metrics;
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use crate::stats::{Corrections, CriterionResult, SAFETY_BOUND};
 
@@ -204,34 +206,6 @@ fn count_sum(v: impl Iterator<Item = u64>) -> Sum {
     Sum::of(v.map(|k| k as f64))
 }
 
-fn f32_frac(k: usize, n: usize) -> Acc {
-    Acc::frac(k, n, FracMode::F32, Empty::Compute)
-}
-
-fn mean(v: &[f64]) -> Acc {
-    Acc::mean(v, Empty::Compute)
-}
-
-fn vmax(v: impl IntoIterator<Item = f64>) -> Acc {
-    Acc::max(v, Empty::Compute)
-}
-
-fn vmin(v: impl IntoIterator<Item = f64>) -> Acc {
-    Acc::min(v, Empty::Compute)
-}
-
-/// `*_seq_mean`, `_seq_std`, `_seq_max`, `_seq_min`, `_seq_max_deviation` (from `dev`).
-fn seq_stats(p: &mut Partial, pre: &str, v: &[f64], dev: f64) {
-    p.put(format!("{pre}_seq_mean"), mean(v));
-    p.put(format!("{pre}_seq_std"), Acc::moments(v));
-    p.put(format!("{pre}_seq_max"), vmax(v.iter().copied()));
-    p.put(format!("{pre}_seq_min"), vmin(v.iter().copied()));
-    p.put(
-        format!("{pre}_seq_max_deviation"),
-        vmax(v.iter().map(|x| (x - dev).abs())),
-    );
-}
-
 /// The metric partial of one task's sequences.
 pub(crate) fn chunk_partial(plan: &LeanPlan, recs: &[SeqRec]) -> Partial {
     let mut m = Partial::new();
@@ -243,17 +217,7 @@ pub(crate) fn chunk_partial(plan: &LeanPlan, recs: &[SeqRec]) -> Partial {
     // ---- compute_offpolicy_metrics ----
     let mt: Vec<f64> = recs.iter().map(|r| row(r.s_train, r)).collect();
     let mr: Vec<f64> = recs.iter().map(|r| row(r.s_roll, r)).collect();
-    let map = |v: &[f64], f: fn(f64) -> f64| v.iter().map(|&x| f(x)).collect::<Vec<_>>();
-    m.put(p("training_ppl"), mean(&map(&mt, |x| (-x).exp())));
-    m.put(p("training_log_ppl"), mean(&map(&mt, |x| -x)));
-    m.put(p("rollout_ppl"), mean(&map(&mr, |x| (-x).exp())));
-    m.put(p("rollout_log_ppl"), mean(&map(&mr, |x| -x)));
-    let d: Vec<f64> = mr.iter().zip(&mt).map(|(r, t)| r - t).collect();
-    m.put(p("log_ppl_diff"), mean(&d));
-    m.put(p("log_ppl_abs_diff"), mean(&map(&d, f64::abs)));
-    m.put(p("log_ppl_diff_max"), vmax(d.iter().copied()));
-    m.put(p("log_ppl_diff_min"), vmin(d.iter().copied()));
-    m.put(p("ppl_ratio"), mean(&map(&d, f64::exp)));
+    crate::metrics::verl::ppl_metrics(&mt, &mr, &mut m);
     m.put(p("kl"), masked(sum(recs.iter().map(|r| -r.s_lr)), n));
     m.put(p("k3_kl"), masked(sum(recs.iter().map(|r| r.s_k3u)), n));
     m.put(
@@ -336,7 +300,7 @@ fn is_metrics(m: &mut Partial, is: &IsSpec, recs: &[SeqRec], n: u64) {
         Acc::VerlEss { s1, s2, n, key: 0 },
     );
     let seq_mean: Vec<f64> = recs.iter().map(|r| r.s_w / (r.n as f64 + 1e-8)).collect();
-    seq_stats(m, &p("rollout_is"), &seq_mean, 1.0);
+    seq_mean_metrics(m, &|k| p(&format!("rollout_is_{k}")), &seq_mean, 1.0);
     let raw_seq = || recs.iter().map(|r| r.s_raw / (r.n as f64 + 1e-8));
     let hi = raw_seq().filter(|&x| x > upper).count();
     let lo = raw_seq().filter(|&x| x < lower).count();
@@ -409,14 +373,7 @@ fn criterion_metrics(m: &mut Partial, c: &LCrit, ci: usize, recs: &[SeqRec], n: 
         merged(recs.iter().map(|r| cr(r).sc2)),
     );
     m.put(format!("{pre}_std"), Acc::VerlStd { s1, s2, n });
-    m.put(format!("{pre}_seq_mean"), mean(&valid_vals));
-    m.put(format!("{pre}_seq_std"), Acc::moments(&valid_vals));
-    m.put(format!("{pre}_seq_max"), vmax(valid_vals.iter().copied()));
-    m.put(format!("{pre}_seq_min"), vmin(valid_vals.iter().copied()));
-    m.put(
-        format!("{pre}_seq_max_deviation"),
-        vmax(valid_vals.iter().map(|x| x.abs())),
-    );
+    seq_mean_metrics(m, &|k| format!("{pre}_{k}"), &valid_vals, 0.0);
     m.put(
         format!("{pre}_seq_fraction_high"),
         f32_frac(count(&|x| x > upper), nv),
