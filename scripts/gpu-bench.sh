@@ -62,7 +62,7 @@ if [ "$mode" = run ]; then
   "$bin/trmask" devices
 } 2>&1 | tee "$out/machine.txt"
 
-echo "== GPU and cpu-fast vs the f64 CPU on the real sample (SPEC §9 tolerance)" | tee "$out/check.txt"
+echo "== GPU and cpu-fast vs the f64 CPU on the real sample (the accuracy tolerance of docs/FORMAT.md)" | tee "$out/check.txt"
 for s in data/sample/real-small.safetensors data/causal-sample/logits.safetensors; do
   [ -f "$s" ] || continue
   for b in gpu cpu cpu-fast; do
@@ -78,7 +78,7 @@ def flat(x):
     if isinstance(x, list):
         for y in x: yield from flat(y)
     elif isinstance(x, (int, float)): yield float(x)
-# SPEC §9 names kl, kl_rev and tv; the entropies are reported beside them
+# the accuracy rule (docs/FORMAT.md) names kl, kl_rev and tv; the entropies are reported beside them
 for keys in (("kl", "kl_rev", "tv"), ("rollout_entropy", "training_entropy")):
     worst, n, at = 0.0, 0, ""
     for k in keys:
