@@ -17,6 +17,24 @@ pub enum Values<'a> {
     F16(&'a [f16]),
 }
 
+/// Asks the CPU to start loading `v[start..end]` into its caches (a hint: no effect on
+/// results; a no-op off x86-64 and for an empty or out-of-range span).
+#[inline]
+fn prefetch<T>(v: &[T], start: usize, end: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(span) = v.get(start..end.min(v.len())) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let bytes = std::mem::size_of_val(span);
+        let p = span.as_ptr().cast::<i8>();
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: `p + off` lies inside `span`; a prefetch never faults or writes.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (v, start, end);
+}
+
 impl Values<'_> {
     /// The number of values.
     pub fn len(&self) -> usize {
@@ -39,7 +57,18 @@ impl Values<'_> {
             Values::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
         }
     }
+    /// Starts loading values `start..end` into the caches (see [`prefetch`]).
+    #[inline]
+    pub(crate) fn prefetch(&self, start: usize, end: usize) {
+        match self {
+            Values::F64(v) => prefetch(v, start, end),
+            Values::F32(v) => prefetch(v, start, end),
+            Values::BF16(v) => prefetch(v, start, end),
+            Values::F16(v) => prefetch(v, start, end),
+        }
+    }
     /// Values `start..start + out.len()` widened (exactly) into `out`.
+    #[inline]
     pub(crate) fn load(&self, start: usize, out: &mut [f64]) {
         let end = start + out.len();
         match self {
@@ -114,7 +143,19 @@ impl MaskValues<'_> {
             MaskValues::F64(m) => num(&mut m.iter().copied()),
         }
     }
+    /// Starts loading values `start..end` into the caches (see [`prefetch`]).
+    #[inline]
+    pub(crate) fn prefetch(&self, start: usize, end: usize) {
+        match self {
+            MaskValues::Bool(m) => prefetch(m, start, end),
+            MaskValues::U8(m) => prefetch(m, start, end),
+            MaskValues::I64(m) => prefetch(m, start, end),
+            MaskValues::F32(m) => prefetch(m, start, end),
+            MaskValues::F64(m) => prefetch(m, start, end),
+        }
+    }
     /// Values `start..start + out.len()` as 1 (valid), 0 (padding) or [`MASK_BAD`].
+    #[inline]
     pub(crate) fn load(&self, start: usize, out: &mut [u8]) {
         let end = start + out.len();
         fn num<T: Copy + PartialEq>(o: &mut [u8], v: &[T], zero: T, one: T) {
@@ -235,6 +276,14 @@ impl WeightsOut<'_> {
                 .for_each(|(o, &x)| *o = x as f32),
         }
     }
+    /// Starts loading slots `start..end` into the caches before they are written.
+    #[inline]
+    pub(crate) fn prefetch(&self, start: usize, end: usize) {
+        match self {
+            WeightsOut::F64(o) => prefetch(o, start, end),
+            WeightsOut::F32(o) => prefetch(o, start, end),
+        }
+    }
     /// Writes `x` at slots `start..start + n`.
     pub(crate) fn fill(&mut self, start: usize, n: usize, x: f64) {
         match self {
@@ -245,6 +294,17 @@ impl WeightsOut<'_> {
 }
 
 impl MaskOut<'_> {
+    /// Starts loading slots `start..end` into the caches before they are written.
+    #[inline]
+    pub(crate) fn prefetch(&self, start: usize, end: usize) {
+        match self {
+            MaskOut::Bool(o) => prefetch(o, start, end),
+            MaskOut::U8(o) => prefetch(o, start, end),
+            MaskOut::I64(o) => prefetch(o, start, end),
+            MaskOut::F32(o) => prefetch(o, start, end),
+            MaskOut::F64(o) => prefetch(o, start, end),
+        }
+    }
     /// Writes `src` (keep = true) at slots `start..start + src.len()`.
     pub(crate) fn store(&mut self, start: usize, src: &[bool]) {
         let end = start + src.len();

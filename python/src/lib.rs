@@ -151,7 +151,7 @@ fn config_info(
 /// and the modified mask into `weights_out` / `mask_out` (NumPy arrays of the step's slots the
 /// caller allocated in verl's output dtypes): the returned dict has no `weights` / `mask`.
 #[pyfunction]
-#[pyo3(signature = (tensors, config_json, backend, verl_only, weights_out, mask_out, shard=None))]
+#[pyo3(signature = (tensors, config_json, backend, verl_only, weights_out, mask_out, shard=None, with_details=true))]
 #[allow(clippy::too_many_arguments)]
 fn correct_into<'py>(
     py: Python<'py>,
@@ -162,12 +162,13 @@ fn correct_into<'py>(
     weights_out: Option<Bound<'py, PyAny>>,
     mask_out: Bound<'py, PyAny>,
     shard: Option<(usize, usize, Py<PyAny>)>,
+    with_details: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let ex = match shard {
         Some((rank, size, ag)) => Some(exchange::PyExchange::new(rank, size, ag)?),
         None => None,
     };
-    let outs = (weights_out, mask_out);
+    let outs = (weights_out, mask_out, with_details);
     correct_with(py, tensors, config_json, backend, ex, verl_only, Some(outs))
 }
 
@@ -199,7 +200,7 @@ fn correct_with<'py>(
     backend: &str,
     ex: Option<exchange::PyExchange>,
     verl_only: bool,
-    outs: Option<(Option<Bound<'py, PyAny>>, Bound<'py, PyAny>)>,
+    outs: Option<(Option<Bound<'py, PyAny>>, Bound<'py, PyAny>, bool)>,
 ) -> PyResult<Bound<'py, PyDict>> {
     arrays::reset_borrows();
     let corrector = corrector(py, config_json, backend, verl_only)?;
@@ -280,7 +281,7 @@ fn correct_with<'py>(
         }
         _ => unreachable!("two logits tensors at most"),
     }
-    if let Some((w, m)) = outs {
+    if let Some((w, m, with_details)) = outs {
         let mut wa = w
             .map(|w| outputs::OutArr::borrow("rollout_is_weights", &w))
             .transpose()?;
@@ -298,7 +299,19 @@ fn correct_with<'py>(
                 r.map_err(|e| ex.take_error().unwrap_or_else(|| to_py(e)))?
             }
         };
-        return details(py, &c);
+        if with_details {
+            return details(py, &c);
+        }
+        // the hot path: only the metrics (verl's alone unless trmask's were asked for)
+        let out = PyDict::new(py);
+        let d = PyDict::new(py);
+        for (k, v) in &c.metrics {
+            if !verl_only || k.starts_with("rollout_corr/") {
+                d.set_item(k, v)?;
+            }
+        }
+        out.set_item("metrics", d)?;
+        return Ok(out);
     }
     let c = match ex {
         None => py.detach(|| corrector.correct(&step)).map_err(to_py)?,

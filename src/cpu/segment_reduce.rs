@@ -1,9 +1,11 @@
 //! Segmented per-sequence reductions, f64.
 
 use crate::batch::Segments;
+use crate::math::LaneSum;
 use crate::stats::SegmentStats;
 
-/// Sum, mean, max, min, argmax and count of `values` over the valid slots of each sequence.
+/// Sum (a [`LaneSum`] over the slots), mean, max, min, argmax and count of `values` over the
+/// valid slots of each sequence.
 /// See [`SegmentStats`] for the definitions on empty sequences.
 #[allow(clippy::needless_range_loop)]
 pub fn segment_reduce(values: &[f64], segments: &Segments) -> SegmentStats {
@@ -17,7 +19,10 @@ pub fn segment_reduce(values: &[f64], segments: &Segments) -> SegmentStats {
         count: vec![0; s],
     };
     for (k, &(a, b)) in segments.ranges().iter().enumerate() {
-        let mut sum = 0.0;
+        // in lanes by slot (the lean pass sums the same way: equal bits)
+        let mut lanes = LaneSum::default();
+        lanes.add_where(&values[a..b], &segments.mask()[a..b]);
+        let sum = lanes.value();
         let mut max = f64::NEG_INFINITY;
         let mut min = f64::INFINITY;
         let mut arg = 0i64; // set by the first valid token
@@ -26,7 +31,6 @@ pub fn segment_reduce(values: &[f64], segments: &Segments) -> SegmentStats {
             if !m {
                 continue;
             }
-            sum += v;
             // the first valid token, then a strictly larger one: the first maximum (as the GPU
             // does, also when every valid value is −∞)
             if n == 0 || v > max {

@@ -1,6 +1,6 @@
 //! Per-token estimators (docs/FORMAT.md, log-ratio), f64.
 
-use crate::math::k3_from_log_ratio;
+use crate::math::{exp_bounded, k3_from_log_ratio};
 use crate::stats::{TokenStats, SAFETY_BOUND};
 use rayon::prelude::*;
 
@@ -52,7 +52,7 @@ pub fn token_stats(rollout: &[f64], train: &[f64], mask: &[bool]) -> TokenStats 
                 let lr = train[i] - rollout[i];
                 let c = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND);
                 lr_o[i] = lr;
-                rho[i] = c.exp();
+                rho[i] = exp_bounded(c);
                 k1[i] = -c;
                 k2[i] = 0.5 * c * c;
                 k3[i] = k3_from_log_ratio(c);
@@ -91,7 +91,9 @@ mod tests {
         let c = 0.25f64;
         let s = token_stats(&[-1.5, -1.25], &[-1.25, -1.5], &[true, true]);
         assert_eq!(s.log_ratio, vec![c, -c]);
-        assert_eq!(s.rho, vec![c.exp(), (-c).exp()]);
+        // rho by the project's one exp (within an ulp of libm's)
+        assert_eq!(s.rho, vec![exp_bounded(c), exp_bounded(-c)]);
+        assert!((s.rho[0] - c.exp()).abs() <= f64::EPSILON * s.rho[0]);
         assert_eq!(s.k1, vec![-c, c]);
         assert_eq!(s.k2, vec![0.03125, 0.03125]);
         assert_eq!(s.k3, vec![k3_from_log_ratio(c), k3_from_log_ratio(-c)]);
@@ -101,7 +103,7 @@ mod tests {
         let s = token_stats(&[0.0], &[-25.0], &[true]);
         assert_eq!(s.log_ratio, vec![-25.0]);
         assert_eq!((s.k1[0], s.abs[0], s.k2[0]), (20.0, 20.0, 200.0));
-        assert_eq!(s.rho, vec![(-20f64).exp()]);
+        assert_eq!(s.rho, vec![exp_bounded(-20.0)]);
         assert_eq!(s.k3, vec![k3_from_log_ratio(-20.0)]);
     }
 
@@ -115,7 +117,7 @@ mod tests {
         assert_eq!(s.log_ratio, vec![30.0, 0.0, -1.0]);
         assert_eq!(s.k1[0], -20.0);
         assert_eq!(s.k2[0], 200.0);
-        assert_eq!(s.rho[0], 20f64.exp());
+        assert_eq!(s.rho[0], exp_bounded(20.0));
         assert_eq!(s.k1[1], 0.0);
         assert!((s.ser[2] - (1.0 - (-1f64).exp())).abs() < 1e-15);
     }

@@ -50,22 +50,7 @@ impl Default for CritRec {
     }
 }
 
-impl CritRec {
-    /// A token criterion's valid token with statistic `x`.
-    #[inline]
-    pub(crate) fn add_token(&mut self, c: &LCrit, x: f64) {
-        self.pts += x;
-        self.tmax = self.tmax.max(x);
-        self.tmin = self.tmin.min(x);
-        self.hi += u64::from(x > c.upper);
-        self.lo += u64::from(c.lower.is_some_and(|l| x < l));
-        let sc = x.max(c.lower.unwrap_or(0.0)).min(c.upper);
-        self.sc1.add(sc);
-        self.sc2.add(sc * sc);
-    }
-}
-
-/// One sequence's sums (valid tokens only, in slot order).
+/// One sequence's sums (valid tokens only; `tile` adds them in lanes).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SeqRec {
     pub(crate) n: u64,
@@ -117,23 +102,6 @@ impl Default for SeqRec {
 }
 
 impl SeqRec {
-    /// A valid token's raw ratio and IS weight (token IS).
-    #[inline]
-    pub(crate) fn add_token_weight(&mut self, is: &IsSpec, raw: f64, w: f64) {
-        self.s_w += w;
-        self.w_max = self.w_max.max(w);
-        self.w_min = self.w_min.min(w);
-        self.s_raw += raw;
-        self.is_hi += u64::from(raw > is.upper);
-        self.is_lo += u64::from(raw < is.lower.unwrap_or(1.0 / is.upper));
-        if let Some(l) = is.lower {
-            self.is_oob += u64::from(raw < l || raw > is.upper);
-        }
-        let wc = w.clamp(0.0, is.upper);
-        self.s_wc.add(wc);
-        self.s_wc2.add(wc * wc);
-    }
-
     /// Sequence IS: the weight of every valid token, `exp(clamp(Σ lr))` through TIS / IcePop.
     pub(crate) fn finish_seq_weight(&mut self, is: &IsSpec) -> f64 {
         let raw = self.s_lr.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp();

@@ -7,13 +7,15 @@
 //! sequence IS, TIS or IcePop, batch-normalised or not); anything else (logits, top-K, DPPO,
 //! LN-TRM, the token veto, legacy mode, trmask's diagnostics) takes the full path. The pass
 //! gives the full path's masks and decisions, and its weights and metrics to within rounding
-//! (per-sequence sums in slot order; batch sums compensated); inputs it cannot vouch for (a
+//! (per-sequence sums in lanes by slot, as the CPU engine's segment sums; batch sums
+//! compensated; `e^x` by `math::exp_bounded` on both paths); inputs it cannot vouch for (a
 //! mask value other than 0/1, a non-finite valid log-prob, no valid token) make it step aside
 //! so that the full path reports the error.
 
 mod finish;
 mod pass;
 mod plan;
+mod tile;
 
 pub(crate) use pass::{run, LeanInputs, LeanLayout};
 pub(crate) use plan::{plan, LeanPlan};

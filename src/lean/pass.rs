@@ -1,19 +1,20 @@
 //! The per-sequence kernel of the lean pass and its parallel driver.
 
 use super::finish::{chunk_partial, details, SeqRec};
-use super::plan::{is_weight, LAgg, LeanPlan, Src, MAX_CRITERIA};
+use super::plan::{is_weight, LAgg, LeanPlan};
+use super::tile::{Cols, SeqLanes, TILE};
 use crate::config::{IsLevel, IsSpec};
 use crate::error::Result;
-use crate::math::k3_from_log_ratio;
+use crate::math::exp_bounded;
 use crate::partial::{exchange, Acc, Exchange, Partial};
 use crate::stats::{Corrections, SAFETY_BOUND};
-use crate::values::{MaskOut, MaskValues, Outputs, Values, WeightsOut, MASK_BAD};
+use crate::values::{MaskOut, MaskValues, Outputs, Values, WeightsOut};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
-/// Slots a tile holds (inputs widened tile by tile on the stack, never as a whole).
-const TILE: usize = 512;
 /// Fewest slots a parallel task covers (two tasks for a 64 × 1024 step).
-const TASK_SLOTS: usize = 1 << 15;
+const TASK_SLOTS: usize = 1 << 13;
 
 /// How the lean pass's slots form sequences.
 #[derive(Clone, Copy, Debug)]
@@ -99,23 +100,16 @@ pub(crate) fn run(
     }
     let deferred = plan.is.is_some_and(|is| is.batch_normalize);
     let tasks = split_tasks(&ranges, slots, out);
-    let chunks: Vec<Option<(Vec<SeqRec>, Partial)>> = tasks
-        .into_par_iter()
-        .map(|mut t| {
-            let recs = kernel(plan, inp, &ranges, &mut t, deferred)?;
-            let p = chunk_partial(plan, &recs);
-            Some((recs, p))
-        })
-        .collect();
+    let chunks = run_tasks(tasks, |mut t| kernel(plan, inp, &ranges, &mut t, deferred));
     let mut recs = Vec::with_capacity(ranges.len());
-    let mut merged = Partial::new();
     for c in chunks {
-        let Some((r, p)) = c else {
+        let Some(Some(r)) = c else {
             return Ok(None);
         };
         recs.extend(r);
-        merged.merge(&p)?;
     }
+    // this shard's metrics: one partial of every sequence's record, in order
+    let mut merged = chunk_partial(plan, &recs);
     let n_tok: u64 = recs.iter().map(|r| r.n).sum();
     if n_tok == 0 && ex.size() <= 1 {
         return Ok(None); // the full path's "no valid token" error
@@ -128,6 +122,44 @@ pub(crate) fn run(
             .for_each(|mut t| write_normalised(plan, inp, &ranges, &recs, &mut t, wmean));
     }
     Ok(Some((details(plan, &recs), merged)))
+}
+
+/// `f` of every task, in order: the calling thread and `current_num_threads − 1` of rayon's
+/// workers claim tasks from a shared counter until none is left, so the call starts at once
+/// (no waiting for a sleeping worker to wake) and a worker slowed by other work is made up
+/// for by the others. `None` for a task that was not run (never, short of a poisoned lock).
+fn run_tasks<T: Send, R: Send>(tasks: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<Option<R>> {
+    let n = tasks.len();
+    let helpers = rayon::current_num_threads()
+        .saturating_sub(1)
+        .min(n.saturating_sub(1));
+    if helpers == 0 {
+        return tasks.into_iter().map(|t| Some(f(t))).collect();
+    }
+    let todo: Vec<Mutex<Option<T>>> = tasks.into_iter().map(|t| Mutex::new(Some(t))).collect();
+    let done: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= n {
+            break;
+        }
+        if let Some(t) = todo[i].lock().ok().and_then(|mut g| g.take()) {
+            let r = f(t);
+            if let Ok(mut g) = done[i].lock() {
+                *g = Some(r);
+            }
+        }
+    };
+    rayon::in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| work());
+        }
+        work();
+    });
+    done.into_iter()
+        .map(|m| m.into_inner().ok().flatten())
+        .collect()
 }
 
 /// The output buffers cut into tasks of whole sequences, each at least [`TASK_SLOTS`] slots
@@ -174,21 +206,9 @@ fn split_tasks<'o>(
     tasks
 }
 
-/// The per-token statistic `src` of the clamped log-ratio `c` (`rho = exp(c)`).
-#[inline]
-fn stat(src: Src, c: f64, rho: f64) -> f64 {
-    match src {
-        Src::K1 => -c,
-        Src::K2 => 0.5 * c * c,
-        Src::K3 => k3_from_log_ratio(c),
-        Src::K3Verl => (rho - 1.0) + -c,
-        Src::Abs => c.abs(),
-        Src::Ser => c.exp_m1().abs(),
-    }
-}
-
 /// One task: every sequence's record, its weights (unless `deferred`) and mask written;
-/// `None` on an input the pass does not vouch for.
+/// `None` on an input the pass does not vouch for. On x86-64 CPUs with AVX2 the same code runs
+/// compiled for it (wider vectors, no FMA: the same bits as without).
 fn kernel(
     plan: &LeanPlan,
     inp: &LeanInputs<'_>,
@@ -196,11 +216,54 @@ fn kernel(
     t: &mut Task<'_>,
     deferred: bool,
 ) -> Option<Vec<SeqRec>> {
-    let mut r = [0f64; TILE];
-    let mut o = [0f64; TILE];
-    let mut m = [1u8; TILE];
-    let mut w = [0f64; TILE];
-    let mut keep = [false; TILE];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { kernel_avx512(plan, inp, ranges, t, deferred) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { kernel_avx2(plan, inp, ranges, t, deferred) };
+        }
+    }
+    kernel_body(plan, inp, ranges, t, deferred)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel_avx512(
+    plan: &LeanPlan,
+    inp: &LeanInputs<'_>,
+    ranges: &[(usize, usize)],
+    t: &mut Task<'_>,
+    deferred: bool,
+) -> Option<Vec<SeqRec>> {
+    kernel_body(plan, inp, ranges, t, deferred)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn kernel_avx2(
+    plan: &LeanPlan,
+    inp: &LeanInputs<'_>,
+    ranges: &[(usize, usize)],
+    t: &mut Task<'_>,
+    deferred: bool,
+) -> Option<Vec<SeqRec>> {
+    kernel_body(plan, inp, ranges, t, deferred)
+}
+
+#[inline(always)]
+fn kernel_body(
+    plan: &LeanPlan,
+    inp: &LeanInputs<'_>,
+    ranges: &[(usize, usize)],
+    t: &mut Task<'_>,
+    deferred: bool,
+) -> Option<Vec<SeqRec>> {
+    let mut cols = Box::new(Cols::new());
+    let mut lanes = SeqLanes::default();
     let nc = plan.criteria.len();
     let token_is = plan.is.filter(|is| is.level == IsLevel::Token);
     let mut recs = Vec::with_capacity(t.seqs.len());
@@ -215,77 +278,45 @@ fn kernel(
             }
         }
         let mut rec = SeqRec::default();
-        let mut first = [true; MAX_CRITERIA];
+        lanes.start(plan, &mut rec);
         let mut k = a;
         while k < e {
             let len = TILE.min(e - k);
-            inp.roll.load(k, &mut r[..len]);
-            inp.train.load(k, &mut o[..len]);
+            let off = k - t.start;
+            // the next tile's inputs (also the next sequence's first) start loading now
+            let (na, nb) = (k + TILE, k + 2 * TILE);
             if let Some(mv) = &inp.mask {
-                mv.load(k, &mut m[..len]);
+                mv.prefetch(na, nb);
             }
-            for j in 0..len {
-                let mj = m[j];
-                if mj != 1 {
-                    if mj == MASK_BAD {
-                        return None;
+            inp.roll.prefetch(na, nb);
+            inp.train.prefetch(na, nb);
+            let (oa, ob) = (off + TILE, off + 2 * TILE);
+            t.mask.prefetch(oa, ob);
+            if let (Some(wo), Some(_)) = (t.weights.as_ref(), &token_is) {
+                wo.prefetch(oa, ob);
+            }
+            if let Some(mv) = &inp.mask {
+                mv.load(k, &mut cols.m[..len]);
+                // a tile of padding only (0 everywhere, no bad value): nothing to read or add
+                if cols.m[..len].iter().fold(0, |a, &b| a | b) == 0 {
+                    t.mask.clear(off, len);
+                    if let (Some(wo), Some(_), false) = (t.weights.as_mut(), &token_is, deferred) {
+                        wo.fill(off, len, 0.0);
                     }
-                    w[j] = 0.0;
-                    keep[j] = false;
+                    k += len;
                     continue;
                 }
-                let (rv, tv) = (r[j], o[j]);
-                if !(rv.is_finite() && tv.is_finite()) {
-                    return None;
-                }
-                let lr = tv - rv;
-                let c = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND);
-                let rho = c.exp();
-                rec.n += 1;
-                rec.s_train += tv;
-                rec.s_roll += rv;
-                rec.s_lr += lr;
-                let e_lr = if lr == c { rho } else { lr.exp() };
-                rec.s_k3u += (e_lr - lr) - 1.0;
-                rec.s_rho2 += rho * rho;
-                if let Some(is) = &token_is {
-                    let wt = is_weight(is, rho);
-                    w[j] = wt;
-                    rec.add_token_weight(is, rho, wt);
-                }
-                let mut kj = true;
-                for (ci, cr) in plan.criteria.iter().enumerate() {
-                    let x = stat(cr.src, c, rho);
-                    let cc = &mut rec.crit[ci];
-                    match cr.agg {
-                        LAgg::Token => {
-                            if !cr.keep(x) {
-                                kj = false;
-                                cc.rej += 1;
-                            }
-                            cc.add_token(cr, x);
-                        }
-                        LAgg::Max => {
-                            if first[ci] || x > cc.agg {
-                                cc.agg = x;
-                                first[ci] = false;
-                            }
-                        }
-                        _ => cc.agg += x,
-                    }
-                }
-                if !kj {
-                    rec.n_rej_any += 1;
-                }
-                keep[j] = kj;
             }
-            let off = k - t.start;
-            t.mask.store(off, &keep[..len]);
+            inp.roll.load(k, &mut cols.r[..len]);
+            inp.train.load(k, &mut cols.o[..len]);
+            cols.tile(len, plan, token_is.as_ref(), &mut rec, &mut lanes)?;
+            t.mask.store(off, &cols.keep[..len]);
             if let (Some(wo), Some(_), false) = (t.weights.as_mut(), &token_is, deferred) {
-                wo.store(off, &w[..len]);
+                wo.store(off, &cols.w[..len]);
             }
             k += len;
         }
+        lanes.finish(plan, &mut rec);
         // sequence decisions
         let mut seq_rejected = false;
         for (ci, cr) in plan.criteria.iter().enumerate().take(nc) {
@@ -301,7 +332,7 @@ fn kernel(
             let ws = rec.finish_seq_weight(&is);
             if !deferred {
                 if let Some(wo) = t.weights.as_mut() {
-                    write_seq_weight(inp, wo, (a, e), t.start, ws, &mut m, &mut w)?;
+                    write_seq_weight(inp, wo, (a, e), t.start, ws, &mut cols.m, &mut cols.w)?;
                 }
             }
         }
@@ -402,7 +433,7 @@ fn write_normalised(
                     0.0
                 } else if is.level == IsLevel::Token {
                     let c = (o[j] - r[j]).clamp(-SAFETY_BOUND, SAFETY_BOUND);
-                    is_weight(&is, c.exp()) / wmean
+                    is_weight(&is, exp_bounded(c)) / wmean
                 } else {
                     ws
                 };

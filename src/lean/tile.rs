@@ -1,0 +1,406 @@
+//! The lean pass's arithmetic on one tile of a sequence, in columns: the log-ratios and their
+//! exponentials for the whole tile first (one branch-free loop each, so they vectorise), then
+//! each sum, count and extremum as its own loop over the columns, padding selected out. The
+//! sums run in [`LaneSum`] lanes by slot, as the CPU engine's segment sums do, so a sequence's
+//! statistic has the same bits on both paths.
+
+use super::finish::SeqRec;
+use super::plan::{LAgg, LCrit, LeanPlan, Src, MAX_CRITERIA};
+use crate::config::IsSpec;
+use crate::math::{exp_bounded, k3_from_log_ratio, LaneSum, LANES};
+use crate::partial::Sum;
+use crate::stats::SAFETY_BOUND;
+use crate::values::MASK_BAD;
+
+/// Slots a tile holds (inputs widened tile by tile on the stack, never as a whole); a
+/// multiple of [`LANES`].
+pub(crate) const TILE: usize = 512;
+const _: () = assert!(TILE.is_multiple_of(LANES));
+
+/// A compensated sum in lanes (each lane Knuth's two-sum): verl's std and ESS cancel.
+#[derive(Clone, Copy, Default)]
+struct LaneTwoSum {
+    hi: [f64; LANES],
+    lo: [f64; LANES],
+}
+
+impl LaneTwoSum {
+    /// Adds `xs` (finite: the lean pass's values are bounded through the clamped ratio).
+    #[inline(always)]
+    fn add(&mut self, xs: &[f64]) {
+        let (mut hi, mut lo) = (self.hi, self.lo);
+        let mut it = xs.chunks_exact(LANES);
+        for c in &mut it {
+            for l in 0..LANES {
+                two_sum(&mut hi[l], &mut lo[l], c[l]);
+            }
+        }
+        for (l, &x) in it.remainder().iter().enumerate() {
+            two_sum(&mut hi[l], &mut lo[l], x);
+        }
+        (self.hi, self.lo) = (hi, lo);
+    }
+    /// Folds the lanes into `s` in lane order.
+    fn into_sum(self, s: &mut Sum) {
+        for l in 0..LANES {
+            s.merge(Sum {
+                hi: self.hi[l],
+                lo: self.lo[l],
+            });
+        }
+    }
+}
+
+#[inline(always)]
+fn two_sum(hi: &mut f64, lo: &mut f64, x: f64) {
+    let s = *hi + x;
+    let bb = s - *hi;
+    *lo += (*hi - (s - bb)) + (x - bb);
+    *hi = s;
+}
+
+/// Valid slots (`v`: all ones, or 0 at padding) whose value passes `f` (no short circuit:
+/// the loop vectorises).
+#[inline(always)]
+fn count_where(v: &[u64], x: &[f64], f: impl Fn(f64) -> bool) -> u64 {
+    v.iter().zip(x).map(|(&v, &x)| v & u64::from(f(x))).sum()
+}
+
+/// `x` where `v` is all ones, `z` where it is 0 (a bitwise select).
+#[inline(always)]
+fn sel(v: u64, x: f64, z: f64) -> f64 {
+    f64::from_bits((x.to_bits() & v) | (z.to_bits() & !v))
+}
+
+/// `xs` at the valid slots, 0 at padding, added to `lanes`.
+#[inline(always)]
+fn add_valid(lanes: &mut LaneSum, xs: &[f64], v: &[u64], y: &mut [f64]) {
+    for ((y, &x), &v) in y.iter_mut().zip(xs).zip(v) {
+        *y = f64::from_bits(x.to_bits() & v);
+    }
+    lanes.add(y);
+}
+
+/// The larger of `a` and `b` (`b` when they compare equal; no NaN reaches the lean pass's
+/// extrema, so a plain select, which vectorises, is `f64::max`).
+#[inline(always)]
+fn max(a: f64, b: f64) -> f64 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+#[inline(always)]
+fn min(a: f64, b: f64) -> f64 {
+    if a < b {
+        a
+    } else {
+        b
+    }
+}
+
+/// The largest (`sign` 1) or, through negation, smallest (`sign` −1) valid value, in lanes;
+/// ∓∞ when none is valid.
+#[inline(always)]
+fn extremum_where(v: &[u64], x: &[f64], sign: f64) -> f64 {
+    let mut m = [f64::NEG_INFINITY; LANES];
+    let mut it = v.chunks_exact(LANES).zip(x.chunks_exact(LANES));
+    for (vc, xc) in &mut it {
+        for l in 0..LANES {
+            m[l] = max(sel(vc[l], sign * xc[l], f64::NEG_INFINITY), m[l]);
+        }
+    }
+    let done = v.len() / LANES * LANES;
+    for (l, (&vv, &xx)) in v[done..].iter().zip(&x[done..]).enumerate() {
+        m[l] = max(sel(vv, sign * xx, f64::NEG_INFINITY), m[l]);
+    }
+    sign * m.iter().fold(f64::NEG_INFINITY, |a, &b| max(b, a))
+}
+
+/// One criterion's lanes over a sequence.
+#[derive(Clone, Copy, Default)]
+struct CritLanes {
+    agg: LaneSum,
+    pts: LaneSum,
+    sc1: LaneTwoSum,
+    sc2: LaneTwoSum,
+}
+
+/// A sequence's lane sums, folded into its [`SeqRec`] when the sequence ends.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct SeqLanes {
+    s_train: LaneSum,
+    s_roll: LaneSum,
+    s_lr: LaneSum,
+    s_k3u: LaneSum,
+    s_rho2: LaneSum,
+    s_w: LaneSum,
+    s_raw: LaneSum,
+    s_wc: LaneTwoSum,
+    s_wc2: LaneTwoSum,
+    crit: [CritLanes; MAX_CRITERIA],
+}
+
+impl SeqLanes {
+    /// A new sequence: the lanes cleared, `rec`'s running maxima at −∞.
+    pub(crate) fn start(&mut self, plan: &LeanPlan, rec: &mut SeqRec) {
+        *self = SeqLanes::default();
+        for (ci, cr) in plan.criteria.iter().enumerate() {
+            if cr.agg == LAgg::Max {
+                rec.crit[ci].agg = f64::NEG_INFINITY;
+            }
+        }
+    }
+
+    /// The lanes folded into `rec` (the sequence's last tile is done).
+    pub(crate) fn finish(self, plan: &LeanPlan, rec: &mut SeqRec) {
+        rec.s_train = self.s_train.value();
+        rec.s_roll = self.s_roll.value();
+        rec.s_lr = self.s_lr.value();
+        rec.s_k3u = self.s_k3u.value();
+        rec.s_rho2 = self.s_rho2.value();
+        rec.s_w = self.s_w.value();
+        rec.s_raw = self.s_raw.value();
+        self.s_wc.into_sum(&mut rec.s_wc);
+        self.s_wc2.into_sum(&mut rec.s_wc2);
+        for (ci, cr) in plan.criteria.iter().enumerate() {
+            let (l, r) = (&self.crit[ci], &mut rec.crit[ci]);
+            match cr.agg {
+                LAgg::Max => {}
+                LAgg::Token => {
+                    r.pts = l.pts.value();
+                    l.sc1.into_sum(&mut r.sc1);
+                    l.sc2.into_sum(&mut r.sc2);
+                }
+                LAgg::Sum | LAgg::Mean | LAgg::MeanVerl => r.agg = l.agg.value(),
+            }
+        }
+    }
+}
+
+/// One tile's inputs (loaded by the caller) and its columns, on the stack and reused.
+pub(crate) struct Cols {
+    pub(crate) r: [f64; TILE],
+    pub(crate) o: [f64; TILE],
+    pub(crate) m: [u8; TILE],
+    pub(crate) w: [f64; TILE],
+    pub(crate) keep: [bool; TILE],
+    /// All ones at a valid slot, 0 at padding.
+    valid: [u64; TILE],
+    lr: [f64; TILE],
+    c: [f64; TILE],
+    rho: [f64; TILE],
+    x: [f64; TILE],
+    y: [f64; TILE],
+}
+
+impl Cols {
+    pub(crate) fn new() -> Self {
+        Cols {
+            r: [0.0; TILE],
+            o: [0.0; TILE],
+            m: [1; TILE],
+            w: [0.0; TILE],
+            keep: [false; TILE],
+            valid: [0; TILE],
+            lr: [0.0; TILE],
+            c: [0.0; TILE],
+            rho: [0.0; TILE],
+            x: [0.0; TILE],
+            y: [0.0; TILE],
+        }
+    }
+
+    /// The first `len` loaded slots (the sequence's slots `k..k + len`, `k − a` a multiple
+    /// of [`TILE`]) added to `rec` / `lanes`; `keep` (and `w` for token IS) written. `None`
+    /// on a mask value other than 0/1 or a valid slot's non-finite log-prob.
+    #[inline(always)]
+    pub(crate) fn tile(
+        &mut self,
+        len: usize,
+        plan: &LeanPlan,
+        token_is: Option<&IsSpec>,
+        rec: &mut SeqRec,
+        lanes: &mut SeqLanes,
+    ) -> Option<()> {
+        let wide = self.columns(len)?;
+        let v = &self.valid[..len];
+        let (lr, c, rho) = (&self.lr[..len], &self.c[..len], &self.rho[..len]);
+        let (x, y) = (&mut self.x[..len], &mut self.y[..len]);
+        rec.n += v.iter().map(|&v| v & 1).sum::<u64>();
+        add_valid(&mut lanes.s_train, &self.o[..len], v, y);
+        add_valid(&mut lanes.s_roll, &self.r[..len], v, y);
+        lanes.s_lr.add(lr);
+        // k3 of the unclamped ratio (0 at padding: lr = 0, rho = 1)
+        for ((x, &r), &l) in x.iter_mut().zip(rho).zip(lr) {
+            *x = (r - l) - 1.0;
+        }
+        if wide {
+            for j in 0..len {
+                if lr[j] != c[j] {
+                    x[j] = (lr[j].exp() - lr[j]) - 1.0;
+                }
+            }
+        }
+        lanes.s_k3u.add(x);
+        for (x, &r) in x.iter_mut().zip(rho) {
+            *x = r * r;
+        }
+        add_valid(&mut lanes.s_rho2, x, v, y);
+        if let Some(is) = token_is {
+            token_weights(&mut self.w[..len], v, rho, is, rec, lanes, y);
+        }
+        let keep = &mut self.keep[..len];
+        for (k, &v) in keep.iter_mut().zip(v) {
+            *k = v != 0;
+        }
+        for (ci, cr) in plan.criteria.iter().enumerate() {
+            statistic(cr.src, c, rho, x);
+            let (cc, cl) = (&mut rec.crit[ci], &mut lanes.crit[ci]);
+            match cr.agg {
+                LAgg::Token => {
+                    let (lo, up) = (cr.lower.unwrap_or(f64::NEG_INFINITY), cr.upper);
+                    let rej = count_where(v, x, |x| !((x >= lo) & (x <= up)));
+                    if rej > 0 {
+                        for (k, &x) in keep.iter_mut().zip(x.iter()) {
+                            *k &= (x >= lo) & (x <= up);
+                        }
+                    }
+                    cc.rej += rej;
+                    token_criterion(cr, v, x, cc, cl, y);
+                }
+                LAgg::Max => cc.agg = max(extremum_where(v, x, 1.0), cc.agg),
+                // 0 at padding (c = 0, rho = 1) for every statistic
+                LAgg::Sum | LAgg::Mean | LAgg::MeanVerl => cl.agg.add(x),
+            }
+        }
+        rec.n_rej_any += v
+            .iter()
+            .zip(keep.iter())
+            .map(|(&v, &k)| v & u64::from(!k))
+            .sum::<u64>();
+        Some(())
+    }
+
+    /// `valid`, `lr` (0 at padding), `c` (clamped) and `rho = e^c`; whether some |lr|
+    /// exceeds the clamp. `None` on a bad mask value or a non-finite valid log-prob.
+    #[inline(always)]
+    fn columns(&mut self, len: usize) -> Option<bool> {
+        let mut bad = false;
+        let mut wide = false;
+        for j in 0..len {
+            let mj = self.m[j];
+            let v = mj == 1;
+            let (rv, tv) = (self.r[j], self.o[j]);
+            bad |= (mj == MASK_BAD) | (v & !(rv.is_finite() & tv.is_finite()));
+            let l = if v { tv - rv } else { 0.0 };
+            let cl = l.clamp(-SAFETY_BOUND, SAFETY_BOUND);
+            wide |= l != cl;
+            self.valid[j] = u64::from(v).wrapping_neg();
+            self.lr[j] = l;
+            self.c[j] = cl;
+        }
+        if bad {
+            return None;
+        }
+        for j in 0..len {
+            self.rho[j] = exp_bounded(self.c[j]);
+        }
+        Some(wide)
+    }
+}
+
+/// The per-token statistic `src` of the clamped log-ratios `c` (`rho = e^c`) into `x`.
+#[inline(always)]
+fn statistic(src: Src, c: &[f64], rho: &[f64], x: &mut [f64]) {
+    let each = |x: &mut [f64], f: &dyn Fn(f64, f64) -> f64| {
+        for ((x, &c), &r) in x.iter_mut().zip(c).zip(rho) {
+            *x = f(c, r);
+        }
+    };
+    match src {
+        Src::K1 => x.iter_mut().zip(c).for_each(|(x, &c)| *x = -c),
+        Src::K2 => x.iter_mut().zip(c).for_each(|(x, &c)| *x = 0.5 * c * c),
+        Src::K3 => each(x, &|c, _| k3_from_log_ratio(c)),
+        Src::K3Verl => {
+            for ((x, &c), &r) in x.iter_mut().zip(c).zip(rho) {
+                *x = (r - 1.0) + -c;
+            }
+        }
+        Src::Abs => x.iter_mut().zip(c).for_each(|(x, &c)| *x = c.abs()),
+        Src::Ser => each(x, &|c, _| c.exp_m1().abs()),
+    }
+}
+
+/// Token IS: the weights `w` (0 at padding) and their sums (`y` is scratch).
+#[inline(always)]
+fn token_weights(
+    w: &mut [f64],
+    v: &[u64],
+    rho: &[f64],
+    is: &IsSpec,
+    rec: &mut SeqRec,
+    lanes: &mut SeqLanes,
+    y: &mut [f64],
+) {
+    let u = is.upper;
+    match is.lower {
+        // TIS: min(raw, U)
+        None => {
+            for ((w, &v), &r) in w.iter_mut().zip(v).zip(rho) {
+                *w = sel(v, min(r, u), 0.0);
+            }
+        }
+        // IcePop: raw inside [L, U], else 0
+        Some(l) => {
+            for ((w, &v), &r) in w.iter_mut().zip(v).zip(rho) {
+                *w = sel(v & u64::from((r >= l) & (r <= u)).wrapping_neg(), r, 0.0);
+            }
+        }
+    }
+    lanes.s_w.add(w);
+    rec.w_max = max(extremum_where(v, w, 1.0), rec.w_max);
+    rec.w_min = min(extremum_where(v, w, -1.0), rec.w_min);
+    add_valid(&mut lanes.s_raw, rho, v, y);
+    rec.is_hi += count_where(v, rho, |r| r > u);
+    let lo = is.lower.unwrap_or(1.0 / u);
+    rec.is_lo += count_where(v, rho, |r| r < lo);
+    if let Some(l) = is.lower {
+        rec.is_oob += count_where(v, rho, |r| (r < l) | (r > u));
+    }
+    // clipped weights (0 at padding already)
+    for (y, &w) in y.iter_mut().zip(w.iter()) {
+        *y = min(max(w, 0.0), u);
+    }
+    lanes.s_wc.add(y);
+    y.iter_mut().for_each(|y| *y *= *y);
+    lanes.s_wc2.add(y);
+}
+
+/// A token criterion's metric sums over the tile (`y` is scratch).
+#[inline(always)]
+fn token_criterion(
+    cr: &LCrit,
+    v: &[u64],
+    x: &[f64],
+    cc: &mut super::finish::CritRec,
+    cl: &mut CritLanes,
+    y: &mut [f64],
+) {
+    let (floor, up) = (cr.lower.unwrap_or(0.0), cr.upper);
+    cl.pts.add(x); // 0 at padding
+    cc.tmax = max(extremum_where(v, x, 1.0), cc.tmax);
+    cc.tmin = min(extremum_where(v, x, -1.0), cc.tmin);
+    cc.hi += count_where(v, x, |x| x > up);
+    if let Some(l) = cr.lower {
+        cc.lo += count_where(v, x, |x| x < l);
+    }
+    for ((y, &x), &v) in y.iter_mut().zip(x).zip(v) {
+        *y = sel(v, min(max(x, floor), up), 0.0);
+    }
+    cl.sc1.add(y);
+    y.iter_mut().for_each(|y| *y *= *y);
+    cl.sc2.add(y);
+}
