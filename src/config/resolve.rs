@@ -45,7 +45,8 @@ impl CorrectionConfig {
                             "Invalid rollout_rs option: {opt}. Must be one of verl's {VERL_OPTIONS:?} \
                              or trmask's token_/seq_sum_/seq_mean_/seq_max_ with abs, ser, kl, kl_rev, tv, \
                              topk_kl, topk_tv, binary_kl, or seq_lntrm (binary_kl alone is KPop, token level), \
-                             or opsm (DeepSeek-V3.2's off-policy sequence masking)."
+                             or opsm (DeepSeek-V3.2's off-policy sequence masking), or m2po \
+                             (M2PO's second-moment trust region)."
                         ),
                     ));
                 }
@@ -274,6 +275,9 @@ pub enum Stat {
     /// OPSM's `log(π_roll/π_train) = −lr` (unclamped) of a sequence whose advantage is
     /// negative (`opsm` only; DeepSeek-V3.2).
     Opsm,
+    /// M2PO's `lr²` (unclamped) of a token in the active quadrants (`A > 0, ρ > 1` or
+    /// `A < 0, ρ < 1`); the batch-global drop runs on the host (`m2po` only).
+    M2po,
 }
 
 impl Stat {
@@ -308,6 +312,7 @@ impl Stat {
             Stat::LnTrm => "lntrm",
             Stat::BinaryKl => "binary_kl",
             Stat::Opsm => "opsm",
+            Stat::M2po => "m2po",
         }
     }
 
@@ -336,6 +341,10 @@ fn parse_option(opt: &str) -> Option<(Agg, Stat)> {
     }
     if opt == "opsm" {
         return Some((Agg::Opsm, Stat::Opsm));
+    }
+    if opt == "m2po" {
+        // a token criterion whose keep test is batch-global (correction::m2po)
+        return Some((Agg::Token, Stat::M2po));
     }
     if opt == "binary_kl" {
         // verl's (PR #6800) spelling of token_binary_kl (KPop)

@@ -3,6 +3,7 @@
 //! the DPPO / PDM mask and every metric.
 
 use super::dppo::dppo_keep;
+use super::m2po::M2poColumns;
 use super::opsm::OpsmColumns;
 use crate::batch::{Batch, Layout};
 use crate::bounds::lntrm_weight;
@@ -79,7 +80,10 @@ pub(crate) fn compute_partial(
         lr,
         cfg.criteria.iter().any(|c| c.agg == Agg::Opsm),
     )?;
-    let plan = mask_plan(table, cfg, &lntrm_w, &opsm)?;
+    // M2PO's batch-global drop (one collective through `ex` with several ranks)
+    let m2po_tau = cfg.criteria.iter().find(|c| c.stat == Stat::M2po);
+    let m2po = M2poColumns::new(&ctx, batch, table, m2po_tau.map(|c| c.upper), ex)?;
+    let plan = mask_plan(table, cfg, &lntrm_w, &opsm, &m2po)?;
     let raw = engine.corrections_pass(lr, segs, &plan)?;
 
     // ---- IS weights ----
@@ -100,7 +104,11 @@ pub(crate) fn compute_partial(
     let mut keep: Vec<bool> = raw.mask.clone();
     let mut criteria = Vec::new();
     for (ci, c) in cfg.criteria.iter().enumerate() {
-        let res = criterion(&ctx, table, c, ci, &raw, cfg, rho, k1, &opsm, &mut metrics)?;
+        let cols = Columns {
+            opsm: &opsm,
+            m2po: &m2po,
+        };
+        let res = criterion(&ctx, table, c, ci, &raw, cfg, rho, k1, &cols, &mut metrics)?;
         criteria.push(res);
     }
     if !cfg.criteria.is_empty() {
@@ -237,6 +245,7 @@ fn mask_plan<'a>(
     cfg: &Resolved,
     lntrm_w: &'a [f64],
     opsm: &'a OpsmColumns,
+    m2po: &'a M2poColumns,
 ) -> Result<MaskPlan<'a>> {
     let mut columns: Vec<&'a [f64]> = Vec::new();
     let mut lntrm_col = None;
@@ -267,6 +276,8 @@ fn mask_plan<'a>(
                 });
                 MaskSource::Column(j)
             }
+            // the host's batch-global drop indicator (1 dropped), kept iff ≤ 0.5
+            Stat::M2po => MaskSource::Column(col(&m2po.drop)),
             // from both log-probs (columns j, j + 1) and the log-ratio
             Stat::BinaryKl => {
                 let j = col(table.get("train_log_prob")?);
@@ -289,6 +300,8 @@ fn mask_plan<'a>(
         };
         let (lower, upper) = if c.is_k1() {
             (c.lower.map(f64::ln), c.upper.ln())
+        } else if c.stat == Stat::M2po {
+            (None, 0.5)
         } else {
             (None, c.upper)
         };
@@ -405,6 +418,12 @@ fn is_weights(
     Ok(w)
 }
 
+/// The host-built columns of the criteria that need more than the statistics table.
+struct Columns<'a> {
+    opsm: &'a OpsmColumns,
+    m2po: &'a M2poColumns,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn criterion(
     ctx: &Ctx,
@@ -415,7 +434,7 @@ fn criterion(
     cfg: &Resolved,
     rho: &[f64],
     k1: &[f64],
-    opsm: &OpsmColumns,
+    cols: &Columns,
     m: &mut Partial,
 ) -> Result<CriterionResult> {
     let b = ctx.b;
@@ -434,7 +453,8 @@ fn criterion(
             k3v = ctx.tok(|i| ser[i] * w[i]);
             &k3v
         }
-        Stat::Opsm => &opsm.value,
+        Stat::Opsm => &cols.opsm.value,
+        Stat::M2po => &cols.m2po.value,
         s => table.get(s.name())?,
     };
     let (lower_log, upper_log) = if c.is_k1() {
@@ -455,6 +475,9 @@ fn criterion(
         Some(v) => ctx.tok(|i| v[ctx.owner[i]]),
     };
     let pre = format!("rollout_corr/rollout_rs_{}", c.name);
+    if c.stat == Stat::M2po {
+        cols.m2po.metrics(ctx, &pre, m);
+    }
     let s_pts = ctx.reduce(&pts)?;
     let seq_values: Vec<f64> = match &seq_stat {
         None => ctx.mmean_rows(&s_pts),

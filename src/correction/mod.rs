@@ -52,6 +52,7 @@
 pub(crate) mod dppo;
 mod head;
 mod legacy;
+mod m2po;
 mod opsm;
 
 pub use crate::stats::{Corrections, CriterionResult};
