@@ -160,6 +160,10 @@ pub(crate) fn config_words(config: &CorrectionConfig, preset: Option<&str>) -> V
             "sequence"
         };
         parts.push(match (c.stat == Stat::K1, c.lower) {
+            _ if c.stat == Stat::M2po => format!(
+                "drop the active tokens with the largest (log rho)^2 until their mean <= {}",
+                num(c.upper)
+            ),
             (true, Some(lo)) => format!(
                 "reject {unit} unless ln {} <= {} <= ln {}",
                 num(lo),

@@ -365,3 +365,47 @@ fn padding_never_changes_the_mask() {
             .all(|&m| m == 0.0)));
     }
 }
+
+#[test]
+fn the_cli_summary_says_what_m2po_dropped() {
+    let g = golden();
+    let batch = json!({
+        "cu_seqlens": g.cu,
+        "rollout_log_prob": g.roll,
+        "old_log_prob": g.old,
+        "advantages": g.adv,
+    });
+    let input = common::scratch("m2po", "batch.json");
+    std::fs::write(&input, batch.to_string()).unwrap();
+    let config = common::scratch("m2po", "config.json");
+    let cfg = json!({"rollout_rs": "m2po", "rollout_rs_threshold": 0.04});
+    std::fs::write(&config, cfg.to_string()).unwrap();
+    let (code, out, err) = common::run_trmask(&[
+        "analyze",
+        input.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let dropped = g.v["cases"]["0.04"]["dropped"].as_f64().unwrap();
+    let line = out.lines().find(|l| l.starts_with("m2po: ")).expect(&out);
+    assert!(
+        line.starts_with(&format!(
+            "m2po: {dropped} of {} active tokens dropped",
+            g.v["active"]
+        )),
+        "{line}"
+    );
+    assert!(line.ends_with("(tau 0.04)"), "{line}");
+    assert!(
+        out.contains(
+            "config: drop the active tokens with the largest (log rho)^2 until their mean <= 0.04"
+        ),
+        "{out}"
+    );
+    // no m2po line without the criterion
+    let (_, out, _) = common::run_trmask(&["analyze", input.to_str().unwrap(), "--backend", "cpu"]);
+    assert!(!out.contains("m2po: "), "{out}");
+}
