@@ -6,8 +6,8 @@
 //!
 //! `k1` criteria are two-sided in log space: the sweep moves the upper threshold (in ratio
 //! space, as configured) and keeps the configured lower one. The token veto and DPPO / PDM
-//! masks are not swept; nor is `m2po` (its threshold bounds a batch mean, not a token's
-//! statistic); nor are legacy configs.
+//! masks are not swept; nor are `m2po` (its threshold bounds a batch mean, not a token's
+//! statistic) and `cppo` (its keep test adds a prefix budget); nor are legacy configs.
 
 use crate::batch::Batch;
 use crate::config::{Agg, Criterion, Resolved, Stat};
@@ -113,7 +113,7 @@ pub(crate) fn sweeps(
     let ranges = batch.segments().ranges();
     let mut out = Vec::new();
     for (c, r) in cfg.criteria.iter().zip(&corrections.criteria) {
-        if c.name != r.name || c.stat == Stat::M2po {
+        if c.name != r.name || matches!(c.stat, Stat::M2po | Stat::Cppo) {
             continue;
         }
         let log = c.is_k1();

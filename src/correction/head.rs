@@ -2,6 +2,7 @@
 //! trmask's criteria: one engine corrections pass, then IS weights, RS criteria, the token veto,
 //! the DPPO / PDM mask and every metric.
 
+use super::cppo::CppoColumns;
 use super::dppo::dppo_keep;
 use super::m2po::M2poColumns;
 use super::opsm::OpsmColumns;
@@ -83,7 +84,14 @@ pub(crate) fn compute_partial(
     // M2PO's batch-global drop (one collective through `ex` with several ranks)
     let m2po_tau = cfg.criteria.iter().find(|c| c.stat == Stat::M2po);
     let m2po = M2poColumns::new(&ctx, batch, table, m2po_tau.map(|c| c.upper), ex)?;
-    let plan = mask_plan(table, cfg, &lntrm_w, &opsm, &m2po)?;
+    let cppo_spec = cfg.criteria.iter().find(|c| c.stat == Stat::Cppo);
+    let cppo = CppoColumns::new(&ctx, batch, table, cppo_spec.map(|c| (c.upper, cfg.cppo)))?;
+    let cols = Columns {
+        opsm: &opsm,
+        m2po: &m2po,
+        cppo: &cppo,
+    };
+    let plan = mask_plan(table, cfg, &lntrm_w, &cols)?;
     let raw = engine.corrections_pass(lr, segs, &plan)?;
 
     // ---- IS weights ----
@@ -104,10 +112,6 @@ pub(crate) fn compute_partial(
     let mut keep: Vec<bool> = raw.mask.clone();
     let mut criteria = Vec::new();
     for (ci, c) in cfg.criteria.iter().enumerate() {
-        let cols = Columns {
-            opsm: &opsm,
-            m2po: &m2po,
-        };
         let res = criterion(&ctx, table, c, ci, &raw, cfg, rho, k1, &cols, &mut metrics)?;
         criteria.push(res);
     }
@@ -244,9 +248,9 @@ fn mask_plan<'a>(
     table: &'a StatTable,
     cfg: &Resolved,
     lntrm_w: &'a [f64],
-    opsm: &'a OpsmColumns,
-    m2po: &'a M2poColumns,
+    cols: &Columns<'a>,
 ) -> Result<MaskPlan<'a>> {
+    let (opsm, m2po, cppo) = (cols.opsm, cols.m2po, cols.cppo);
     let mut columns: Vec<&'a [f64]> = Vec::new();
     let mut lntrm_col = None;
     let mut opsm_col = None;
@@ -278,6 +282,8 @@ fn mask_plan<'a>(
             }
             // the host's batch-global drop indicator (1 dropped), kept iff ≤ 0.5
             Stat::M2po => MaskSource::Column(col(&m2po.drop)),
+            // the host's per-sequence CPPO decisions (1 dropped), kept iff ≤ 0.5
+            Stat::Cppo => MaskSource::Column(col(&cppo.drop)),
             // from both log-probs (columns j, j + 1) and the log-ratio
             Stat::BinaryKl => {
                 let j = col(table.get("train_log_prob")?);
@@ -300,7 +306,7 @@ fn mask_plan<'a>(
         };
         let (lower, upper) = if c.is_k1() {
             (c.lower.map(f64::ln), c.upper.ln())
-        } else if c.stat == Stat::M2po {
+        } else if matches!(c.stat, Stat::M2po | Stat::Cppo) {
             (None, 0.5)
         } else {
             (None, c.upper)
@@ -422,6 +428,7 @@ fn is_weights(
 struct Columns<'a> {
     opsm: &'a OpsmColumns,
     m2po: &'a M2poColumns,
+    cppo: &'a CppoColumns,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -455,6 +462,7 @@ fn criterion(
         }
         Stat::Opsm => &cols.opsm.value,
         Stat::M2po => &cols.m2po.value,
+        Stat::Cppo => &cols.cppo.value,
         s => table.get(s.name())?,
     };
     let (lower_log, upper_log) = if c.is_k1() {
@@ -475,8 +483,10 @@ fn criterion(
         Some(v) => ctx.tok(|i| v[ctx.owner[i]]),
     };
     let pre = format!("rollout_corr/rollout_rs_{}", c.name);
-    if c.stat == Stat::M2po {
-        cols.m2po.metrics(ctx, &pre, m);
+    match c.stat {
+        Stat::M2po => cols.m2po.metrics(ctx, &pre, m),
+        Stat::Cppo => cols.cppo.metrics(ctx, &pre, m),
+        _ => {}
     }
     let s_pts = ctx.reduce(&pts)?;
     let seq_values: Vec<f64> = match &seq_stat {

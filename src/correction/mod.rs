@@ -49,6 +49,7 @@
 //! DPPO mask itself. The `topk_kl` / `topk_tv` statistics (TRM on the reduced support) are
 //! ordinary `<agg>_<stat>` criteria and behave like any other sequence criterion.
 
+mod cppo;
 pub(crate) mod dppo;
 mod head;
 mod legacy;

@@ -137,6 +137,22 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
                 .unwrap_or_default()
         ));
     }
+    // CPPO's drops, split by the rule that made them
+    let pre = "rollout_corr/rollout_rs_cppo";
+    if let (Some(tok), Some(pfx)) = (
+        m(&format!("{pre}_token_masked_fraction")),
+        m(&format!("{pre}_prefix_masked_fraction")),
+    ) {
+        let count = |f: f64| (f * valid as f64).round() as usize;
+        out.push(format!(
+            "cppo: {} tokens dropped ({}% of valid): {} over the token threshold, {} by the prefix \
+             budget",
+            count(tok) + count(pfx),
+            num((1000.0 * (tok + pfx)).round() / 10.0),
+            count(tok),
+            count(pfx)
+        ));
+    }
     let n = c.seq_accept.len();
     let acc = c.seq_accept.iter().filter(|&&x| x).count();
     let kept = (0..c.mask.len())
