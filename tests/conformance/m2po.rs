@@ -2,7 +2,8 @@
 //! reference code (`scripts/dev/m2po_golden.py`, fixture `data/m2po/golden.json`: the M2PO
 //! authors' trust-region tokens, AReaL's masking loop; 14 packed sequences incl. an empty one
 //! and two with advantage 0, six thresholds), on both engines; the batch-global selection over
-//! 1–8 simulated ranks equals one process bit for bit; ties, metrics and errors.
+//! 1–8 simulated ranks equals one process bit for bit (half the batches with `cppo` beside
+//! it); ties, metrics and errors.
 
 use crate::common;
 
@@ -196,12 +197,17 @@ fn random(rng: &mut Rng, ties: bool) -> (Vec<i64>, [Vec<f64>; 3]) {
 fn one_to_eight_ranks_equal_one_process_bit_for_bit() {
     let seed = common::seed(0x3270);
     let mut rng = Rng::new(seed);
-    let (mut checked, mut dropping) = (0, 0);
+    let (mut checked, mut dropping, mut cppo_dropping) = (0, 0, 0);
     for case in 0..48 {
         let (cu, [roll, old, adv]) = random(&mut rng, case % 3 == 0);
         let b = cu.len() - 1;
         let tau = [1e-3, 0.01, 0.04, 0.2][case % 4];
-        let c = m2po(tau);
+        // every other batch with CPPO beside it (per sequence: shards need no exchange)
+        let c = if case % 2 == 1 {
+            cfg(json!({"rollout_rs": "m2po,cppo", "rollout_rs_threshold": format!("{tau},0.15")}))
+        } else {
+            m2po(tau)
+        };
         let v = [roll.as_slice(), old.as_slice(), adv.as_slice()];
         let whole_step = Step::packed(&cu)
             .rollout_log_prob(roll.as_slice())
@@ -221,6 +227,10 @@ fn one_to_eight_ranks_equal_one_process_bit_for_bit() {
         dropping += whole
             .metrics
             .contains_key("rollout_corr/rollout_rs_m2po_cutoff") as usize;
+        cppo_dropping += whole
+            .metrics
+            .get("rollout_corr/rollout_rs_cppo_masked_fraction")
+            .is_some_and(|&f| f > 0.0) as usize;
         for size in 1..=8usize {
             // random cut points between sequences (empty shards allowed)
             let mut cuts: Vec<usize> = (0..size - 1).map(|_| rng.below(b + 1)).collect();
@@ -255,8 +265,8 @@ fn one_to_eight_ranks_equal_one_process_bit_for_bit() {
         }
     }
     assert!(
-        checked > 200 && dropping > 20,
-        "{checked} runs, {dropping} batches dropping"
+        checked > 200 && dropping > 20 && cppo_dropping > 5,
+        "{checked} runs, {dropping} batches dropping, {cppo_dropping} with CPPO drops"
     );
 }
 
