@@ -418,4 +418,19 @@ fn the_cli_summary_says_what_m2po_dropped() {
     // no m2po line without the criterion
     let (_, out, _) = common::run_trmask(&["analyze", input.to_str().unwrap(), "--backend", "cpu"]);
     assert!(!out.contains("m2po: "), "{out}");
+    // neither m2po nor cppo is a threshold on one statistic: calibrate refuses them
+    for c in ["m2po", "cppo"] {
+        let (code, _, err) = common::run_trmask(&[
+            "calibrate",
+            "--criterion",
+            c,
+            "--target-reject-rate",
+            "0.1",
+            input.to_str().unwrap(),
+            "--backend",
+            "cpu",
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(&format!("{c} cannot be calibrated")), "{err}");
+    }
 }
