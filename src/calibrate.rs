@@ -92,7 +92,10 @@ pub fn noise_floor(batch: &Batch, c: &Criterion) -> Option<NoiseFloor> {
     let mut s = match c.stat {
         Stat::K1 | Stat::Abs | Stat::Ser | Stat::LnTrm | Stat::Opsm => e,
         Stat::Tv | Stat::TopkTv => e / 2.0,
+        // |p − q| of the sampled token: at most |lr| (p, q ≤ 1)
+        Stat::Cppo => e,
         Stat::K2 | Stat::K3 | Stat::Kl | Stat::KlRev | Stat::TopkKl | Stat::BinaryKl => e * e / 2.0,
+        Stat::M2po => e * e,
     };
     if c.agg == Agg::SeqSum {
         let lens: Vec<f64> = batch

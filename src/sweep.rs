@@ -6,10 +6,11 @@
 //!
 //! `k1` criteria are two-sided in log space: the sweep moves the upper threshold (in ratio
 //! space, as configured) and keeps the configured lower one. The token veto and DPPO / PDM
-//! masks are not swept; nor are legacy configs.
+//! masks are not swept; nor are `m2po` (its threshold bounds a batch mean, not a token's
+//! statistic) and `cppo` (its keep test adds a prefix budget); nor are legacy configs.
 
 use crate::batch::Batch;
-use crate::config::{Agg, Criterion, Resolved};
+use crate::config::{Agg, Criterion, Resolved, Stat};
 use crate::error::Result;
 use crate::stats::{Corrections, StatTable};
 use serde::Serialize;
@@ -112,7 +113,7 @@ pub(crate) fn sweeps(
     let ranges = batch.segments().ranges();
     let mut out = Vec::new();
     for (c, r) in cfg.criteria.iter().zip(&corrections.criteria) {
-        if c.name != r.name {
+        if c.name != r.name || matches!(c.stat, Stat::M2po | Stat::Cppo) {
             continue;
         }
         let log = c.is_k1();

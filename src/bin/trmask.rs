@@ -51,7 +51,7 @@ struct Common {
     backend: String,
     /// Correction config, a file or a pipe: JSON or YAML (.yaml/.yml) with verl's
     /// `rollout_correction` keys (flat, or nested as `algorithm: rollout_correction:`) and
-    /// trmask's own (temperature, ln_trm, token_veto, dppo).
+    /// trmask's own (temperature, ln_trm, cppo, token_veto, dppo).
     #[arg(long, conflicts_with = "preset")]
     config: Option<PathBuf>,
     /// A verl preset or paper alias (listed below).

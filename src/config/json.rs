@@ -1,7 +1,7 @@
 //! JSON in and out of [`CorrectionConfig`] (unknown keys are an error naming the key).
 
 use super::dppo::DppoConfig;
-use super::types::{CorrectionConfig, LnTrm, ThresholdSpec};
+use super::types::{CorrectionConfig, Cppo, LnTrm, ThresholdSpec};
 use crate::error::{Error, Result};
 use crate::stats::IsLevel;
 use serde_json::{Map, Value};
@@ -166,6 +166,40 @@ impl CorrectionConfig {
                     }
                     c.ln_trm = Some(p);
                 }
+                "cppo" => {
+                    if val.is_null() {
+                        c.cppo = None;
+                        continue;
+                    }
+                    let o = val
+                        .as_object()
+                        .ok_or_else(|| Error::config(key, "must be an object {w_min, delta_b}"))?;
+                    let mut p = Cppo::default();
+                    for (k, v) in o {
+                        let full = format!("cppo.{k}");
+                        let x = want_f64(&full, v)?;
+                        match k.as_str() {
+                            "w_min" if x > 0.0 && x <= 1.0 => p.w_min = x,
+                            "w_min" => {
+                                return Err(Error::config(&full, format!("must be in (0, 1], got {x}")))
+                            }
+                            "delta_b" if x >= 0.0 && x.is_finite() => p.delta_b = x,
+                            "delta_b" => {
+                                return Err(Error::config(
+                                    &full,
+                                    format!("must be a finite number >= 0, got {x}"),
+                                ))
+                            }
+                            _ => {
+                                return Err(Error::config(
+                                    &full,
+                                    "unknown key (expected w_min, delta_b)",
+                                ))
+                            }
+                        }
+                    }
+                    c.cppo = Some(p);
+                }
                 "token_veto" => {
                     c.token_veto = if val.is_null() {
                         None
@@ -242,8 +276,8 @@ impl CorrectionConfig {
                         other,
                         "unknown config key (expected rollout_is, rollout_is_threshold, \
                          rollout_is_batch_normalize, rollout_rs, rollout_rs_threshold, bypass_mode, \
-                         loss_type, temperature, ln_trm, token_veto, dppo, top_p, top_k, min_p, \
-                         sampling_replay)",
+                         loss_type, temperature, ln_trm, cppo, token_veto, dppo, top_p, top_k, \
+                         min_p, sampling_replay)",
                     ))
                 }
             }
@@ -355,6 +389,12 @@ impl CorrectionConfig {
                 o.insert("delta".into(), num_json(d));
             }
             m.insert("ln_trm".into(), Value::Object(o));
+        }
+        if let Some(p) = &self.cppo {
+            let mut o = Map::new();
+            o.insert("w_min".into(), num_json(p.w_min));
+            o.insert("delta_b".into(), num_json(p.delta_b));
+            m.insert("cppo".into(), Value::Object(o));
         }
         if let Some(t) = self.token_veto {
             m.insert("token_veto".into(), num_json(t));

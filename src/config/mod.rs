@@ -13,6 +13,7 @@
 //! | `bypass_mode`, `loss_type` | verl's preset fields; `bypass_mode: true` makes `log_prob` the training policy |
 //! | `temperature` | softmax temperature for logits (default 1) |
 //! | `ln_trm` | `{eps, delta}` for `seq_lntrm`; a missing one drops its term from `w_t` |
+//! | `cppo` | `{w_min, delta_b}` for `cppo` (default 0.8, 0.02: the position-weight floor and the prefix-budget floor) |
 //! | `token_veto` | τ: reject a sequence if any ρ_t < τ |
 //! | `dppo` | `{divergence, delta, delta_low, delta_high, direction, top_k_support}`: the DPPO / PDM token mask ([`DppoConfig`]; errors name `dppo.<key>`); `top_k_support` also picks the support of the `topk_*` statistics |
 //! | `legacy`, `rollout_rs_threshold_lower`, `rollout_token_veto_threshold` | verl's legacy API (see [`CorrectionConfig::legacy`]) |
@@ -35,7 +36,7 @@ mod types;
 
 pub use crate::stats::IsLevel;
 pub use dppo::DppoConfig;
-pub use types::{check_temperature, CorrectionConfig, LnTrm, ThresholdSpec, MIN_TEMPERATURE};
+pub use types::{check_temperature, CorrectionConfig, Cppo, LnTrm, ThresholdSpec, MIN_TEMPERATURE};
 
 // The resolved plan and the grammar are internal (documented in place, hidden from the API).
 #[doc(hidden)]

@@ -3,7 +3,7 @@
 
 use super::dppo::DppoConfig;
 use super::grammar::{parse_is_threshold, parse_rs_thresholds, py_float, py_num_str};
-use super::types::{CorrectionConfig, LnTrm, ThresholdSpec};
+use super::types::{CorrectionConfig, Cppo, LnTrm, ThresholdSpec};
 use crate::error::{Error, Result};
 use crate::stats::{IsLevel, TopkSupport};
 
@@ -45,7 +45,8 @@ impl CorrectionConfig {
                             "Invalid rollout_rs option: {opt}. Must be one of verl's {VERL_OPTIONS:?} \
                              or trmask's token_/seq_sum_/seq_mean_/seq_max_ with abs, ser, kl, kl_rev, tv, \
                              topk_kl, topk_tv, binary_kl, or seq_lntrm (binary_kl alone is KPop, token level), \
-                             or opsm (DeepSeek-V3.2's off-policy sequence masking)."
+                             or opsm (DeepSeek-V3.2's off-policy sequence masking), or m2po \
+                             (M2PO's second-moment trust region), or cppo (CPPO's cumulative prefix budget)."
                         ),
                     ));
                 }
@@ -88,6 +89,7 @@ impl CorrectionConfig {
             is,
             criteria,
             ln_trm: self.ln_trm.unwrap_or_default(),
+            cppo: self.cppo.unwrap_or_default(),
             token_veto: self.token_veto,
             legacy: None,
             dppo: match &self.dppo {
@@ -205,6 +207,7 @@ impl CorrectionConfig {
             is,
             criteria: Vec::new(),
             ln_trm: LnTrm::default(),
+            cppo: Cppo::default(),
             token_veto: None,
             dppo: None,
             legacy: Some(LegacySpec {
@@ -274,6 +277,12 @@ pub enum Stat {
     /// OPSM's `log(π_roll/π_train) = −lr` (unclamped) of a sequence whose advantage is
     /// negative (`opsm` only; DeepSeek-V3.2).
     Opsm,
+    /// M2PO's `lr²` (unclamped) of a token in the active quadrants (`A > 0, ρ > 1` or
+    /// `A < 0, ρ < 1`); the batch-global drop runs on the host (`m2po` only).
+    M2po,
+    /// CPPO's position-weighted Binary-TV `w_t·|p_train − p_roll|` of the sampled token
+    /// (`cppo` only; its keep test adds the prefix budget and the update direction).
+    Cppo,
 }
 
 impl Stat {
@@ -308,6 +317,8 @@ impl Stat {
             Stat::LnTrm => "lntrm",
             Stat::BinaryKl => "binary_kl",
             Stat::Opsm => "opsm",
+            Stat::M2po => "m2po",
+            Stat::Cppo => "cppo",
         }
     }
 
@@ -336,6 +347,14 @@ fn parse_option(opt: &str) -> Option<(Agg, Stat)> {
     }
     if opt == "opsm" {
         return Some((Agg::Opsm, Stat::Opsm));
+    }
+    if opt == "cppo" {
+        // a token criterion with a per-sequence prefix budget (correction::cppo)
+        return Some((Agg::Token, Stat::Cppo));
+    }
+    if opt == "m2po" {
+        // a token criterion whose keep test is batch-global (correction::m2po)
+        return Some((Agg::Token, Stat::M2po));
     }
     if opt == "binary_kl" {
         // verl's (PR #6800) spelling of token_binary_kl (KPop)
@@ -399,6 +418,8 @@ pub struct Resolved {
     /// veto, when set, is the bit after the last criterion).
     pub criteria: Vec<Criterion>,
     pub ln_trm: LnTrm,
+    /// CPPO's `{w_min, delta_b}` (the paper's defaults when not configured).
+    pub cppo: Cppo,
     pub token_veto: Option<f64>,
     /// `Some` in legacy mode.
     pub legacy: Option<LegacySpec>,

@@ -35,6 +35,23 @@ pub struct LnTrm {
     pub delta: Option<f64>,
 }
 
+/// CPPO's parameters (`cppo: {w_min, delta_b}`): the floor of the linear position weight and
+/// the floor of the per-sequence prefix-average budget (the paper's defaults 0.8 and 0.02).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cppo {
+    pub w_min: f64,
+    pub delta_b: f64,
+}
+
+impl Default for Cppo {
+    fn default() -> Self {
+        Cppo {
+            w_min: 0.8,
+            delta_b: 0.02,
+        }
+    }
+}
+
 /// The rollout-correction configuration (verl keys + trmask keys).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CorrectionConfig {
@@ -48,6 +65,8 @@ pub struct CorrectionConfig {
     pub loss_type: Option<String>,
     pub temperature: f64,
     pub ln_trm: Option<LnTrm>,
+    /// CPPO's `{w_min, delta_b}` (`rollout_rs: "cppo"`); `None` uses the paper's defaults.
+    pub cppo: Option<Cppo>,
     pub token_veto: Option<f64>,
     /// The DPPO / PDM token mask (docs/FORMAT.md, DPPO), ANDed into `modified_response_mask`.
     pub dppo: Option<DppoConfig>,
@@ -78,6 +97,7 @@ impl Default for CorrectionConfig {
             loss_type: None,
             temperature: 1.0,
             ln_trm: None,
+            cppo: None,
             token_veto: None,
             dppo: None,
             legacy: false,

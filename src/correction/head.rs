@@ -2,7 +2,9 @@
 //! trmask's criteria: one engine corrections pass, then IS weights, RS criteria, the token veto,
 //! the DPPO / PDM mask and every metric.
 
+use super::cppo::CppoColumns;
 use super::dppo::dppo_keep;
+use super::m2po::M2poColumns;
 use super::opsm::OpsmColumns;
 use crate::batch::{Batch, Layout};
 use crate::bounds::lntrm_weight;
@@ -79,7 +81,17 @@ pub(crate) fn compute_partial(
         lr,
         cfg.criteria.iter().any(|c| c.agg == Agg::Opsm),
     )?;
-    let plan = mask_plan(table, cfg, &lntrm_w, &opsm)?;
+    // M2PO's batch-global drop (one collective through `ex` with several ranks)
+    let m2po_tau = cfg.criteria.iter().find(|c| c.stat == Stat::M2po);
+    let m2po = M2poColumns::new(&ctx, batch, table, m2po_tau.map(|c| c.upper), ex)?;
+    let cppo_spec = cfg.criteria.iter().find(|c| c.stat == Stat::Cppo);
+    let cppo = CppoColumns::new(&ctx, batch, table, cppo_spec.map(|c| (c.upper, cfg.cppo)))?;
+    let cols = Columns {
+        opsm: &opsm,
+        m2po: &m2po,
+        cppo: &cppo,
+    };
+    let plan = mask_plan(table, cfg, &lntrm_w, &cols)?;
     let raw = engine.corrections_pass(lr, segs, &plan)?;
 
     // ---- IS weights ----
@@ -100,7 +112,7 @@ pub(crate) fn compute_partial(
     let mut keep: Vec<bool> = raw.mask.clone();
     let mut criteria = Vec::new();
     for (ci, c) in cfg.criteria.iter().enumerate() {
-        let res = criterion(&ctx, table, c, ci, &raw, cfg, rho, k1, &opsm, &mut metrics)?;
+        let res = criterion(&ctx, table, c, ci, &raw, cfg, rho, k1, &cols, &mut metrics)?;
         criteria.push(res);
     }
     if !cfg.criteria.is_empty() {
@@ -236,8 +248,9 @@ fn mask_plan<'a>(
     table: &'a StatTable,
     cfg: &Resolved,
     lntrm_w: &'a [f64],
-    opsm: &'a OpsmColumns,
+    cols: &Columns<'a>,
 ) -> Result<MaskPlan<'a>> {
+    let (opsm, m2po, cppo) = (cols.opsm, cols.m2po, cols.cppo);
     let mut columns: Vec<&'a [f64]> = Vec::new();
     let mut lntrm_col = None;
     let mut opsm_col = None;
@@ -267,6 +280,10 @@ fn mask_plan<'a>(
                 });
                 MaskSource::Column(j)
             }
+            // the host's batch-global drop indicator (1 dropped), kept iff ≤ 0.5
+            Stat::M2po => MaskSource::Column(col(&m2po.drop)),
+            // the host's per-sequence CPPO decisions (1 dropped), kept iff ≤ 0.5
+            Stat::Cppo => MaskSource::Column(col(&cppo.drop)),
             // from both log-probs (columns j, j + 1) and the log-ratio
             Stat::BinaryKl => {
                 let j = col(table.get("train_log_prob")?);
@@ -289,6 +306,8 @@ fn mask_plan<'a>(
         };
         let (lower, upper) = if c.is_k1() {
             (c.lower.map(f64::ln), c.upper.ln())
+        } else if matches!(c.stat, Stat::M2po | Stat::Cppo) {
+            (None, 0.5)
         } else {
             (None, c.upper)
         };
@@ -405,6 +424,13 @@ fn is_weights(
     Ok(w)
 }
 
+/// The host-built columns of the criteria that need more than the statistics table.
+struct Columns<'a> {
+    opsm: &'a OpsmColumns,
+    m2po: &'a M2poColumns,
+    cppo: &'a CppoColumns,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn criterion(
     ctx: &Ctx,
@@ -415,7 +441,7 @@ fn criterion(
     cfg: &Resolved,
     rho: &[f64],
     k1: &[f64],
-    opsm: &OpsmColumns,
+    cols: &Columns,
     m: &mut Partial,
 ) -> Result<CriterionResult> {
     let b = ctx.b;
@@ -434,7 +460,9 @@ fn criterion(
             k3v = ctx.tok(|i| ser[i] * w[i]);
             &k3v
         }
-        Stat::Opsm => &opsm.value,
+        Stat::Opsm => &cols.opsm.value,
+        Stat::M2po => &cols.m2po.value,
+        Stat::Cppo => &cols.cppo.value,
         s => table.get(s.name())?,
     };
     let (lower_log, upper_log) = if c.is_k1() {
@@ -455,6 +483,11 @@ fn criterion(
         Some(v) => ctx.tok(|i| v[ctx.owner[i]]),
     };
     let pre = format!("rollout_corr/rollout_rs_{}", c.name);
+    match c.stat {
+        Stat::M2po => cols.m2po.metrics(ctx, &pre, m),
+        Stat::Cppo => cols.cppo.metrics(ctx, &pre, m),
+        _ => {}
+    }
     let s_pts = ctx.reduce(&pts)?;
     let seq_values: Vec<f64> = match &seq_stat {
         None => ctx.mmean_rows(&s_pts),

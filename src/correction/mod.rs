@@ -49,9 +49,11 @@
 //! DPPO mask itself. The `topk_kl` / `topk_tv` statistics (TRM on the reduced support) are
 //! ordinary `<agg>_<stat>` criteria and behave like any other sequence criterion.
 
+mod cppo;
 pub(crate) mod dppo;
 mod head;
 mod legacy;
+mod m2po;
 mod opsm;
 
 pub use crate::stats::{Corrections, CriterionResult};

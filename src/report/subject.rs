@@ -160,6 +160,17 @@ pub(crate) fn config_words(config: &CorrectionConfig, preset: Option<&str>) -> V
             "sequence"
         };
         parts.push(match (c.stat == Stat::K1, c.lower) {
+            _ if c.stat == Stat::Cppo => format!(
+                "drop outward tokens with w_t|p - q| over CPPO's prefix-budgeted threshold (delta {}, \
+                 w_min {}, delta_b {})",
+                num(c.upper),
+                num(r.cppo.w_min),
+                num(r.cppo.delta_b)
+            ),
+            _ if c.stat == Stat::M2po => format!(
+                "drop the active tokens with the largest (log rho)^2 until their mean <= {}",
+                num(c.upper)
+            ),
             (true, Some(lo)) => format!(
                 "reject {unit} unless ln {} <= {} <= ln {}",
                 num(lo),

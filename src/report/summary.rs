@@ -110,6 +110,49 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
             num(after),
         ));
     }
+    // M2PO's batch-global drop, when the batch has tokens in its active quadrants
+    let pre = "rollout_corr/rollout_rs_m2po";
+    if let (Some(act), Some(m2), Some(after), Some(drop)) = (
+        m(&format!("{pre}_active_fraction")),
+        m(&format!("{pre}_m2")),
+        m(&format!("{pre}_m2_after")),
+        m(&format!("{pre}_masked_fraction")),
+    ) {
+        let tau = s.config.resolve().ok().and_then(|r| {
+            r.criteria
+                .iter()
+                .find(|c| c.stat == crate::config::Stat::M2po)
+                .map(|c| c.upper)
+        });
+        let count = |f: f64| (f * valid as f64).round() as usize;
+        out.push(format!(
+            "m2po: {} of {} active tokens dropped ({}% of valid), mean (log rho)^2 over them {} -> \
+             {}{}",
+            count(drop),
+            count(act),
+            num((1000.0 * drop).round() / 10.0),
+            num(m2),
+            num(after),
+            tau.map(|t| format!(" (tau {})", num(t)))
+                .unwrap_or_default()
+        ));
+    }
+    // CPPO's drops, split by the rule that made them
+    let pre = "rollout_corr/rollout_rs_cppo";
+    if let (Some(tok), Some(pfx)) = (
+        m(&format!("{pre}_token_masked_fraction")),
+        m(&format!("{pre}_prefix_masked_fraction")),
+    ) {
+        let count = |f: f64| (f * valid as f64).round() as usize;
+        out.push(format!(
+            "cppo: {} tokens dropped ({}% of valid): {} over the token threshold, {} by the prefix \
+             budget",
+            count(tok) + count(pfx),
+            num((1000.0 * (tok + pfx)).round() / 10.0),
+            count(tok),
+            count(pfx)
+        ));
+    }
     let n = c.seq_accept.len();
     let acc = c.seq_accept.iter().filter(|&&x| x).count();
     let kept = (0..c.mask.len())

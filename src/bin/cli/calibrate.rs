@@ -54,6 +54,19 @@ pub fn run(a: Args) -> Result<(), trmask::Error> {
             "takes one rejection criterion",
         ));
     }
+    if matches!(
+        crit[0].stat,
+        trmask::config::Stat::M2po | trmask::config::Stat::Cppo
+    ) {
+        return Err(trmask::Error::config(
+            "--criterion",
+            format!(
+                "{} cannot be calibrated: its keep test is not a threshold on one statistic \
+                 (m2po bounds a batch mean, cppo adds a per-sequence prefix budget)",
+                crit[0].name
+            ),
+        ));
+    }
     let common = Common {
         backend: a.backend.clone(),
         config: None,

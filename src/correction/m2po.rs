@@ -1,0 +1,200 @@
+//! M2PO's second-moment trust region (`rollout_rs: "m2po"`, Zheng et al. 2025, arXiv 2510.01161,
+//! Algorithm 1): among the tokens in the active quadrants — `A > 0` and `lr > 0` (ρ > 1), or
+//! `A < 0` and `lr < 0` (ρ < 1) — drop the one with the largest `lr²` while the mean of `lr²`
+//! over the remaining active tokens exceeds τ. Tokens outside the active quadrants are never
+//! dropped and never enter the mean.
+//!
+//! The selection is batch-global and exact: the number of dropped tokens `k` depends only on
+//! the multiset of active `lr²` (sorted descending; the suffix sums accumulated from the
+//! smallest value up, as AReaL's `flip().cumsum().flip()` does; the first `k` with
+//! `suffix_k / (n − k) ≤ τ`, or `n` when none is). Ties at the cut are dropped in batch order
+//! (a stable descending sort: the earliest slot first). Across data-parallel ranks every rank
+//! all-gathers every rank's active values in rank order (one collective through the
+//! [`Exchange`], 8 bytes per active token) and runs the same computation on the same vector, so
+//! each rank's mask is its rows of the one-process mask bit for bit.
+
+use crate::batch::Batch;
+use crate::error::{Error, Result};
+use crate::metrics::ctx::Ctx;
+use crate::partial::{Acc, Empty, Exchange, FracMode, Partial};
+use crate::stats::StatTable;
+
+/// M2PO's per-slot columns: `lr²` on active tokens (0 elsewhere) and the drop indicator
+/// (1 dropped, 0 kept), both empty when no criterion is `m2po`; plus the batch-global summary.
+#[derive(Default)]
+pub(crate) struct M2poColumns {
+    pub value: Vec<f64>,
+    pub drop: Vec<f64>,
+    /// Active tokens of this shard and of the whole batch.
+    local_active: usize,
+    /// Mean `lr²` over the batch's active tokens before and after the drop (None: no active token).
+    m2: Option<(f64, f64)>,
+    /// The smallest dropped `lr²` (None: nothing dropped).
+    cutoff: Option<f64>,
+}
+
+/// Selection over the whole batch's active values `v` (batch order): how many the
+/// largest-first drop removes under `tau`, the mean before and after, in the order of a
+/// stable descending sort (`order[..k]` are dropped).
+pub(crate) struct Selection {
+    pub order: Vec<usize>,
+    pub k: usize,
+    pub m2_before: f64,
+    pub m2_after: f64,
+}
+
+/// M2PO Algorithm 1 on the batch's active values (`v[i] = lr²`, batch order).
+pub(crate) fn select(v: &[f64], tau: f64) -> Selection {
+    let n = v.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    // stable: equal values keep batch order, so the earliest of a tie is dropped first
+    order.sort_by(|&a, &b| v[b].total_cmp(&v[a]));
+    let mut suffix = vec![0.0f64; n + 1];
+    let mut s = 0.0f64;
+    for j in (0..n).rev() {
+        s += v[order[j]];
+        suffix[j] = s;
+    }
+    let mean = |j: usize| suffix[j] / (n - j) as f64;
+    let k = (0..n).find(|&j| mean(j) <= tau).unwrap_or(n);
+    Selection {
+        m2_before: if n > 0 { mean(0) } else { 0.0 },
+        m2_after: if k < n { mean(k) } else { 0.0 },
+        order,
+        k,
+    }
+}
+
+impl M2poColumns {
+    /// The columns for this shard; `ex` carries the active values between ranks (a
+    /// collective: every rank calls it with the same config). `lr` is recomputed in f64 from
+    /// the table's two log-probs, so that both engines select the same tokens (the GPU's own
+    /// log-ratio is f32).
+    pub(crate) fn new(
+        ctx: &Ctx,
+        batch: &Batch,
+        table: &StatTable,
+        tau: Option<f64>,
+        ex: &mut dyn Exchange,
+    ) -> Result<Self> {
+        let Some(tau) = tau else {
+            return Ok(M2poColumns::default());
+        };
+        let (t, r) = (table.get("train_log_prob")?, table.get("rollout_log_prob")?);
+        let lr: Vec<f64> = t.iter().zip(r).map(|(a, b)| a - b).collect();
+        let adv = batch.advantages.as_deref().ok_or_else(|| {
+            Error::input(
+                "advantages",
+                "is missing: rollout_rs 'm2po' drops tokens only where the advantage and the \
+                 log-ratio have the same sign",
+            )
+        })?;
+        let n_slots = ctx.mask.len();
+        let active = |i: usize| {
+            ctx.mask[i] && ((adv[i] > 0.0 && lr[i] > 0.0) || (adv[i] < 0.0 && lr[i] < 0.0))
+        };
+        let value: Vec<f64> = (0..n_slots)
+            .map(|i| if active(i) { lr[i] * lr[i] } else { 0.0 })
+            .collect();
+        let slots: Vec<usize> = (0..n_slots).filter(|&i| active(i)).collect();
+        let local: Vec<f64> = slots.iter().map(|&i| value[i]).collect();
+        // the whole batch's active values in rank order, and where this rank's start
+        let (all, offset) = gather(ex, &local)?;
+        let sel = select(&all, tau);
+        let mut drop = vec![0.0f64; n_slots];
+        for &g in &sel.order[..sel.k] {
+            if g >= offset && g < offset + slots.len() {
+                drop[slots[g - offset]] = 1.0;
+            }
+        }
+        Ok(M2poColumns {
+            value,
+            drop,
+            local_active: slots.len(),
+            m2: (!all.is_empty()).then_some((sel.m2_before, sel.m2_after)),
+            cutoff: (sel.k > 0).then(|| all[sel.order[sel.k - 1]]),
+        })
+    }
+
+    /// M2PO's own metrics under `pre` (`rollout_corr/rollout_rs_m2po`): the share of valid
+    /// tokens in the active quadrants, the mean `lr²` over them before and after the drop, and
+    /// the smallest dropped `lr²` (only when something was dropped).
+    pub(crate) fn metrics(&self, ctx: &Ctx, pre: &str, m: &mut Partial) {
+        m.put(
+            format!("{pre}_active_fraction"),
+            Acc::frac(self.local_active, ctx.n, FracMode::F64, Empty::Compute),
+        );
+        if let Some((before, after)) = self.m2 {
+            m.put(format!("{pre}_m2"), Acc::Const(before));
+            m.put(format!("{pre}_m2_after"), Acc::Const(after));
+        }
+        if let Some(c) = self.cutoff {
+            m.put(format!("{pre}_cutoff"), Acc::Const(c));
+        }
+    }
+}
+
+/// Every rank's `local` values concatenated in rank order, and this rank's offset in them.
+fn gather(ex: &mut dyn Exchange, local: &[f64]) -> Result<(Vec<f64>, usize)> {
+    if ex.size() <= 1 {
+        return Ok((local.to_vec(), 0));
+    }
+    let bytes: Vec<u8> = local.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let parts = ex.all_gather(&bytes)?;
+    if parts.len() != ex.size() {
+        return Err(Error::input(
+            "partial",
+            format!(
+                "the exchange returned {} buffers for {} ranks",
+                parts.len(),
+                ex.size()
+            ),
+        ));
+    }
+    let mut all = Vec::new();
+    let mut offset = 0;
+    for (r, p) in parts.iter().enumerate() {
+        if p.len() % 8 != 0 {
+            return Err(Error::input(
+                "partial",
+                format!("rank {r}'s M2PO values are {} bytes, not f64s", p.len()),
+            ));
+        }
+        if r == ex.rank() {
+            offset = all.len();
+            all.extend_from_slice(local);
+        } else {
+            all.extend(
+                p.chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            );
+        }
+    }
+    Ok((all, offset))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::select;
+
+    #[test]
+    fn drops_the_largest_until_the_mean_of_the_rest_is_at_most_tau() {
+        // means of the suffixes: [9,4,1] 14/3, [4,1] 2.5, [1] 1
+        let s = select(&[1.0, 9.0, 4.0], 2.5);
+        assert_eq!((s.k, &s.order[..1]), (1, &[1][..]));
+        assert_eq!((s.m2_before, s.m2_after), (14.0 / 3.0, 2.5));
+        assert_eq!(select(&[1.0, 9.0, 4.0], 2.4).k, 2);
+        assert_eq!(select(&[1.0, 9.0, 4.0], 5.0).k, 0);
+        // every active token above tau: all dropped (Algorithm 1's loop runs T empty)
+        assert_eq!(select(&[1.0, 9.0, 4.0], 0.5).k, 3);
+        assert_eq!(select(&[], 0.5).k, 0);
+    }
+
+    #[test]
+    fn ties_are_dropped_in_batch_order() {
+        // [4,4,4,0]: dropping one leaves 8/3 > 2, two leave 4/2 = 2
+        let s = select(&[4.0, 0.0, 4.0, 4.0], 2.0);
+        assert_eq!(s.k, 2);
+        assert_eq!(&s.order[..2], &[0, 2]);
+    }
+}
