@@ -1055,7 +1055,7 @@ fn host_chunks_filled_by_several_threads_give_the_same_bits() {
         e.vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 1.0)
             .unwrap()
     };
-    let whole = bits(&call(&chunked(None, None)));
+    let whole = bits(&call(&chunked(Some(64 << 20), None)));
     for mapped in [None, Some(false)] {
         // 6 MiB chunks: 48 rows of 128 KiB f32, then 16
         let e = chunked(Some(6 << 20), mapped);
