@@ -408,6 +408,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn fill_writes_parts_back_to_back_on_any_pool() {
+        // parts below and above the parallel threshold, not multiples of a piece, a word tail
+        let lens = [
+            3usize,
+            FILL_SERIAL_BYTES + FILL_PIECE / 2 + 5,
+            0,
+            4,
+            2 * FILL_SERIAL_BYTES + 1,
+        ];
+        let parts: Vec<Vec<u8>> = lens
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| (0..n).map(|i| (i * 31 + k * 7) as u8).collect())
+            .collect();
+        let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        let want = parts.concat();
+        for threads in [1, 4] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut dst = vec![0xAAu8; want.len() + 9];
+            pool.install(|| fill(wgpu::WriteOnly::from_mut(&mut dst[..]), &refs));
+            assert_eq!(&dst[..want.len()], &want[..], "{threads} threads");
+            assert!(
+                dst[want.len()..].iter().all(|&b| b == 0xAA),
+                "past the parts"
+            );
+        }
+    }
+
+    #[test]
     fn size_classes() {
         assert_eq!(size_class(0, 1 << 30), 256);
         assert_eq!(size_class(257, 1 << 30), 512);
