@@ -507,21 +507,23 @@ pub fn ceilings(ctx: &Context, small: bool) -> Vec<Ceiling> {
             clock,
         });
     }
-    // L2 re-read: 8 MiB (1 MiB on CPU adapters) read again and again
+    // L2 re-read: 8 MiB (1 MiB on CPU adapters) read again and again, as short rows (2,048
+    // bf16, one 16-byte load per thread) so that enough workgroups fill the device
     let l2: u64 = if small { 1 << 20 } else { 8 << 20 };
-    let l2_rows = (l2 / 2 / (vocab as u64 * 2)).max(1) as usize;
-    let l2_half = l2_rows as u64 * vocab as u64 * 2;
+    let l2_vocab = 2048usize;
+    let l2_rows = (l2 / 2 / (l2_vocab as u64 * 2)).max(1) as usize;
+    let l2_half = l2_rows as u64 * l2_vocab as u64 * 2;
     let l2_reps = if small { 20 } else { 400 };
     let (t, clock) = floor(
         ctx,
         (&a, &b),
-        (l2_rows, vocab, DType::BF16),
+        (l2_rows, l2_vocab, DType::BF16),
         (256, false),
         l2_reps,
     );
     out.push(Ceiling {
         what: format!(
-            "L2 re-read ({:.1} MiB re-read {l2_reps}x, read-and-sum kernel)",
+            "L2 re-read ({:.1} MiB as {l2_rows} rows of {l2_vocab} bf16 pairs, re-read {l2_reps}x, read-and-sum kernel)",
             2.0 * l2_half as f64 / 1048576.0
         ),
         rate: 2.0 * l2_half as f64 / t / 1e9,
