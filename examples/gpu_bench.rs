@@ -2,6 +2,9 @@
 //! one process, printed as BENCHMARKS.md-ready Markdown tables.
 //!
 //! `cargo run --release --example gpu_bench -- [--quick] [--sequences] [--json]`
+//! `cargo run --release --example gpu_bench -- --suite [--small] [--budget-s S] [--max-gib G]`
+//! (`--suite`: every number of one GPU run — ceilings, host path, PyTorch CUDA, the kernel
+//! ladder, roofline, accuracy, tuner — see `gpu_bench/suite.rs`; smaller on CPU adapters)
 //! (`--json`: only one JSON object on stdout, the vocabulary kernel's reads per logit per data
 //! set and its worst tolerance ratio against the f64 CPU reference, see [`json_report`])
 //! (`GPU_BENCH_FILES=a.safetensors:b.safetensors`: reads per logit of the vocabulary kernel on
@@ -17,16 +20,17 @@
 //! 4. `analysis::analyze` on 1M tokens of log-probs as 1, 1,000 and 300,000 sequences, both
 //!    engines (the per-sequence cost).
 
+#[path = "gpu_bench/kernels.rs"]
+mod kernels;
+#[path = "gpu_bench/suite.rs"]
+mod suite;
+
+use kernels::median;
 use rayon::prelude::*;
 use std::time::Instant;
 use trmask::backend::{open_engine, Backend};
 use trmask::gpu::{Context, GpuEngine};
 use trmask::{wgpu, Batch, CorrectionConfig, DType, Engine, Logits};
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 /// xorshift64* normal deviates, seeded per row (reproducible, parallel).
 fn normals(seed: u64, n: usize, out: &mut Vec<f64>) {
@@ -330,6 +334,9 @@ fn main() -> anyhow::Result<()> {
     if std::env::args().any(|a| a == "--json") {
         return json_report(&gpu, cpu.as_ref(), quick);
     }
+    if std::env::args().any(|a| a == "--suite") {
+        return suite::run(&gpu, cpu.as_ref(), &suite_options(&gpu)?);
+    }
     println!("adapter: {}", gpu.name());
     println!(
         "cpu engine: {}, {} threads",
@@ -602,6 +609,43 @@ fn main() -> anyhow::Result<()> {
     }
 
     per_sequence(&gpu, cpu.as_ref(), quick)
+}
+
+/// `--suite`'s options from the command line: `--small` (automatic on CPU adapters),
+/// `--budget-s S` (default 260), `--max-gib G` (largest pair of logits per ladder cell, default
+/// 40 GiB, 1 GiB when small).
+fn suite_options(gpu: &GpuEngine) -> anyhow::Result<suite::Options> {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |name: &str| -> anyhow::Result<Option<f64>> {
+        match args.iter().position(|a| a == name) {
+            None => Ok(None),
+            Some(i) => {
+                let v = args.get(i + 1).and_then(|v| v.parse::<f64>().ok());
+                match v {
+                    Some(v) if v.is_finite() && v > 0.0 => Ok(Some(v)),
+                    _ => anyhow::bail!("{name} takes a positive number"),
+                }
+            }
+        }
+    };
+    let small_reason = if args.iter().any(|a| a == "--small") {
+        Some("--small".to_string())
+    } else if gpu.capabilities().is_cpu() {
+        Some(format!(
+            "scaled automatically: {} is a CPU adapter",
+            gpu.capabilities().adapter_name
+        ))
+    } else {
+        None
+    };
+    let small = small_reason.is_some();
+    let gib = value("--max-gib")?.unwrap_or(if small { 1.0 } else { 40.0 });
+    Ok(suite::Options {
+        small,
+        small_reason,
+        budget_s: value("--budget-s")?.unwrap_or(260.0),
+        max_bytes: (gib * (1u64 << 30) as f64) as u64,
+    })
 }
 
 /// Part 4: `analysis::analyze` on 1M tokens of log-probs as 1, 1,000 and 300,000 sequences

@@ -10,6 +10,12 @@
 #   QUICK=1 scripts/gpu-bench.sh run     # small shapes (a local dry run on software Vulkan)
 #   scripts/gpu-bench.sh whole           # only the whole-process comparison and peak RSS
 #                                        # (PYTHON=... a python3 with torch)
+#   scripts/gpu-bench.sh suite [ARGS]    # `gpu_bench --suite ARGS` (every number of one GPU
+#                                        # run, <= 5 min on an H200, PyTorch CUDA in the same
+#                                        # run where it exists); the raw log is saved as
+#                                        # benches/results/<machine>-<date>/suite.log
+#                                        # (RESULTS=dir elsewhere; MACHINE=name overrides the
+#                                        # GPU's name)
 #
 # `run` uses the packed binaries next to the script when they exist, else target/release.
 # It writes: machine.txt (nvidia-smi, adapters), check.txt (GPU vs f64 CPU on the real sample),
@@ -29,7 +35,7 @@ if [ "$mode" = prepare ]; then
     n="$(basename "$b")"
     strip -o "$dir/$n" "$b" && xz -f -6 "$dir/$n" || exit 1
   done
-  cp scripts/gpu-bench.sh scripts/torch_ref.py "$dir/"
+  cp scripts/gpu-bench.sh scripts/torch_ref.py scripts/torch_suite.py "$dir/"
   ls -la "$dir"
   exit 0
 fi
@@ -51,6 +57,31 @@ torch_ref="$here/torch_ref.py"
 py="${PYTHON:-python3}"
 export TRMASK_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then XDG_RUNTIME_DIR="$(mktemp -d)"; export XDG_RUNTIME_DIR; fi
+
+if [ "$mode" = suite ]; then
+  shift
+  t0=$(date +%s)
+  # the machine: MACHINE, else the first GPU's name, else the host name (letters, digits, -)
+  machine="${MACHINE:-}"
+  if [ -z "$machine" ] && command -v nvidia-smi >/dev/null; then
+    machine="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+  fi
+  [ -n "$machine" ] || machine="$(hostname)"
+  machine="$(printf %s "$machine" | tr 'A-Z' 'a-z' | tr -c 'a-z0-9\n' '-' | sed 's/--*/-/g; s/^-//; s/-$//')"
+  dest="${RESULTS:-$repo/benches/results}/$machine-$(date -u +%Y-%m-%d)"
+  mkdir -p "$dest"
+  ts="$here/torch_suite.py"
+  [ -f "$ts" ] || ts="$repo/scripts/torch_suite.py"
+  {
+    echo "== machine"; date -u; uname -a; nproc; free -g | head -2
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.memory,clocks.max.sm --format=csv
+    echo "== gpu_bench --suite $*"
+    TORCH_SUITE="$ts" "$bin/gpu_bench" --suite "$@"
+    echo "== exit $? after $(( $(date +%s) - t0 )) s"
+  } 2>&1 | tee "$dest/suite.log"
+  echo "raw log: $dest/suite.log"
+  exit 0
+fi
 quick="${QUICK:-}"
 tmp="$(mktemp -d)"
 t0=$(date +%s)

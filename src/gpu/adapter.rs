@@ -37,6 +37,10 @@ pub struct ContextOptions {
     /// Host logits into mapped storage buffers ([`Capabilities::mapped_uploads`]): `None` on
     /// CPU / integrated adapters, `Some(false)` never, `Some(true)` wherever offered.
     pub mapped_uploads: Option<bool>,
+    /// Largest upload of host logits per tensor per chunk of the vocabulary kernel (bytes;
+    /// one row at least, within the binding limit): `None` for 64 MiB; smaller values split
+    /// work into many chunks (tests, benchmarks).
+    pub host_chunk_bytes: Option<u64>,
 }
 
 pub(super) fn capabilities_of(

@@ -16,6 +16,9 @@ pub enum BufferKind {
     Staging,
     /// Storage buffer the host maps for writing (`MAPPABLE_PRIMARY_BUFFERS`, unified memory).
     MappedStorage,
+    /// Host-writable staging buffer (map for writing, copy source): the persistent staging of
+    /// a [`BufferKind::Storage`] upload slot on adapters without mapped uploads.
+    UploadStaging,
     /// Kernel output the host maps for reading in place, with no staging copy
     /// (`MAPPABLE_PRIMARY_BUFFERS`, unified memory).
     MappedOutput,
@@ -53,6 +56,9 @@ impl BufferKind {
                     | wgpu::BufferUsages::COPY_DST
             }
             BufferKind::Staging => wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            BufferKind::UploadStaging => {
+                wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC
+            }
             BufferKind::MappedStorage => {
                 wgpu::BufferUsages::MAP_WRITE
                     | wgpu::BufferUsages::STORAGE
@@ -214,10 +220,11 @@ pub(crate) fn mapped_wanted(choice: Option<bool>, info: &wgpu::AdapterInfo) -> b
     ))
 }
 
-/// Maps `buf` (a [`BufferKind::MappedStorage`] slot) for writing once the GPU has finished
-/// every submission that used it (callers wait for the slot's last one first, so this does not
-/// block on later work), writes `parts` back to back from byte 0 (their total a multiple of 4)
-/// in place and unmaps it.
+/// Maps `buf` (a [`BufferKind::MappedStorage`] slot or a [`BufferKind::UploadStaging`]
+/// buffer) for writing once the GPU has finished every submission that used it (callers wait
+/// for the slot's last one first, so this does not block on later work), writes `parts` back
+/// to back from byte 0 (their total a multiple of 4, at most the buffer's size) in place with
+/// [`fill`] and unmaps it.
 pub(crate) fn write_mapped(
     device: &wgpu::Device,
     buf: &GpuBuffer,
@@ -226,6 +233,12 @@ pub(crate) fn write_mapped(
     let total: usize = parts.iter().map(|p| p.len()).sum();
     if total == 0 {
         return Ok(());
+    }
+    if !total.is_multiple_of(4) || total as u64 > buf.raw().size() {
+        return Err(crate::Error::Gpu(format!(
+            "upload of {total} bytes into a {}-byte buffer (whole words that fit expected)",
+            buf.raw().size()
+        )));
     }
     let slice = buf.raw().slice(0..total as u64);
     let (tx, rx) = mpsc::channel();
@@ -237,13 +250,7 @@ pub(crate) fn write_mapped(
         return Err(e);
     }
     match slice.get_mapped_range_mut() {
-        Ok(mut view) => {
-            let mut at = 0;
-            for p in parts {
-                view.slice(at..at + p.len()).copy_from_slice(p);
-                at += p.len();
-            }
-        }
+        Ok(mut view) => fill(view.slice(..), parts),
         Err(e) => {
             buf.raw().unmap();
             return Err(crate::Error::Gpu(format!("writing a mapped upload: {e}")));
@@ -251,6 +258,70 @@ pub(crate) fn write_mapped(
     }
     buf.raw().unmap();
     Ok(())
+}
+
+/// Bytes below which [`fill`] copies on the calling thread alone.
+const FILL_SERIAL_BYTES: usize = 4 << 20;
+
+/// Bytes each task of a parallel [`fill`] copies.
+const FILL_PIECE: usize = 1 << 20;
+
+/// Writes `parts` back to back from the start of `dst` (mapped memory, at least their total
+/// long): one `memcpy` on the calling thread for small parts, else pieces of [`FILL_PIECE`]
+/// bytes copied by the current rayon pool's threads — the pool's, never a thread spawned per
+/// call; `ThreadPool::install` picks how many. Which thread copies which bytes changes nothing
+/// in them.
+pub(crate) fn fill(dst: wgpu::WriteOnly<'_, [u8]>, parts: &[&[u8]]) {
+    use rayon::prelude::*;
+    let parallel = rayon::current_num_threads() > 1;
+    let mut rest = dst;
+    for p in parts {
+        let (mut head, tail) = rest.split_at(p.len());
+        rest = tail;
+        if !parallel || p.len() < FILL_SERIAL_BYTES {
+            head.copy_from_slice(p);
+            continue;
+        }
+        // whole pieces in parallel (a sized `WriteOnly<[u8; N]>` per task), the rest here
+        let (pieces, mut last) = head.into_chunks::<FILL_PIECE>();
+        let whole = p.len() / FILL_PIECE * FILL_PIECE;
+        last.copy_from_slice(&p[whole..]);
+        let pieces: Vec<wgpu::WriteOnly<'_, [u8; FILL_PIECE]>> = pieces.into_iter().collect();
+        pieces
+            .into_par_iter()
+            .zip(p[..whole].par_chunks(FILL_PIECE))
+            .for_each(|(d, src)| wgpu::WriteOnly::<[u8]>::from(d).copy_from_slice(src));
+    }
+}
+
+/// Host bytes bound for an upload slot (`Context::stage`): written in place (a mapped slot)
+/// or into the slot's staging buffer, then copied into the slot at the start of the submission
+/// it is handed to (`Context::submit_staged`, `Context::run_each_staged`).
+#[derive(Debug)]
+pub struct Staged {
+    /// Staging buffer, slot, bytes.
+    pub(crate) copy: Option<(wgpu::Buffer, wgpu::Buffer, u64)>,
+}
+
+/// Writes `parts` into `staging` (a mapped [`BufferKind::UploadStaging`] buffer, see
+/// [`write_mapped`]) and returns the copy of those bytes into `slot`.
+pub(crate) fn stage_copy(
+    device: &wgpu::Device,
+    slot: &GpuBuffer,
+    staging: &GpuBuffer,
+    parts: &[&[u8]],
+) -> crate::Result<Staged> {
+    let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    if total > slot.raw().size() {
+        return Err(crate::Error::Gpu(format!(
+            "upload of {total} bytes into a {}-byte slot",
+            slot.raw().size()
+        )));
+    }
+    write_mapped(device, staging, parts)?;
+    Ok(Staged {
+        copy: (total > 0).then(|| (staging.raw().clone(), slot.raw().clone(), total)),
+    })
 }
 
 /// Maps every buffer of `bufs` (staging buffers, or [`BufferKind::MappedOutput`] outputs read
@@ -335,6 +406,38 @@ pub(crate) fn await_callbacks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fill_writes_parts_back_to_back_on_any_pool() {
+        // parts below and above the parallel threshold, not multiples of a piece, a word tail
+        let lens = [
+            3usize,
+            FILL_SERIAL_BYTES + FILL_PIECE / 2 + 5,
+            0,
+            4,
+            2 * FILL_SERIAL_BYTES + 1,
+        ];
+        let parts: Vec<Vec<u8>> = lens
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| (0..n).map(|i| (i * 31 + k * 7) as u8).collect())
+            .collect();
+        let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        let want = parts.concat();
+        for threads in [1, 4] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut dst = vec![0xAAu8; want.len() + 9];
+            pool.install(|| fill(wgpu::WriteOnly::from_mut(&mut dst[..]), &refs));
+            assert_eq!(&dst[..want.len()], &want[..], "{threads} threads");
+            assert!(
+                dst[want.len()..].iter().all(|&b| b == 0xAA),
+                "past the parts"
+            );
+        }
+    }
 
     #[test]
     fn size_classes() {

@@ -4,7 +4,8 @@
 
 use super::adapter::{capabilities_of, is_software, open_device, pick_adapter, Uncaptured};
 pub use super::adapter::{list_adapters, ContextOptions};
-use super::buffers::{read_mapped, write_mapped, BufferKind, BufferPool, GpuBuffer};
+use super::buffers::{fill, read_mapped, stage_copy, write_mapped, BufferKind, BufferPool};
+use super::buffers::{GpuBuffer, Staged};
 use super::capabilities::Capabilities;
 use super::pass::{Bind, Pass};
 use super::pipeline::{Flavour, PipelineCache};
@@ -16,6 +17,22 @@ use std::sync::{Arc, Mutex};
 
 /// `last_device_ns` when no run has been timed.
 const NOT_TIMED: u64 = u64::MAX;
+
+/// Largest upload of host logits per tensor per chunk of the vocabulary kernel by default
+/// (bytes; within the device's binding limit, one row at least): hundreds of LLM rows per
+/// dispatch and submission.
+pub const VOCAB_HOST_CHUNK_BYTES: u64 = 64 << 20;
+
+/// The same on CPU adapters (lavapipe: device memory is the host's, each dispatch runs inside
+/// the submit), where larger slots only cost resident memory and page faults (whole process,
+/// 1024 × 65,536 bf16: 64 MiB chunks ~10 % slower than 8 MiB, 213 MB more peak RSS).
+pub const CPU_HOST_CHUNK_BYTES: u64 = 8 << 20;
+
+thread_local! {
+    /// Devices with a [`Context::scoped`] error scope open on this thread: work inside one is
+    /// checked once, when it closes.
+    static SCOPED: std::cell::RefCell<Vec<wgpu::Device>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// The first `len` values of a readback (an error, not a panic, when it holds fewer).
 pub(super) fn result_words<T: bytemuck::Pod>(bytes: &[u8], len: usize) -> Result<&[T]> {
@@ -42,6 +59,7 @@ pub struct Context {
     last_device_ns: AtomicU64,
     last_vocab: Mutex<Option<VocabPasses>>,
     submissions: AtomicU64,
+    host_chunk_bytes: u64,
 }
 
 impl std::fmt::Debug for Context {
@@ -114,6 +132,11 @@ impl Context {
             options.max_binding_size,
             options.mapped_uploads,
         );
+        let host_chunk_bytes = match (options.host_chunk_bytes, caps.is_cpu()) {
+            (Some(b), _) => b.max(4),
+            (None, true) => CPU_HOST_CHUNK_BYTES,
+            (None, false) => VOCAB_HOST_CHUNK_BYTES,
+        };
         Context {
             pool: BufferPool::new(limits.max_buffer_size),
             device,
@@ -126,6 +149,7 @@ impl Context {
             last_device_ns: AtomicU64::new(NOT_TIMED),
             last_vocab: Mutex::new(None),
             submissions: AtomicU64::new(0),
+            host_chunk_bytes,
         }
     }
 
@@ -148,11 +172,30 @@ impl Context {
 
     /// Runs `f` inside out-of-memory and validation error scopes: a wgpu error raised by `f`
     /// comes back as [`Error::Gpu`] instead of reaching the uncaptured-error handler (whose
-    /// default panics on a caller's device shared through [`Context::from_wgpu`]).
+    /// default panics on a caller's device shared through [`Context::from_wgpu`]). Nested
+    /// calls on the same device and thread (and the submissions inside) open no scope of their
+    /// own: one call of an op is one pair of scopes, checked once at its end.
     pub fn scoped<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if self.in_scope() {
+            return f();
+        }
+        struct Open<'a>(&'a wgpu::Device);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                SCOPED.with(|s| {
+                    let mut s = s.borrow_mut();
+                    if let Some(i) = s.iter().rposition(|d| d == self.0) {
+                        s.remove(i);
+                    }
+                });
+            }
+        }
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        SCOPED.with(|s| s.borrow_mut().push(self.device.clone()));
+        let open = Open(&self.device);
         let r = f();
+        drop(open);
         let verr = pollster::block_on(validation.pop());
         let oerr = pollster::block_on(oom.pop());
         match (verr, oerr) {
@@ -185,6 +228,17 @@ impl Context {
     pub fn output(&self, bytes: u64) -> Result<GpuBuffer> {
         let kind = BufferKind::output(self.caps.mapped_uploads);
         self.scoped(|| self.pool.get(&self.device, kind, bytes.div_ceil(4) * 4))
+    }
+
+    fn in_scope(&self) -> bool {
+        SCOPED.with(|s| s.borrow().contains(&self.device))
+    }
+
+    /// Bytes of host logits per tensor the vocabulary kernel uploads per chunk
+    /// ([`ContextOptions::host_chunk_bytes`], else [`VOCAB_HOST_CHUNK_BYTES`], on CPU
+    /// adapters [`CPU_HOST_CHUNK_BYTES`]).
+    pub fn host_chunk_bytes(&self) -> u64 {
+        self.host_chunk_bytes
     }
 
     fn take_uncaptured(&self) -> Option<String> {
@@ -264,20 +318,55 @@ impl Context {
                 .queue
                 .write_buffer_with(buf.raw(), 0, size)
                 .ok_or_else(|| Error::Gpu("cannot stage an upload".into()))?;
-            let mut at = 0;
-            for p in parts {
-                view.slice(at..at + p.len()).copy_from_slice(p);
-                at += p.len();
-            }
+            fill(view.slice(..), parts);
             Ok(())
         })
     }
 
+    /// The persistent staging buffer of an [`Context::upload_slot`] of `bytes` bytes for
+    /// [`Context::stage`] (mapped for writing, copied into the slot by the submission): `None`
+    /// where slots are mapped themselves ([`Capabilities::mapped_uploads`]).
+    pub fn upload_staging(&self, bytes: u64) -> Result<Option<GpuBuffer>> {
+        if self.caps.mapped_uploads {
+            return Ok(None);
+        }
+        self.scoped(|| {
+            let kind = BufferKind::UploadStaging;
+            self.pool.get(&self.device, kind, bytes.div_ceil(4) * 4)
+        })
+        .map(Some)
+    }
+
+    /// Writes `parts` (total a multiple of 4) for `slot` with the current rayon pool's threads:
+    /// in place into a mapped slot, else into `staging` (its [`Context::upload_staging`]), whose
+    /// bytes the submission handed the returned [`Staged`] copies into the slot first (without a
+    /// staging buffer, through the queue as [`Context::write_slot`]). Call it once the slot's
+    /// and the staging buffer's last submission has finished (a [`super::slots::SlotRing`]).
+    pub fn stage(
+        &self,
+        slot: &GpuBuffer,
+        staging: Option<&GpuBuffer>,
+        parts: &[&[u8]],
+    ) -> Result<Staged> {
+        match staging {
+            Some(st) if slot.kind() == BufferKind::Storage => {
+                stage_copy(&self.device, slot, st, parts)
+            }
+            _ => self.write_slot(slot, parts).map(|()| Staged { copy: None }),
+        }
+    }
+
     /// Records `passes` into one command buffer and submits it without waiting (e.g. to
     /// overlap the upload of the next chunk with this compute); errors are checked before
-    /// this returns. See [`Context::wait`].
+    /// this returns (inside a [`Context::scoped`] call: when that call ends). See
+    /// [`Context::wait`].
     pub fn submit(&self, passes: &[Pass<'_>]) -> Result<Submission> {
-        let (index, _staging) = self.submit_with(passes, &[], false)?;
+        self.submit_staged(&[], passes)
+    }
+
+    /// [`Context::submit`] copying each of `staged` into its slot before the passes.
+    pub fn submit_staged(&self, staged: &[Staged], passes: &[Pass<'_>]) -> Result<Submission> {
+        let (index, _staging) = self.submit_with(staged, passes, &[], false)?;
         Ok(Submission(index))
     }
 
@@ -314,7 +403,19 @@ impl Context {
         readbacks: &[&GpuBuffer],
         f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
     ) -> Result<()> {
-        let (index, staging) = self.submit_with(passes, readbacks, self.caps.timestamp_query)?;
+        self.run_each_staged(&[], passes, readbacks, f)
+    }
+
+    /// [`Context::run_each`] copying each of `staged` into its slot before the passes.
+    pub fn run_each_staged(
+        &self,
+        staged: &[Staged],
+        passes: &[Pass<'_>],
+        readbacks: &[&GpuBuffer],
+        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let timed = self.caps.timestamp_query;
+        let (index, staging) = self.submit_with(staged, passes, readbacks, timed)?;
         // a readback without a staging buffer is read in place (a mapped output)
         let bufs: Vec<&GpuBuffer> = staging
             .iter()
@@ -347,21 +448,26 @@ impl Context {
         Ok(())
     }
 
-    /// Records and submits inside error scopes; checks validation / out-of-memory / uncaptured
-    /// errors before returning the submission and its staging buffers (one per readback, then
-    /// the timestamps when `timed`).
+    /// Records and submits inside error scopes (or the enclosing [`Context::scoped`] call's);
+    /// checks validation / out-of-memory / uncaptured errors before returning the submission
+    /// and its staging buffers (one per readback, then the timestamps when `timed`).
     fn submit_with(
         &self,
+        staged: &[Staged],
         passes: &[Pass<'_>],
         readbacks: &[&GpuBuffer],
         timed: bool,
     ) -> Result<(wgpu::SubmissionIndex, Vec<Option<GpuBuffer>>)> {
         let device = &self.device;
-        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let recorded = self.record(passes, readbacks, timed);
-        let verr = pollster::block_on(validation.pop());
-        let oerr = pollster::block_on(oom.pop());
+        let (verr, oerr, recorded) = if self.in_scope() {
+            (None, None, self.record(staged, passes, readbacks, timed))
+        } else {
+            let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+            let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let recorded = self.record(staged, passes, readbacks, timed);
+            let verr = pollster::block_on(validation.pop());
+            (verr, pollster::block_on(oom.pop()), recorded)
+        };
         let (index, staging, _uniforms) = recorded?;
         let err = match (verr, oerr) {
             (Some(e), _) => Some(Error::Gpu(e.to_string())),
@@ -377,6 +483,7 @@ impl Context {
 
     fn record(
         &self,
+        staged: &[Staged],
         passes: &[Pass<'_>],
         readbacks: &[&GpuBuffer],
         timed: bool,
@@ -434,6 +541,9 @@ impl Context {
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("trmask"),
         });
+        for (src, dst, bytes) in staged.iter().filter_map(|s| s.copy.as_ref()) {
+            encoder.copy_buffer_to_buffer(src, 0, dst, 0, *bytes);
+        }
         let timer = if timed {
             let set = device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("trmask timestamps"),

@@ -15,6 +15,12 @@ use crate::error::Result;
 /// in slots, plus as much in wgpu's staging where uploads are not mapped.
 pub const UPLOAD_SLOTS: usize = 3;
 
+/// Upload slots per tensor of the vocabulary kernel, whose chunks are [`Context::host_chunk_bytes`]
+/// (64 MiB) each: two, so that the host fills chunk k + 1 while the device copies and computes
+/// chunk k; a call then holds at most `2 · 2 · 64 MiB` of logits in slots (and as much in their
+/// staging buffers where slots are not mapped).
+pub const VOCAB_UPLOAD_SLOTS: usize = 2;
+
 /// The last submission to read each of `n` slots.
 #[derive(Debug, Default)]
 pub struct SlotRing {

@@ -5,21 +5,24 @@
 //! per word, odd byte counts padded), never widened on the host. Rows are split into chunks
 //! whose bindings fit the device limit ([`plan_host`], `plan`); each binding is a window of its
 //! buffer starting at a 256-byte aligned offset, and [`VocabDivergenceParams`] tells the kernel
-//! where the chunk starts inside it. Host logits are uploaded chunk by chunk into
-//! [`UPLOAD_SLOTS`] reused slots (`slots.rs`), one [`Context::submit`] per chunk, so uploads of
-//! the next chunks overlap the compute of chunk i; the last chunk goes through [`Context::run`], which reads the results
-//! back. Device-resident logits ([`crate::Logits::device`]) are bound in place — windows of the
+//! where the chunk starts inside it. Host logits are uploaded in chunks of up to
+//! [`Context::host_chunk_bytes`] (64 MiB) per tensor — one dispatch of hundreds of LLM rows —
+//! into [`VOCAB_UPLOAD_SLOTS`] reused slots (`slots.rs`), each filled by the rayon pool's
+//! threads ([`Context::stage`]: in place where slots are mapped, else into the slot's
+//! persistent staging buffer, copied to the slot by the chunk's own submission), one
+//! [`Context::submit_staged`] per chunk, so the host fills chunk i + 1 while the device copies
+//! and computes chunk i; the last chunk goes through [`Context::run_each_staged`], which reads
+//! the results back. The whole call runs in one error scope ([`Context::scoped`]).
+//! Device-resident logits ([`crate::Logits::device`]) are bound in place — windows of the
 //! caller's buffer, zero copy: only `row_info` goes up and the 8 results per row come back — all
 //! chunks in one [`Context::run`].
 
 use super::buffers::GpuBuffer;
-use super::chunking::{
-    dispatch_grid, plan_rows, window, ChunkLimits, HOST_CHUNK_BYTES, OFFSET_ALIGN,
-};
+use super::chunking::{dispatch_grid, plan_rows, window, ChunkLimits, OFFSET_ALIGN};
 use super::context::{result_words, Context};
 use super::pass::{Bind, Pass};
 use super::pipeline::{KernelKey, Op, VOCAB_RESULTS_PER_ROW};
-use super::slots::{SlotRing, UPLOAD_SLOTS};
+use super::slots::{SlotRing, VOCAB_UPLOAD_SLOTS};
 use crate::cpu::{check_vocab_inputs, first_bad_logit};
 use crate::error::{Error, Result};
 use crate::logits::{DType, Logits};
@@ -103,19 +106,20 @@ fn ceil4(x: u64) -> u64 {
     x.div_ceil(4) * 4
 }
 
-/// Chunks of host rows: `plan` with every logits chunk at most [`HOST_CHUNK_BYTES`] per
-/// tensor (or one row, if a row is larger). Per-row results do not depend on the chunking.
+/// Chunks of host rows: `plan` with every logits chunk at most `chunk_bytes` per tensor
+/// ([`Context::host_chunk_bytes`]; one row, if a row is larger). Per-row results do not depend
+/// on the chunking.
 pub fn plan_host(
     rows: usize,
     vocab: usize,
-    da: DType,
-    db: DType,
+    (da, db): (DType, DType),
     limits: &ChunkLimits,
+    chunk_bytes: u64,
 ) -> Result<Vec<std::ops::Range<usize>>> {
     let row = (vocab * da.size().max(db.size())) as u64;
     // a chunk of n rows uploads ceil4(n·row) + 4 bytes per tensor; the binding slack is
     // OFFSET_ALIGN + 4 (see `plan`)
-    let cap = HOST_CHUNK_BYTES.saturating_sub(8).max(row) + OFFSET_ALIGN + 4;
+    let cap = chunk_bytes.saturating_sub(8).max(row) + OFFSET_ALIGN + 4;
     let host = ChunkLimits {
         max_binding_bytes: limits.max_binding_bytes.min(cap),
         ..*limits
@@ -180,7 +184,7 @@ pub(super) fn kernel_key(ctx: &Context, rollout: &Logits, train: &Logits) -> Res
 }
 
 /// Runs the kernel over all rows of `rollout` / `train` (host or device logits of the same
-/// shape); returns the raw per-row results (8 f32 per row).
+/// shape) in one error scope; returns the raw per-row results (8 f32 per row).
 fn run(
     ctx: &Context,
     (rollout, train): (&Logits, &Logits),
@@ -188,14 +192,10 @@ fn run(
     has_responses: bool,
     inv_temp: f32,
 ) -> Result<Vec<f32>> {
-    let rows = info.len();
-    if rows == 0 {
+    if info.is_empty() {
         return Ok(Vec::new());
     }
-    let (da, db) = (rollout.dtype(), train.dtype());
-    let vocab = rollout.vocab();
-    let devices = (rollout.on_device(), train.on_device());
-    let on_device = match devices {
+    let on_device = match (rollout.on_device(), train.on_device()) {
         (None, None) => false,
         (Some(_), Some(_)) => true,
         _ => {
@@ -213,12 +213,36 @@ fn run(
             ));
         }
     }
+    ctx.scoped(|| {
+        run_chunks(
+            ctx,
+            (rollout, train),
+            info,
+            has_responses,
+            inv_temp,
+            on_device,
+        )
+    })
+}
+
+/// The body of [`run`]: plan, upload (host logits) and dispatch every chunk.
+fn run_chunks(
+    ctx: &Context,
+    (rollout, train): (&Logits, &Logits),
+    info: &[u32],
+    has_responses: bool,
+    inv_temp: f32,
+    on_device: bool,
+) -> Result<Vec<f32>> {
+    let rows = info.len();
+    let (da, db) = (rollout.dtype(), train.dtype());
+    let vocab = rollout.vocab();
     let narrow = variant(ctx, rollout, train, false)?;
     let limits = ctx.chunk_limits();
     let chunks = if on_device {
         plan(rows, vocab, da, db, &limits)?
     } else {
-        plan_host(rows, vocab, da, db, &limits)?
+        plan_host(rows, vocab, (da, db), &limits, ctx.host_chunk_bytes())?
     };
     let (sa, sb) = (da.size() as u64, db.size() as u64);
     let v = vocab as u64;
@@ -226,20 +250,25 @@ fn run(
     let info_buf = ctx.upload(bytemuck::cast_slice(info))?;
     let out_buf = ctx.output(out_bytes)?;
     let max_rows = chunks.iter().map(|c| c.len()).max().unwrap_or(0) as u64;
-    let slots: Vec<[GpuBuffer; 2]> = if on_device {
+    // per slot: the two tensors' storage slots and their persistent staging buffers (none
+    // where slots are mapped); sizes bounded by the chunk plan, never by the input alone
+    type Slot = ([GpuBuffer; 2], [Option<GpuBuffer>; 2]);
+    let slots: Vec<Slot> = if on_device {
         Vec::new()
     } else {
-        (0..UPLOAD_SLOTS.min(chunks.len()))
-            .map(|_| -> Result<[GpuBuffer; 2]> {
-                Ok([
-                    ctx.upload_slot(ceil4(max_rows * v * sa) + 4)?,
-                    ctx.upload_slot(ceil4(max_rows * v * sb) + 4)?,
-                ])
+        (0..VOCAB_UPLOAD_SLOTS.min(chunks.len()))
+            .map(|_| -> Result<Slot> {
+                let (ba, bb) = (ceil4(max_rows * v * sa) + 4, ceil4(max_rows * v * sb) + 4);
+                Ok((
+                    [ctx.upload_slot(ba)?, ctx.upload_slot(bb)?],
+                    [ctx.upload_staging(ba)?, ctx.upload_staging(bb)?],
+                ))
             })
             .collect::<Result<_>>()?
     };
     let mut ring = SlotRing::new(slots.len());
     let mut passes = Vec::with_capacity(chunks.len());
+    let mut staged = Vec::with_capacity(2);
     for (ci, ch) in chunks.iter().enumerate() {
         let (r0, r1) = (ch.start as u64, ch.end as u64);
         let unit = (RESULTS_PER_ROW * 4) as u64;
@@ -248,7 +277,7 @@ fn run(
         debug_assert_eq!(out_w.2, info_w.2 % 8);
         let mut tensors = [Bind::Whole(&info_buf); 2];
         let mut firsts = [0u32; 2];
-        // bounded memory: at most UPLOAD_SLOTS chunks (and their upload staging) in flight
+        // bounded memory: at most VOCAB_UPLOAD_SLOTS chunks in flight
         let slot = if on_device { 0 } else { ring.acquire(ctx, ci)? };
         for (k, (l, s)) in [(rollout, sa), (train, sb)].into_iter().enumerate() {
             let (first, end) = (r0 * v * s, r1 * v * s);
@@ -261,7 +290,7 @@ fn run(
                     size,
                 };
             } else {
-                let buf = &slots[slot][k];
+                let (buf, staging) = (&slots[slot].0[k], slots[slot].1[k].as_ref());
                 let bytes = l.host_bytes("logits")?;
                 let start = (first / 4 * 4) as usize;
                 let (end, full) = (end as usize, ((end - first / 4 * 4) / 4 * 4) as usize);
@@ -269,7 +298,7 @@ fn run(
                 let rest = end - start - full; // 0–3 bytes past the last whole word
                 tail[..rest].copy_from_slice(&bytes[start + full..end]);
                 let tail = &tail[..if rest > 0 { 4 } else { 0 }];
-                ctx.write_slot(buf, &[&bytes[start..start + full], tail])?;
+                staged.push(ctx.stage(buf, staging, &[&bytes[start..start + full], tail])?);
                 tensors[k] = Bind::Whole(buf);
             }
         }
@@ -304,13 +333,14 @@ fn run(
         let grid = dispatch_grid(ch.len() as u64, limits.max_workgroups_per_dim)?;
         passes.push(Pass::new(kernel.clone(), &params, bindings, grid));
         if !on_device && ci + 1 < chunks.len() {
-            // one submit per host chunk: the next chunk's upload overlaps this compute
-            ring.release(ci, ctx.submit(&passes)?);
+            // one submit per host chunk: the next chunk's fill overlaps this copy and compute
+            ring.release(ci, ctx.submit_staged(&staged, &passes)?);
             passes.clear();
+            staged.clear();
         }
     }
     let mut vals = Vec::new();
-    ctx.run_each(&passes, &[&out_buf], &mut |_, bytes| {
+    ctx.run_each_staged(&staged, &passes, &[&out_buf], &mut |_, bytes| {
         vals = result_words::<f32>(bytes, out_bytes as usize / 4)?.to_vec();
         Ok(())
     })?;
@@ -497,13 +527,14 @@ mod tests {
     fn host_chunks_bound_the_bytes_in_flight() {
         // a 1 GiB-class input (1766 × 151936 bf16 per tensor) and a device binding 128 MiB
         let limits = ChunkLimits::new(128 << 20);
+        let cap = crate::gpu::context::VOCAB_HOST_CHUNK_BYTES;
         for (rows, vocab, da, db) in [
             (1766usize, 151_936usize, DType::BF16, DType::BF16),
             (5000, 151_936, DType::F32, DType::BF16),
             (100_000, 32_000, DType::F16, DType::F32),
             (3, 7, DType::F32, DType::F32),
         ] {
-            let chunks = plan_host(rows, vocab, da, db, &limits).unwrap();
+            let chunks = plan_host(rows, vocab, (da, db), &limits, cap).unwrap();
             assert_eq!(chunks.first().map(|c| c.start), Some(0));
             assert_eq!(chunks.last().map(|c| c.end), Some(rows));
             assert!(chunks.windows(2).all(|w| w[0].end == w[1].start));
@@ -511,17 +542,24 @@ mod tests {
             for c in &chunks {
                 for s in [da.size(), db.size()] {
                     let bytes = ceil4((c.len() * vocab * s) as u64) + 4;
-                    assert!(bytes <= HOST_CHUNK_BYTES, "{bytes} bytes in one chunk");
+                    assert!(bytes <= cap, "{bytes} bytes in one chunk");
                     slot = slot.max(bytes);
                 }
             }
-            // UPLOAD_SLOTS slots per tensor and chunks in flight (each with its upload staging)
-            let in_flight = 2 * 2 * UPLOAD_SLOTS as u64 * slot;
-            assert!(in_flight <= 128 << 20, "{in_flight} bytes in flight");
+            // VOCAB_UPLOAD_SLOTS slots per tensor, each with its staging buffer
+            let in_flight = 2 * 2 * VOCAB_UPLOAD_SLOTS as u64 * slot;
+            assert!(in_flight <= 512 << 20, "{in_flight} bytes in flight");
+            // hundreds of LLM rows per chunk, not dozens
+            if vocab == 151_936 && rows >= 1766 {
+                assert!(chunks[0].len() >= 100, "{:?}", chunks[0]);
+            }
         }
         // a row larger than the cap still gets one row per chunk
-        let chunks = plan_host(3, 5_000_000, DType::F32, DType::F32, &limits).unwrap();
+        let chunks = plan_host(3, 20_000_000, (DType::F32, DType::F32), &limits, cap).unwrap();
         assert_eq!(chunks, vec![0..1, 1..2, 2..3]);
+        // a small cap (tests): many chunks of whole rows, each within the cap
+        let chunks = plan_host(100, 7, (DType::BF16, DType::F32), &limits, 256).unwrap();
+        assert!(chunks.len() > 1 && chunks.iter().all(|c| c.len() * 28 <= 256));
     }
 
     #[test]

@@ -963,3 +963,120 @@ fn wide_and_narrow_loads_give_the_same_bits() {
         compare("wide loads", &wide, &cpu, 0.8);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Host logits in chunks (`ContextOptions::host_chunk_bytes`): mapped slots and staging buffers
+
+/// An engine with host chunks of `chunk` bytes (`None`: the default 64 MiB) and mapped slots
+/// forced on or off (`None`: the adapter's choice; lavapipe maps them).
+fn chunked(chunk: Option<u64>, mapped: Option<bool>) -> trmask::gpu::GpuEngine {
+    trmask::gpu::GpuEngine::with_options(&trmask::gpu::ContextOptions {
+        host_chunk_bytes: chunk,
+        mapped_uploads: mapped,
+        ..Default::default()
+    })
+    .expect("another engine on the same adapter")
+}
+
+/// Rows straddling chunk ends (and the 4-byte words of 16-bit logits), one row larger than a
+/// chunk, V = 1 and many tiny rows: every chunking gives the one-chunk call's bits (same
+/// kernel config), through mapped slots and through staging buffers alike, one submission per
+/// chunk, and matches the f64 reference.
+#[test]
+fn host_chunk_boundaries_match_the_reference_and_one_chunk_bit_for_bit() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let seed = common::seed(0x5eed_0029);
+    let whole_engine = chunked(None, None);
+    for (i, &(rows, vocab, da, db, chunk, what)) in [
+        (
+            60,
+            37,
+            DType::BF16,
+            DType::F32,
+            1100,
+            "7 rows of 74 / 148 bytes per chunk",
+        ),
+        (
+            3,
+            5000,
+            DType::F32,
+            DType::BF16,
+            4096,
+            "one row larger than a chunk",
+        ),
+        (40, 1, DType::BF16, DType::F16, 256, "V = 1"),
+        (3000, 3, DType::BF16, DType::BF16, 4096, "many tiny rows"),
+        (
+            20,
+            4099,
+            DType::F16,
+            DType::F32,
+            20_000,
+            "rows of 8198 / 16396 bytes",
+        ),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let s = seed + i as u64;
+        let c = case(s, rows, vocab, da, db, 1.0, 0.1, 0.02);
+        let what = format!("{what}: {rows} x {vocab} {da:?}/{db:?}, chunks of {chunk} B, seed {s}");
+        let before = whole_engine.context().submissions();
+        let whole = whole_engine
+            .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.7)
+            .unwrap_or_else(|e| panic!("{what}: one chunk: {e}"));
+        assert_eq!(whole_engine.context().submissions() - before, 1, "{what}");
+        for mapped in [None, Some(false)] {
+            let e = chunked(Some(chunk), mapped);
+            let before = e.context().submissions();
+            let got = e
+                .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 0.7)
+                .unwrap_or_else(|err| panic!("{what}: mapped {mapped:?}: {err}"));
+            let subs = e.context().submissions() - before;
+            assert!(subs > 1, "{what}: {subs} submissions");
+            assert_eq!(bits(&got), bits(&whole), "{what}: mapped {mapped:?}");
+            run_case(&e, &c, 0.7, 1.0, &what);
+        }
+    }
+}
+
+/// Chunks large enough to be filled by several threads (≥ 4 MiB): a pool of one thread and a
+/// pool of four give the same bits as the one-chunk call, mapped or staged.
+#[test]
+fn host_chunks_filled_by_several_threads_give_the_same_bits() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let s = common::seed(0x5eed_0030);
+    let c = case(s, 64, 32_768, DType::F32, DType::BF16, 2.0, 0.05, 0.0);
+    let call = |e: &trmask::gpu::GpuEngine| {
+        e.vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 1.0)
+            .unwrap()
+    };
+    let whole = bits(&call(&chunked(Some(64 << 20), None)));
+    for mapped in [None, Some(false)] {
+        // 6 MiB chunks: 48 rows of 128 KiB f32, then 16
+        let e = chunked(Some(6 << 20), mapped);
+        for threads in [1, 4] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let got = pool.install(|| call(&e));
+            assert_eq!(
+                bits(&got),
+                whole,
+                "mapped {mapped:?}, {threads} threads, seed {s}"
+            );
+        }
+    }
+    run_case(
+        &chunked(Some(6 << 20), Some(false)),
+        &c,
+        1.0,
+        2.0,
+        "staged, 6 MiB chunks",
+    );
+}
