@@ -60,3 +60,64 @@ def test_logits_are_read_in_place():
     a = np.random.default_rng(1).normal(size=(64, 1000)).astype(np.float32)
     trmask.vocab_divergence(a, a, backend="cpu")
     assert borrowed()["rollout_logits"] == (a.ctypes.data, a.nbytes)
+
+
+def _step(seed, b=64, t=1024, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    old = rng.normal(-1.0, 0.3, (b, t)).astype(dtype)
+    roll = (old + rng.normal(0, 0.05, (b, t))).astype(dtype)
+    mask = (np.arange(t)[None, :] < rng.integers(1, t + 1, b)[:, None]).astype(dtype)
+    return old, roll, mask
+
+
+def _call(seed, **kw):
+    old, roll, mask = _step(seed, **kw)
+    return trmask.compute_rollout_correction_and_rejection_mask(
+        old, roll, mask, rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold="0.9_1.1", backend="cpu"
+    )
+
+
+def test_outputs_in_use_are_never_reused():
+    """Output buffers are recycled only once nothing refers to them: arrays, views and torch
+    tensors the caller still holds keep their values through later calls."""
+    w1, m1, _ = _call(1)
+    view = _call(2)[0][3:, 5:]  # only a view of the second call's weights survives
+    keep = (w1.copy(), m1.copy(), view.copy())
+    for seed in range(3, 12):
+        w, m, _ = _call(seed)
+        assert not np.shares_memory(w, w1) and not np.shares_memory(m, m1)
+        assert not np.shares_memory(w, view) and not np.shares_memory(m, view)
+    assert np.array_equal(w1, keep[0]) and np.array_equal(m1, keep[1])
+    assert np.array_equal(view, keep[2])
+
+
+def test_released_outputs_are_reused_and_rewritten():
+    """A released buffer comes back for the next call of that size (no fresh pages to fault
+    in), every slot rewritten: the result equals the one computed into fresh memory."""
+    want = [x.copy() for x in _call(2)[:2]]
+    w, m, _ = _call(1)
+    del w, m
+    pool = trmask._OUT.items
+    before = [id(a) for a in pool]
+    w2, m2, _ = _call(2)
+    # both outputs are views of buffers the pool already held: nothing new was allocated
+    assert sorted(id(a) for a in pool) == sorted(before)
+    assert any(np.shares_memory(w2, a) for a in pool) and any(np.shares_memory(m2, a) for a in pool)
+    assert np.array_equal(w2, want[0]) and np.array_equal(m2, want[1])
+    small = [x.copy() for x in _call(3, b=4, t=100)[:2]]
+    del w2, m2
+    sw, sm, _ = _call(3, b=4, t=100)  # far smaller: a buffer of its own size
+    assert sw.shape == (4, 100) and np.array_equal(sw, small[0]) and np.array_equal(sm, small[1])
+
+
+def test_torch_outputs_in_use_are_never_reused():
+    torch = pytest.importorskip("torch")
+    old, roll, mask = (torch.from_numpy(x) for x in _step(5))
+    kw = dict(rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold="0.9_1.1", backend="cpu")
+    w1, m1, _ = trmask.compute_rollout_correction_and_rejection_mask(old, roll, mask, **kw)
+    keep = (w1.clone(), m1.clone())
+    for seed in range(6, 12):
+        o, r, k = (torch.from_numpy(x) for x in _step(seed))
+        w, m, _ = trmask.compute_rollout_correction_and_rejection_mask(o, r, k, **kw)
+        assert w.data_ptr() != w1.data_ptr() and m.data_ptr() != m1.data_ptr()
+    assert torch.equal(w1, keep[0]) and torch.equal(m1, keep[1])

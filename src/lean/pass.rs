@@ -443,3 +443,104 @@ fn write_normalised(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CorrectionConfig;
+
+    /// Every build of the kernel the CPU can run (baseline, AVX2, AVX-512) writes the same
+    /// bits: masks, weights and per-sequence sums.
+    #[test]
+    fn every_simd_build_gives_the_same_bits() {
+        let (b, t) = (7usize, 1500usize);
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let old: Vec<f32> = (0..b * t).map(|_| (-4.0 * rnd()) as f32).collect();
+        // a few ratios far past the ±20 clamp, the rest small
+        let roll: Vec<f32> = old
+            .iter()
+            .map(|&x| {
+                x + if rnd() < 0.01 {
+                    30.0
+                } else {
+                    0.3 * (rnd() as f32 - 0.5)
+                }
+            })
+            .collect();
+        let mask: Vec<f32> = (0..b * t)
+            .map(|i| f32::from(i % t < (i / t + 1) * 190 && i % 97 != 3))
+            .collect();
+        let cfgs = [
+            r#"{"rollout_is":"token","rollout_is_threshold":"0.5_2.0","rollout_rs":"token_k1,seq_mean_k3,seq_max_k2","rollout_rs_threshold":"0.8_1.25,0.01,2.5"}"#,
+            r#"{"rollout_is":"sequence","rollout_is_threshold":2.0,"rollout_rs":"seq_sum_k3","rollout_rs_threshold":3.0}"#,
+        ];
+        for cj in cfgs {
+            let cfg =
+                CorrectionConfig::from_json_value(&serde_json::from_str(cj).unwrap()).unwrap();
+            let mut r = cfg.resolve().unwrap();
+            r.verl_metrics_only = true;
+            let plan = super::super::plan(&r).expect("the lean pass serves it");
+            let inp = LeanInputs {
+                layout: LeanLayout::Padded {
+                    batch: b,
+                    seq_len: t,
+                },
+                mask: Some(MaskValues::F32(&mask)),
+                roll: Values::F32(&roll),
+                train: Values::F32(&old),
+            };
+            let ranges = inp.ranges().unwrap();
+            type Kernel = fn(
+                &LeanPlan,
+                &LeanInputs<'_>,
+                &[(usize, usize)],
+                &mut Task<'_>,
+                bool,
+            ) -> Option<Vec<SeqRec>>;
+            let mut builds: Vec<(&str, Kernel)> = vec![("baseline", kernel_body)];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: AVX2 is there (checked).
+                    builds.push(("avx2", |p, i, r, t, d| unsafe {
+                        kernel_avx2(p, i, r, t, d)
+                    }));
+                }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: AVX-512F is there (checked).
+                    builds.push(("avx512", |p, i, r, t, d| unsafe {
+                        kernel_avx512(p, i, r, t, d)
+                    }));
+                }
+            }
+            let mut first: Option<(Vec<f32>, Vec<f32>, Vec<String>)> = None;
+            for (name, k) in builds {
+                let (mut w, mut m) = (vec![9f32; b * t], vec![9f32; b * t]);
+                let mut out = Outputs {
+                    weights: Some(WeightsOut::F32(&mut w)),
+                    mask: MaskOut::F32(&mut m),
+                };
+                let mut recs = Vec::new();
+                for mut task in split_tasks(&ranges, b * t, &mut out) {
+                    recs.extend(k(&plan, &inp, &ranges, &mut task, false).unwrap());
+                }
+                let sums: Vec<String> = recs.iter().map(|r| format!("{r:?}")).collect();
+                match &first {
+                    None => first = Some((w, m, sums)),
+                    Some((w0, m0, s0)) => {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&w), bits(w0), "{name}: weights");
+                        assert_eq!(bits(&m), bits(m0), "{name}: mask");
+                        assert_eq!(&sums, s0, "{name}: per-sequence sums");
+                    }
+                }
+            }
+        }
+    }
+}
