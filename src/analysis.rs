@@ -85,6 +85,7 @@ pub fn analyze_shard(
         &config.sampling,
         config.sampling_replay,
         config.bypass_mode,
+        config.temperature,
     )?;
     let original = batch;
     let batch = match &kept {

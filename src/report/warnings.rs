@@ -52,6 +52,14 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
                 .into(),
         );
     }
+    if b.kept_sets.is_some() && b.rollout_logits.is_none() && b.rollout_topk_log_prob.is_none() {
+        out.push(
+            "warning: rollout_sampling_mask_ids is unused: the kept mass needs the rollout's \
+             logits (rollout_logits) or its raw top-K log-probs (rollout_topk_log_prob) beside \
+             the kept sets"
+                .into(),
+        );
+    }
     if valid < MIN_TOKENS {
         return out;
     }

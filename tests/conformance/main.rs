@@ -1,4 +1,4 @@
-//! Conformance: verl goldens and fuzz, the distributed merge, corrections, KPop, top-K, OPSM, kept mass, groups, numeric rules, the front door, bounds, the tensor-name table.
+//! Conformance: verl goldens and fuzz, the distributed merge, corrections, KPop, top-K, OPSM, kept mass, kept sets, groups, numeric rules, the front door, bounds, the tensor-name table.
 //!
 //! One test binary per suite (`cargo test --test conformance`), so CI builds and links a few
 //! binaries instead of one per file; each file below is a module.
@@ -13,6 +13,7 @@ mod distributed;
 mod front_door;
 mod groups_lengths;
 mod kept_mass;
+mod kept_sets;
 mod kpop;
 mod lean_pass;
 mod numeric_rules;
