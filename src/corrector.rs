@@ -407,6 +407,9 @@ impl Corrector {
             correction::compute_shard(self.engine.as_ref(), &batch, &table, &self.resolved, ex)?;
         if !self.resolved.verl_metrics_only {
             p.extend(kept_metrics.unwrap_or_default());
+            p.extend(crate::metrics::breakdown::breakdown_partial(
+                &batch, &table, &c,
+            ));
         }
         let merged = exchange(ex, p)?;
         correction::check_valid_tokens(&merged, batch.layout())?;

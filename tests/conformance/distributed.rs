@@ -57,6 +57,8 @@ struct Whole {
     mask: Vec<Vec<f64>>,
     rollout: Vec<Vec<f64>>,
     old: Vec<Vec<f64>>,
+    /// Per-token advantages (a sign per sequence, sometimes 0): the `trmask/adv_*` split.
+    adv: Vec<Vec<f64>>,
     uid: Vec<i64>,
     vocab: usize,
     logits: Option<SeqLogits>,
@@ -76,6 +78,7 @@ impl Whole {
             mask: vec![],
             rollout: vec![],
             old: vec![],
+            adv: vec![],
             uid: vec![],
             vocab,
             logits: with_logits.then(|| (vec![], vec![], vec![])),
@@ -109,6 +112,8 @@ impl Whole {
             w.mask.push(mask);
             w.rollout.push(r);
             w.old.push(o);
+            let a = [-1.0, 0.0, 1.0][rng.below(3)] * rng.range(0.1, 2.0);
+            w.adv.push(vec![a; slots]);
             w.uid.push((s / 3) as i64 * 7 + 1);
         }
         w
@@ -134,6 +139,8 @@ impl Whole {
             .with_log_probs("rollout_log_prob", cat(&self.rollout))
             .unwrap()
             .with_log_probs("old_log_prob", cat(&self.old))
+            .unwrap()
+            .with_log_probs("advantages", cat(&self.adv))
             .unwrap()
             .with_uid(self.uid[a..b].to_vec())
             .unwrap();
@@ -338,6 +345,36 @@ fn merged_shards_equal_the_whole_batch() {
         }
     }
     assert!(trials >= 40, "only {trials} trials ran");
+}
+
+/// The breakdowns (advantage sign, probability and entropy buckets, turns) are mergeable:
+/// over 1–8 ranks they equal the whole batch's (`check` compares every metric).
+#[test]
+fn breakdowns_merge_over_ranks() {
+    let mut rng = Rng::new(seed(3030));
+    let (_, cfg) = &configs()[0];
+    let mut seen = BTreeMap::new();
+    for round in 0..3 {
+        for r in 1..=8 {
+            let whole = Whole::random(&mut rng, (round + r) % 2 == 0);
+            if whole.lens.iter().all(|&l| l == 0) {
+                continue;
+            }
+            let full = analyze(&CpuEngine::new(), &whole.shard(0, whole.seqs()), cfg).unwrap();
+            for k in [
+                "trmask/turn/2/k3_mean",
+                "trmask/adv_neg/rejected_fraction",
+                "trmask/adv_pos/seq_rejected_fraction",
+                "trmask/by_prob/0.1-0.5/log_ratio_mean",
+                "trmask/by_entropy/0.5-1/k3_mean",
+            ] {
+                *seen.entry(k).or_insert(0) += full.metrics.contains_key(k) as usize;
+            }
+            let cuts = random_cuts(&mut rng, whole.seqs(), r);
+            check(&whole, &cuts, cfg, "breakdowns");
+        }
+    }
+    assert!(seen.values().all(|&n| n > 0), "{seen:?}");
 }
 
 #[test]
