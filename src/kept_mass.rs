@@ -4,8 +4,10 @@
 //! every log-ratio against an untruncated trainer is shifted by `log S_t`;
 //! `old_log_prob − log S_t` (the trainer renormalised over the kept set) removes the shift.
 //!
-//! Three sources, most exact first:
+//! Four sources, most exact first:
 //! * the kept ids and the logits ([`log_kept_mass_of_ids`]): exact;
+//! * the kept ids and the rollout's raw top-K ([`kept_mass_of_ids_topk`]): exact where the
+//!   top-K covers the kept set, else flagged with a bound;
 //! * a full row of raw log-probs and the sampler's settings ([`kept_mass_of_row`]): exact;
 //! * the rollout's raw top-K log-probs and the settings ([`kept_mass_from_topk`]): exact where
 //!   the kept set fits inside the top-K (and is not decided within float32 rounding of the
@@ -16,6 +18,8 @@
 //! The truncation follows vLLM V1's sampler: min-p on the raw probabilities (`p < min_p ·
 //! p_max` dropped), then top-k, then top-p on the top-k-renormalised distribution (an id is kept
 //! iff the mass of the more probable ids before it is `< top_p`; the most probable id always).
+//! A batch's kept sets ([`crate::kept_set`], `rollout_sampling_mask_*`) take precedence over the
+//! configured truncation: they say what was kept instead of re-deriving it.
 
 use crate::batch::Batch;
 use crate::error::{Error, Result};
