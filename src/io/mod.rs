@@ -329,6 +329,12 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
     // JSON nulls may only stand at padding.
     let mask = batch.mask().to_vec();
     for (name, d) in &raw.dense {
+        // CSR tensors are not laid out by slot: any null in them is an error (below)
+        let csr = tensors::spec(name)
+            .is_some_and(|t| matches!(t.shape, tensors::Shape::Flat | tensors::Shape::KeptOffsets));
+        if csr {
+            continue;
+        }
         let per_slot = d.data.len() / mask.len().max(1);
         if let Some(&i) = d
             .nulls

@@ -499,6 +499,12 @@ fn bad_kept_sets_are_one_line_errors_naming_the_tensor() {
             "{e}"
         );
     }
+    let null = base("[0, null, 1]", "[0, 2, 3]", "[0, 1]");
+    let e = trmask::io::batch_from_json(&null).unwrap_err().to_string();
+    assert!(
+        e.contains("rollout_sampling_mask_ids") && e.contains("null at flat index 1"),
+        "{e}"
+    );
     let half = ok.replace(r#""rollout_sampling_mask_offsets": [0, 2, 4]"#, r#""x": 0"#);
     let e = trmask::io::batch_from_json(&half).unwrap_err().to_string();
     assert!(
