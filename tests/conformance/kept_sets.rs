@@ -55,6 +55,10 @@ struct Group {
     topk_lp: Vec<f64>,
     kept_ids: Vec<i64>,
     kept_offsets: Vec<i64>,
+    /// Tokens where an independent f64 top-p 0.95 over the same logits decides (not within
+    /// float32 rounding of the threshold), and where its kept count equals the generator's.
+    decided: usize,
+    agree: usize,
 }
 
 fn group() -> Group {
@@ -96,6 +100,7 @@ fn group() -> Group {
     .collect();
     let bf = rl.data();
     let (mut kept_ids, mut kept_offsets) = (Vec::new(), vec![0i64]);
+    let (mut decided, mut agree) = (0usize, 0usize);
     for i in 0..n {
         let row: Vec<f32> = (0..v)
             .map(|j| {
@@ -107,6 +112,20 @@ fn group() -> Group {
         // most probable first, ties → smaller id (the generator's sort)
         order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
         let k = kept_n[i] as usize;
+        let lse = {
+            let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+            m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln()
+        };
+        let lp: Vec<f64> = row.iter().map(|&x| x as f64 - lse).collect();
+        let t = trmask::kept_mass::Truncation {
+            top_p: 0.95,
+            ..Default::default()
+        };
+        let own = trmask::kept_mass::kept_mass_of_row(&lp, &t).unwrap();
+        if own.exact {
+            decided += 1;
+            agree += (own.kept == Some(k)) as usize;
+        }
         kept_ids.extend(order[..k].iter().map(|&j| j as i64));
         kept_offsets.push(kept_ids.len() as i64);
     }
@@ -124,6 +143,8 @@ fn group() -> Group {
         topk_lp: pick(&f32s(&b, "rollout_topk_log_prob"), 20),
         kept_ids,
         kept_offsets,
+        decided,
+        agree,
     }
 }
 
@@ -223,7 +244,14 @@ fn causal_sample_kept_sets_and_logits_give_raw_minus_processed_on_both_engines()
     let g = group();
     assert_eq!(g.n, 495);
     // the kept counts are the generator's; an independent f64 top-p over the same bf16 logits
-    // agrees except where the crossing falls within float32 rounding of 0.95
+    // agrees wherever it decides (the ids near the crossing hold ~1e-6 each, so on about a
+    // tenth of the tokens the crossing lies within the float32 margin of 0.95 and is left open)
+    println!(
+        "independent f64 top-p 0.95: decided on {} of {} tokens, kept count equal to the \
+         generator's on {} of them",
+        g.decided, g.n, g.agree
+    );
+    assert!(g.decided >= g.n * 8 / 10 && g.agree == g.decided);
     let path = scratch("kept-sets", "group.safetensors");
     write(
         &g,
