@@ -85,6 +85,7 @@ pub fn analyze_shard(
         &config.sampling,
         config.sampling_replay,
         config.bypass_mode,
+        config.temperature,
     )?;
     let original = batch;
     let batch = match &kept {
@@ -209,6 +210,11 @@ pub fn analyze_shard(
         }
         partial.extend(k.metrics(original));
     }
+    partial.extend(crate::metrics::breakdown::breakdown_partial(
+        batch,
+        &table,
+        &corrections,
+    ));
     let corr_keys = corr_partial.clone();
     partial.extend(corr_partial);
     certificate_partial(

@@ -8,6 +8,7 @@
 
 use crate::error::{Error, Result};
 
+use crate::kept_set::KeptSets;
 use crate::logits::impossible_sample;
 use crate::logits::Logits;
 use crate::tensors;
@@ -135,6 +136,8 @@ pub struct Batch {
     pub topk: usize,
     /// Per-sequence GRPO group id (verl's `uid`, TRL's prompt index), one per sequence.
     pub uid: Option<Vec<i64>>,
+    /// The ids a truncated sampler kept at each valid token (`rollout_sampling_mask_*`).
+    pub kept_sets: Option<KeptSets>,
 }
 
 impl Batch {
@@ -234,6 +237,7 @@ impl Batch {
             rollout_topk_log_prob: None,
             topk: 0,
             uid: None,
+            kept_sets: None,
         }
     }
 
@@ -393,6 +397,16 @@ impl Batch {
         Ok(self)
     }
 
+    /// Attaches the kept sets of a truncated sampler: `rollout_sampling_mask_ids` sliced by
+    /// `rollout_sampling_mask_offsets` (one span per valid token, or one per slot); the
+    /// structure is checked here, the ids against the vocabulary and `responses` by
+    /// [`Batch::validate`].
+    pub fn with_kept_sets(mut self, ids: Vec<i64>, offsets: &[i64]) -> Result<Self> {
+        let k = KeptSets::new(ids, offsets, self.mask(), &|i| self.position(i))?;
+        self.kept_sets = Some(k);
+        Ok(self)
+    }
+
     /// Vocabulary size, when logits are present.
     pub fn vocab(&self) -> Option<usize> {
         self.old_logits
@@ -470,6 +484,10 @@ impl Batch {
                     ),
                 ));
             }
+        }
+        if let Some(k) = &self.kept_sets {
+            let responses = self.responses.as_deref();
+            k.check(self.vocab(), responses, mask, &|i| self.position(i))?;
         }
         if (self.rollout_logits.is_some() || self.old_logits.is_some()) && self.responses.is_none()
         {

@@ -58,6 +58,8 @@ pub struct Step<'a> {
     uid: Option<&'a [i64]>,
     rollout_logits: Option<&'a Logits>,
     old_logits: Option<&'a Logits>,
+    kept_ids: Option<&'a [i64]>,
+    kept_offsets: Option<&'a [i64]>,
 }
 
 impl<'a> Step<'a> {
@@ -73,6 +75,8 @@ impl<'a> Step<'a> {
             uid: None,
             rollout_logits: None,
             old_logits: None,
+            kept_ids: None,
+            kept_offsets: None,
         }
     }
     /// A padded `[batch, seq_len]` step; set its [`response_mask`](Self::response_mask).
@@ -133,11 +137,24 @@ impl<'a> Step<'a> {
         }
         Ok(self)
     }
-    /// Sets the integer tensor `name` (`responses` per token, `uid` per sequence).
+    /// The kept sets of a truncated sampler (vLLM's `SamplingMask`, slime's top-p replay):
+    /// the kept ids of every valid token concatenated (`rollout_sampling_mask_ids`) and their
+    /// CSR offsets (`rollout_sampling_mask_offsets`: valid tokens + 1 values, or slots + 1).
+    /// They give the exact kept mass with the rollout logits, or from the raw top-K where it
+    /// covers them; `sampling_replay` then renormalises the trainer over them.
+    pub fn sampling_mask(mut self, ids: &'a [i64], offsets: &'a [i64]) -> Self {
+        self.kept_ids = Some(ids);
+        self.kept_offsets = Some(offsets);
+        self
+    }
+    /// Sets the integer tensor `name` (`responses` per token, `uid` per sequence, the kept
+    /// sets' `rollout_sampling_mask_ids` / `_offsets`).
     pub fn ids(mut self, name: &str, ids: &'a [i64]) -> Result<Self> {
         match tensors::spec(name).map(|t| (t.role, t.shape)) {
             Some((Role::Ids, Shape::Token)) => self.responses = Some(ids),
             Some((Role::Ids, Shape::Seq)) => self.uid = Some(ids),
+            Some((Role::Ids, Shape::Flat)) => self.kept_ids = Some(ids),
+            Some((Role::Ids, Shape::KeptOffsets)) => self.kept_offsets = Some(ids),
             _ => {
                 return Err(Error::input(
                     name,
@@ -163,6 +180,8 @@ impl<'a> Step<'a> {
             || self.uid.is_some()
             || self.rollout_logits.is_some()
             || self.old_logits.is_some()
+            || self.kept_ids.is_some()
+            || self.kept_offsets.is_some()
         {
             return None;
         }
@@ -240,6 +259,21 @@ impl<'a> Step<'a> {
         }
         if let Some(l) = self.old_logits {
             batch = batch.with_logits("old_logits", l.clone())?;
+        }
+        match (self.kept_ids, self.kept_offsets) {
+            (Some(ids), Some(off)) => batch = batch.with_kept_sets(ids.to_vec(), off)?,
+            (None, None) => {}
+            (ids, _) => {
+                let (missing, given) = if ids.is_none() {
+                    (crate::kept_set::IDS, crate::kept_set::OFFSETS)
+                } else {
+                    (crate::kept_set::OFFSETS, crate::kept_set::IDS)
+                };
+                return Err(Error::input(
+                    missing,
+                    format!("is missing: it is required with {given}"),
+                ));
+            }
         }
         batch.validate()?;
         Ok(batch)
@@ -359,6 +393,7 @@ impl Corrector {
             &c.sampling,
             c.sampling_replay,
             c.bypass_mode,
+            c.temperature,
         )?;
         let mut kept_metrics = None;
         if let Some(mut k) = kept {
@@ -372,6 +407,9 @@ impl Corrector {
             correction::compute_shard(self.engine.as_ref(), &batch, &table, &self.resolved, ex)?;
         if !self.resolved.verl_metrics_only {
             p.extend(kept_metrics.unwrap_or_default());
+            p.extend(crate::metrics::breakdown::breakdown_partial(
+                &batch, &table, &c,
+            ));
         }
         let merged = exchange(ex, p)?;
         correction::check_valid_tokens(&merged, batch.layout())?;

@@ -4,8 +4,10 @@
 //! every log-ratio against an untruncated trainer is shifted by `log S_t`;
 //! `old_log_prob − log S_t` (the trainer renormalised over the kept set) removes the shift.
 //!
-//! Three sources, most exact first:
+//! Four sources, most exact first:
 //! * the kept ids and the logits ([`log_kept_mass_of_ids`]): exact;
+//! * the kept ids and the rollout's raw top-K ([`kept_mass_of_ids_topk`]): exact where the
+//!   top-K covers the kept set, else flagged with a bound;
 //! * a full row of raw log-probs and the sampler's settings ([`kept_mass_of_row`]): exact;
 //! * the rollout's raw top-K log-probs and the settings ([`kept_mass_from_topk`]): exact where
 //!   the kept set fits inside the top-K (and is not decided within float32 rounding of the
@@ -16,6 +18,8 @@
 //! The truncation follows vLLM V1's sampler: min-p on the raw probabilities (`p < min_p ·
 //! p_max` dropped), then top-k, then top-p on the top-k-renormalised distribution (an id is kept
 //! iff the mass of the more probable ids before it is `< top_p`; the most probable id always).
+//! A batch's kept sets ([`crate::kept_set`], `rollout_sampling_mask_*`) take precedence over the
+//! configured truncation: they say what was kept instead of re-deriving it.
 
 use crate::batch::Batch;
 use crate::error::{Error, Result};
@@ -258,30 +262,9 @@ pub fn kept_mass_of_row(log_probs: &[f64], t: &Truncation) -> Result<KeptMass> {
 /// # Ok::<(), trmask::Error>(())
 /// ```
 pub fn log_kept_mass_of_ids(logits: &[f64], ids: &[i64]) -> Result<f64> {
-    let v = logits.len();
-    let mut seen = vec![false; v];
-    let mut kept = Vec::with_capacity(ids.len());
-    for &id in ids {
-        if id < 0 || id as usize >= v {
-            return Err(Error::input(
-                "rollout_sampling_mask_ids",
-                format!("id {id} is outside the vocabulary [0, {v})"),
-            ));
-        }
-        if std::mem::replace(&mut seen[id as usize], true) {
-            return Err(Error::input(
-                "rollout_sampling_mask_ids",
-                format!("id {id} is repeated in one step's kept set"),
-            ));
-        }
-        kept.push(logits[id as usize]);
-    }
-    if kept.is_empty() {
-        return Err(Error::input(
-            "rollout_sampling_mask_offsets",
-            "a valid token's kept set is empty",
-        ));
-    }
+    crate::kept_set::check_row(ids, Some(logits.len()), &mut Vec::new())
+        .map_err(|p| Error::input(crate::kept_set::IDS, p))?;
+    let kept: Vec<f64> = ids.iter().map(|&id| logits[id as usize]).collect();
     Ok((log_sum_exp(&kept) - log_sum_exp(logits)).min(0.0))
 }
 
@@ -298,45 +281,169 @@ pub(crate) struct BatchKeptMass {
     pub k3_after: Vec<f64>,
 }
 
-/// The kept mass of every valid token of `batch` from its raw rollout top-K and `t`; `None`
-/// when `t` truncates nothing, or when there is no top-K and `replay` is off. With `replay`
-/// and no top-K: an error naming `rollout_topk_log_prob`.
+/// `log S_t` from one step's kept ids and the rollout's raw top-K (`topk_ids`,
+/// `topk_log_prob`): exact when every kept id is among the top-K; else flagged, with the
+/// estimate halfway (in log space) between the mass of the covered ids and that plus `p_K`
+/// for each uncovered one (an id outside the top-K is at most as probable as the K-th), and
+/// half that width as the error bound.
+///
+/// ```
+/// use trmask::kept_mass::kept_mass_of_ids_topk;
+/// let (ids, lp) = ([7i64, 3, 5], [0.5f64.ln(), 0.3f64.ln(), 0.1f64.ln()]);
+/// let k = kept_mass_of_ids_topk(&ids, &lp, &[3, 7])?;
+/// assert!(k.exact && (k.log_kept_mass - 0.8f64.ln()).abs() < 1e-15);
+/// let k = kept_mass_of_ids_topk(&ids, &lp, &[3, 7, 11])?; // 11 is outside the top-3
+/// assert!(!k.exact && (k.log_kept_mass - 0.8f64.ln()).abs() <= k.max_error);
+/// assert!((k.log_kept_mass - 0.9f64.ln()).abs() <= k.max_error + 1e-15);
+/// # Ok::<(), trmask::Error>(())
+/// ```
+pub fn kept_mass_of_ids_topk(
+    topk_ids: &[i64],
+    topk_log_prob: &[f64],
+    kept: &[i64],
+) -> Result<KeptMass> {
+    if let Some(x) = topk_log_prob
+        .iter()
+        .find(|x| !x.is_finite() && **x != f64::NEG_INFINITY)
+    {
+        return Err(Error::input(
+            "rollout_topk_log_prob",
+            format!("holds {x} at a valid token"),
+        ));
+    }
+    let mut covered = Vec::with_capacity(kept.len().min(topk_ids.len()));
+    let mut missing = 0usize;
+    for id in kept {
+        match topk_ids.iter().position(|t| t == id) {
+            Some(j) => covered.push(topk_log_prob[j]),
+            None => missing += 1,
+        }
+    }
+    let low = if covered.is_empty() {
+        f64::NEG_INFINITY
+    } else {
+        log_sum_exp(&covered).min(0.0)
+    };
+    if missing == 0 {
+        return Ok(KeptMass {
+            log_kept_mass: low,
+            exact: true,
+            kept: Some(kept.len()),
+            max_error: 0.0,
+        });
+    }
+    let p_k = topk_log_prob
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .exp();
+    let high = (low.exp() + missing as f64 * p_k).min(1.0).ln();
+    let (est, err) = if low.is_finite() {
+        (0.5 * (low + high), 0.5 * (high - low))
+    } else {
+        (high, f64::INFINITY)
+    };
+    Ok(KeptMass {
+        log_kept_mass: est,
+        exact: false,
+        kept: Some(kept.len()),
+        max_error: err,
+    })
+}
+
+/// The per-slot kept mass from the batch's kept sets (`rollout_sampling_mask_*`): exact from
+/// the rollout logits (divided by `temperature`, read on the host in f64), else from the raw
+/// top-K where it covers the set (flagged elsewhere); `None` without either.
+fn kept_mass_of_sets(batch: &Batch, temperature: f64) -> Result<Option<(Vec<f64>, Vec<bool>)>> {
+    let Some(sets) = &batch.kept_sets else {
+        return Ok(None);
+    };
+    let mask = batch.mask();
+    let mut lkm = vec![0.0; mask.len()];
+    let mut known = vec![false; mask.len()];
+    if let Some(l) = &batch.rollout_logits {
+        l.host_bytes("rollout_logits")?;
+        let mut row = vec![0.0; l.vocab()];
+        for i in (0..mask.len()).filter(|&i| mask[i]) {
+            l.row_f64(i, &mut row);
+            row.iter_mut().for_each(|x| *x /= temperature);
+            if row.iter().any(|x| x.is_nan() || *x == f64::INFINITY) {
+                let msg = format!("row {} holds NaN or +inf", batch.position(i));
+                return Err(Error::input("rollout_logits", msg));
+            }
+            lkm[i] = log_kept_mass_of_ids(&row, sets.row(i))?;
+            known[i] = true;
+        }
+    } else if let (Some(ids), Some(lp)) = (&batch.rollout_topk_ids, &batch.rollout_topk_log_prob) {
+        let k = batch.topk;
+        for i in (0..mask.len()).filter(|&i| mask[i]) {
+            let r = i * k..(i + 1) * k;
+            let m = kept_mass_of_ids_topk(&ids[r.clone()], &lp[r], sets.row(i))?;
+            lkm[i] = m.log_kept_mass;
+            known[i] = m.exact;
+        }
+    } else {
+        return Ok(None);
+    }
+    Ok(Some((lkm, known)))
+}
+
+/// The kept mass of every valid token of `batch`: from its kept sets
+/// (`rollout_sampling_mask_*`) when given, else from its raw rollout top-K and `t`; `None`
+/// when neither applies and `replay` is off. With `replay` and no source: an error naming
+/// what is missing.
 pub(crate) fn batch_kept_mass(
     batch: &Batch,
     t: &Truncation,
     replay: bool,
     bypass: bool,
+    temperature: f64,
 ) -> Result<Option<BatchKeptMass>> {
     t.validate()?;
-    if t.is_off() {
-        if replay {
-            return Err(Error::config(
-                "sampling_replay",
-                "needs the engine's truncation: top_p, top_k or min_p",
-            ));
-        }
-        return Ok(None);
-    }
-    let Some(topk) = batch.rollout_topk_log_prob.as_deref() else {
+    let (log_kept_mass, known) = if let Some(x) = kept_mass_of_sets(batch, temperature)? {
+        x
+    } else if batch.kept_sets.is_some() {
         if replay {
             return Err(Error::input(
-                "rollout_topk_log_prob",
-                "is missing: sampling_replay needs the rollout's raw top-K log-probs",
+                "rollout_logits",
+                "is missing: sampling_replay with kept sets (rollout_sampling_mask_ids) needs                  the rollout's logits or its raw top-K log-probs (rollout_topk_log_prob)",
             ));
         }
         return Ok(None);
-    };
-    let k = batch.topk;
-    let mask = batch.mask();
-    let mut log_kept_mass = vec![0.0; mask.len()];
-    let mut known = vec![false; mask.len()];
-    for i in 0..mask.len() {
-        if mask[i] {
-            let m = kept_mass_from_topk(&topk[i * k..(i + 1) * k], t)?;
-            log_kept_mass[i] = m.log_kept_mass;
-            known[i] = m.exact;
+    } else {
+        if t.is_off() {
+            if replay {
+                return Err(Error::config(
+                    "sampling_replay",
+                    "needs the engine's truncation: top_p, top_k or min_p, or its kept sets \
+                     (rollout_sampling_mask_ids / rollout_sampling_mask_offsets)",
+                ));
+            }
+            return Ok(None);
         }
-    }
+        let Some(topk) = batch.rollout_topk_log_prob.as_deref() else {
+            if replay {
+                return Err(Error::input(
+                    "rollout_topk_log_prob",
+                    "is missing: sampling_replay needs the rollout's raw top-K log-probs",
+                ));
+            }
+            return Ok(None);
+        };
+        let k = batch.topk;
+        let mask = batch.mask();
+        let mut log_kept_mass = vec![0.0; mask.len()];
+        let mut known = vec![false; mask.len()];
+        for i in 0..mask.len() {
+            if mask[i] {
+                let m = kept_mass_from_topk(&topk[i * k..(i + 1) * k], t)?;
+                log_kept_mass[i] = m.log_kept_mass;
+                known[i] = m.exact;
+            }
+        }
+        (log_kept_mass, known)
+    };
+    let mask = batch.mask();
     let (name, train) = match (&batch.old_log_prob, &batch.log_prob) {
         (Some(o), _) if !bypass => ("old_log_prob", o),
         (_, Some(l)) => ("log_prob", l),

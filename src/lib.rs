@@ -42,6 +42,7 @@ mod values;
 // Layer 0–1: inputs and their validation.
 mod batch;
 pub mod kept_mass;
+pub mod kept_set;
 mod logits;
 mod support;
 // Layer 1: configuration.

@@ -53,6 +53,12 @@ pub enum Shape {
     Seq,
     /// `S + 1` offsets (the packed layout).
     Offsets,
+    /// A flat 1-D list of any length, sliced by a [`Shape::KeptOffsets`] tensor (the kept ids
+    /// of every valid token, CSR values).
+    Flat,
+    /// CSR offsets into a [`Shape::Flat`] tensor: one span per valid token (valid tokens + 1
+    /// values) or one per token slot (slots + 1; spans at padding are ignored).
+    KeptOffsets,
 }
 
 /// One framework key for a tensor.
@@ -104,9 +110,16 @@ const LOGP_WORDS: &[&str] = &["old", "train", "logp", "logprob", "prox"];
 // (`LossInputs.inference_logprobs`, `.trainer_logprobs`, `.loss_mask`). AReaL is deliberately
 // absent: its `old_logprobs` is the *rollout* log-prob, the opposite of verl's "old" (a hint
 // in `io::names`, never a rename). TRL writes per-sequence advantages [B] under verl's name.
+// Kept sets (a truncated sampler's surviving ids per token, CSR): slime — slime/utils/types.py
+// (`Sample.rollout_top_p_token_ids`, `.rollout_top_p_token_offsets`: one span per response
+// token) and slime/backends/megatron_utils/loss.py (`ROLLOUT_TOP_P_TOKEN_KEYS`); vLLM —
+// vllm/v1/outputs.py (`SamplingMaskLists.token_ids`, `.offsets`, the CSR form of a completion's
+// `sampling_mask`; vLLM writes no file, so its keys carry the `sampling_mask_` prefix). miles
+// (slime's fork) writes trmask's own names. prime-rl (src/prime_rl/trainer, 2026-08) has no
+// kept-set tensor, so none of its keys is listed.
 
 /// Every input tensor, in the order the reader and the error messages use.
-pub const TENSORS: [TensorSpec; 12] = [
+pub const TENSORS: [TensorSpec; 14] = [
     TensorSpec {
         name: "rollout_log_prob",
         role: Role::Values,
@@ -215,6 +228,30 @@ pub const TENSORS: [TensorSpec; 12] = [
         about: "the rollout's top-K log-probs",
     },
     TensorSpec {
+        name: "rollout_sampling_mask_ids",
+        role: Role::Ids,
+        shape: Shape::Flat,
+        dtypes: IDS,
+        aliases: &[
+            al("rollout_top_p_token_ids", &["slime"]),
+            al("sampling_mask_token_ids", &["vLLM"]),
+        ],
+        hint_words: &["sampling_mask", "top_p", "kept"],
+        about: "the ids a truncated sampler kept at each valid token, concatenated (CSR values)",
+    },
+    TensorSpec {
+        name: "rollout_sampling_mask_offsets",
+        role: Role::Ids,
+        shape: Shape::KeptOffsets,
+        dtypes: IDS,
+        aliases: &[
+            al("rollout_top_p_token_offsets", &["slime"]),
+            al("sampling_mask_offsets", &["vLLM"]),
+        ],
+        hint_words: &["sampling_mask", "top_p", "kept"],
+        about: "CSR offsets of the kept ids: one span per valid token (or per token slot)",
+    },
+    TensorSpec {
         name: "rollout_logits",
         role: Role::Logits,
         shape: Shape::TokenV,
@@ -301,5 +338,9 @@ mod tests {
             ["rollout_log_prob", "old_log_prob", "log_prob", "advantages"]
         );
         assert_eq!(logits_names(), ["rollout_logits", "old_logits"]);
+        assert_eq!(
+            names_where(|t| matches!(t.shape, Shape::Flat | Shape::KeptOffsets)),
+            ["rollout_sampling_mask_ids", "rollout_sampling_mask_offsets"]
+        );
     }
 }

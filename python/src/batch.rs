@@ -225,6 +225,27 @@ pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Ren
             )));
         }
     }
+    let (ids_name, off_name) = (trmask::kept_set::IDS, trmask::kept_set::OFFSETS);
+    match (arrs.get(ids_name), arrs.get(off_name)) {
+        (Some(ids), Some(off)) => {
+            let ids = ids.ids(ids_name)?.to_vec();
+            batch = batch
+                .with_kept_sets(ids, off.ids(off_name)?)
+                .map_err(to_py)?;
+        }
+        (None, None) => {}
+        (ids, _) => {
+            let (missing, given) = if ids.is_none() {
+                (ids_name, off_name)
+            } else {
+                (off_name, ids_name)
+            };
+            return Err(to_py(Error::input(
+                missing,
+                format!("is missing: it is required with {given}"),
+            )));
+        }
+    }
     batch.validate().map_err(to_py)?;
     Ok((batch, renames))
 }

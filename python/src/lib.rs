@@ -261,7 +261,9 @@ fn correct_with<'py>(
     for (name, a) in &arrs {
         step = match tensors::spec(name).map(|t| (t.role, t.shape)) {
             Some((Role::Values, _)) => step.values(name, a.values(name)?),
-            Some((Role::Ids, Shape::Token | Shape::Seq)) => step.ids(name, a.ids(name)?),
+            Some((Role::Ids, Shape::Token | Shape::Seq | Shape::Flat | Shape::KeptOffsets)) => {
+                step.ids(name, a.ids(name)?)
+            }
             _ => Ok(step),
         }
         .map_err(to_py)?;

@@ -349,3 +349,84 @@ def test_shapes_must_match_the_layout():
             {"rollout_log_prob": roll, "old_log_prob": old.reshape(6, 4), "response_mask": mask},
             backend="cpu",
         )
+
+
+def _kept_sets_step():
+    """Two padded rows with logits and the sampler's kept sets (one span per valid token)."""
+    rng = np.random.default_rng(30)
+    logits = rng.normal(0, 1.5, (2, 3, 6)).astype(np.float32)
+    old_logits = (logits + rng.normal(0, 0.05, logits.shape)).astype(np.float32)
+    mask = np.array([[1, 1, 0], [1, 0, 0]])
+    responses = np.array([[0, 1, 0], [2, 0, 0]])
+    kept = [[0, 3, 5], [1, 2], [2, 4, 0, 1]]  # the valid tokens' sets, in token order
+    ids = np.concatenate([np.array(k) for k in kept]).astype(np.int32)
+    offsets = np.cumsum([0] + [len(k) for k in kept]).astype(np.int64)
+
+    def lsm(x):
+        x = x.astype(np.float64)
+        m = x.max(-1, keepdims=True)
+        return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+    raw = np.take_along_axis(lsm(logits), responses[..., None], -1)[..., 0]
+    old = np.take_along_axis(lsm(old_logits), responses[..., None], -1)[..., 0]
+    slots = [(0, 0), (0, 1), (1, 0)]
+    log_s = np.zeros((2, 3))
+    for (b, t), k in zip(slots, kept):
+        log_s[b, t] = np.log(np.exp(lsm(logits)[b, t, k]).sum())
+    roll = raw - log_s  # the processed log-prob the engine reports
+    return dict(
+        rollout_log_prob=roll, old_log_prob=old, response_mask=mask, responses=responses,
+        rollout_logits=logits, old_logits=old_logits,
+        rollout_sampling_mask_ids=ids, rollout_sampling_mask_offsets=offsets,
+    ), log_s, old
+
+
+def test_kept_sets_analyze_and_correct():
+    step, log_s, old = _kept_sets_step()
+    out = trmask.analyze(step, {"sampling_replay": True}, backend="cpu")
+    lkm = out["outputs"]["log_kept_mass"].reshape(2, 3)
+    assert np.abs(lkm - log_s).max() < 1e-12
+    valid = ([0, 0, 1], [0, 1, 0])
+    kept_old = out["outputs"]["old_log_prob_kept"].reshape(2, 3)
+    assert np.abs(kept_old[valid] - (old - log_s)[valid]).max() < 1e-12
+    assert out["metrics"]["trmask/kept_set_known_fraction"] == 1.0
+    # replay removes the offset: the replayed trainer equals the processed rollout up to the
+    # logits' own mismatch (small)
+    assert out["metrics"]["trmask/k3_mean"] < out["metrics"]["trmask/k3_mean_raw_trainer"]
+    # slime's keys through analyze, the verl entry point with keyword tensors
+    slime = dict(step)
+    slime["rollout_top_p_token_ids"] = slime.pop("rollout_sampling_mask_ids")
+    slime["rollout_top_p_token_offsets"] = slime.pop("rollout_sampling_mask_offsets")
+    out2 = trmask.analyze(slime, {"sampling_replay": True}, backend="cpu")
+    assert any("slime" in n for n in out2["notes"]), out2["notes"]
+    assert out2["metrics"] == out["metrics"]
+    w, m, metrics = trmask.compute_rollout_correction_and_rejection_mask(
+        step["old_log_prob"], step["rollout_log_prob"], step["response_mask"],
+        rollout_rs="seq_mean_k3", rollout_rs_threshold=1.0, backend="cpu",
+        responses=step["responses"], rollout_logits=step["rollout_logits"],
+        old_logits=step["old_logits"],
+        rollout_sampling_mask_ids=step["rollout_sampling_mask_ids"],
+        rollout_sampling_mask_offsets=step["rollout_sampling_mask_offsets"],
+        sampling_replay=True, trmask_metrics=True,
+    )
+    want = out["metrics"]["trmask/log_kept_mass_mean"]
+    assert metrics["trmask/log_kept_mass_mean"] == pytest.approx(want, rel=1e-12)
+
+
+def test_kept_sets_errors_name_the_tensor():
+    step, _, _ = _kept_sets_step()
+    bad = dict(step, rollout_sampling_mask_offsets=np.array([0, 3, 2, 9]))
+    with pytest.raises(ValueError, match="rollout_sampling_mask_offsets.*decreases"):
+        trmask.analyze(bad, {"sampling_replay": True}, backend="cpu")
+    bad = dict(step, rollout_sampling_mask_ids=np.array([0, 3, 7, 1, 2, 2, 4, 0, 1]))
+    with pytest.raises(ValueError, match="rollout_sampling_mask_ids.*outside the vocabulary"):
+        trmask.analyze(bad, backend="cpu")
+    half = dict(step)
+    del half["rollout_sampling_mask_offsets"]
+    with pytest.raises(ValueError, match="rollout_sampling_mask_offsets.*missing"):
+        trmask.analyze(half, backend="cpu")
+    with pytest.raises(ValueError, match="rollout_sampling_mask_offsets.*missing"):
+        trmask.compute_rollout_correction_and_rejection_mask(
+            step["old_log_prob"], step["rollout_log_prob"], step["response_mask"],
+            backend="cpu", rollout_sampling_mask_ids=step["rollout_sampling_mask_ids"],
+        )

@@ -271,6 +271,8 @@ def compute_rollout_correction_and_rejection_mask(
     old_logits: Any = None,
     uid: Any = None,
     cu_seqlens: Any = None,
+    rollout_sampling_mask_ids: Any = None,
+    rollout_sampling_mask_offsets: Any = None,
     trmask_metrics: bool = False,
     return_details: bool = False,
     _exchange: Optional[Tuple[int, int, Any]] = None,
@@ -301,6 +303,12 @@ def compute_rollout_correction_and_rejection_mask(
       (``[B, T, V]``), ``uid`` (per sequence): what the trmask criteria need — exact
       ``seq_max_kl`` / ``seq_mean_tv`` … from logits, DPPO / PDM from advantages, GRPO group
       metrics from ``uid``.
+    * ``rollout_sampling_mask_ids``, ``rollout_sampling_mask_offsets``: a truncated sampler's
+      kept sets in CSR form (vLLM's ``SamplingMask``, slime's ``rollout_top_p_token_ids`` /
+      ``_offsets``: the kept ids of every valid token concatenated, and ``valid tokens + 1``
+      offsets, or ``slots + 1``). With ``rollout_logits`` they give the exact kept mass
+      ``log S_t``; with ``sampling_replay=True`` every weight and mask uses the trainer's
+      log-prob renormalised over them.
     * ``**options``: trmask's config keys, e.g. ``ln_trm={"eps": 5e-3, "delta": 1e-4}``,
       ``token_veto=1e-4``, ``dppo={"delta": 1e-4, "direction": "predictive_aggregated"}``,
       ``temperature=1.0``, ``bypass_mode=True``.
@@ -331,6 +339,8 @@ def compute_rollout_correction_and_rejection_mask(
         cu_seqlens=cu_seqlens,
         rollout_logits=rollout_logits,
         old_logits=old_logits,
+        rollout_sampling_mask_ids=rollout_sampling_mask_ids,
+        rollout_sampling_mask_offsets=rollout_sampling_mask_offsets,
     )
     tensors: Dict[str, Any] = {}
     kinds: Dict[str, Kind] = {}

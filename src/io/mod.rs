@@ -329,6 +329,12 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
     // JSON nulls may only stand at padding.
     let mask = batch.mask().to_vec();
     for (name, d) in &raw.dense {
+        // CSR tensors are not laid out by slot: any null in them is an error (below)
+        let csr = tensors::spec(name)
+            .is_some_and(|t| matches!(t.shape, tensors::Shape::Flat | tensors::Shape::KeptOffsets));
+        if csr {
+            continue;
+        }
         let per_slot = d.data.len() / mask.len().max(1);
         if let Some(&i) = d
             .nulls
@@ -437,6 +443,29 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
                 &raw,
                 "rollout_topk_ids",
                 "it is required with rollout_topk_log_prob",
+            ))
+        }
+        (None, None) => {}
+    }
+    let (ids_name, off_name) = (crate::kept_set::IDS, crate::kept_set::OFFSETS);
+    match (raw.dense.remove(ids_name), raw.dense.remove(off_name)) {
+        (Some(ids), Some(off)) => {
+            for (name, d) in [(ids_name, &ids), (off_name, &off)] {
+                no_nulls(name, d)?;
+                if d.shape.len() != 1 {
+                    let msg = format!("must be 1-D (CSR), got shape {:?}", d.shape);
+                    return Err(Error::input(name, msg));
+                }
+            }
+            let off = to_ids(off_name, &off.data)?;
+            batch = batch.with_kept_sets(to_ids(ids_name, &ids.data)?, &off)?;
+        }
+        (Some(_), None) => return Err(missing(&raw, off_name, "it is required with the kept ids")),
+        (None, Some(_)) => {
+            return Err(missing(
+                &raw,
+                ids_name,
+                "it is required with the kept-set offsets",
             ))
         }
         (None, None) => {}

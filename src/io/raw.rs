@@ -216,7 +216,9 @@ fn shapes_fit(shapes: &BTreeMap<&str, Vec<usize>>) -> Result<()> {
             // One offset or group id per sequence: 1-D, any length (empty sequences are legal,
             // so a packed batch may hold more sequences than tokens; the values are in the
             // file, so the length is bounded by its size)
-            Some(Shape::Offsets | Shape::Seq) => shape.len() == 1,
+            Some(Shape::Offsets | Shape::Seq | Shape::Flat | Shape::KeptOffsets) => {
+                shape.len() == 1
+            }
             None => true,
         };
         if !fits {

@@ -2,6 +2,7 @@
 //! `rollout_corr/*` (with verl's quirks, only for the quantities verl names) and trmask's own
 //! `trmask/*`.
 
+pub(crate) mod breakdown;
 pub(crate) mod ctx;
 pub(crate) mod diagnostics;
 pub(crate) mod trmask;

@@ -409,6 +409,7 @@ pub fn render_html(s: &Subject) -> String {
     if !rej.is_empty() {
         let _ = write!(h, "<h2>Rejections by criterion</h2>{rej}");
     }
+    h.push_str(&super::breakdown::breakdown_html(&s.analysis.metrics));
     let _ = write!(h, "<h2>Worst sequences</h2>{}", worst_table(s));
     let _ = write!(h, "<h2>Bound certificate</h2>{}", certificate(s));
     h.push_str("</body></html>\n");

@@ -3,6 +3,7 @@
 //! [`Analysis`](crate::analysis::Analysis) and the batch it came from; nothing computes a statistic of its own beyond
 //! orderings and bucketed means.
 
+mod breakdown;
 mod compare;
 mod html;
 mod subject;

@@ -153,6 +153,7 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
             count(pfx)
         ));
     }
+    out.extend(super::breakdown::breakdown_lines(&a.metrics));
     let n = c.seq_accept.len();
     let acc = c.seq_accept.iter().filter(|&&x| x).count();
     let kept = (0..c.mask.len())

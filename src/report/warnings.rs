@@ -52,6 +52,14 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
                 .into(),
         );
     }
+    if b.kept_sets.is_some() && b.rollout_logits.is_none() && b.rollout_topk_log_prob.is_none() {
+        out.push(
+            "warning: rollout_sampling_mask_ids is unused: the kept mass needs the rollout's \
+             logits (rollout_logits) or its raw top-K log-probs (rollout_topk_log_prob) beside \
+             the kept sets"
+                .into(),
+        );
+    }
     if valid < MIN_TOKENS {
         return out;
     }
@@ -125,7 +133,8 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
                  token-level mismatch; it looks like top-p sampling with top_p ≈ {} (rollout \
                  log-probs of the renormalised distribution): set \"top_p\" (or top_k / min_p) \
                  and \"sampling_replay\": true with the raw rollout top-K \
-                 (rollout_topk_log_prob), or pass the engine's raw log-probs",
+                 (rollout_topk_log_prob) or the engine's kept sets (rollout_sampling_mask_ids / \
+                 _offsets), or pass the engine's raw log-probs",
                 num(mean),
                 num(sd),
                 num((mean.exp() * 1000.0).round() / 1000.0)

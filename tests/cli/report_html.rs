@@ -200,3 +200,74 @@ fn causal_report_shows_the_warnings() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("name a .html file"));
     assert!(!pdf.exists());
 }
+
+/// A multi-turn batch (two tool-output holes per row: three turns), half the rows with a
+/// negative advantage and a drifting last turn: the summary and the report break the mismatch
+/// down by advantage sign, rollout probability and turn; the single-turn batch without
+/// advantages above shows neither the turn nor the sign breakdown.
+#[test]
+fn multi_turn_report_shows_the_breakdowns() {
+    let mut r = common::Rng::new(30);
+    let (b, t) = (12, 60);
+    let (mut roll, mut old, mut mask, mut adv) = (vec![], vec![], vec![], vec![]);
+    for s in 0..b {
+        let (mut a, mut o, mut m) = (vec![], vec![], vec![]);
+        for p in 0..t {
+            let x = r.range(-4.0, -0.01);
+            let drift = if s % 2 == 1 && p >= 40 { 3.0 } else { 0.02 };
+            a.push(x);
+            o.push(x + drift * r.range(-1.0, 1.0));
+            m.push(!(18..22).contains(&p) && !(38..42).contains(&p) && p < 56);
+        }
+        roll.push(a);
+        old.push(o);
+        mask.push(m.iter().map(|&v| v as u8).collect::<Vec<_>>());
+        adv.push(vec![if s % 2 == 1 { -1.0 } else { 1.0 }; t]);
+    }
+    let p = common::scratch("report", "turns.json");
+    let batch = serde_json::json!({"rollout_log_prob": roll, "old_log_prob": old,
+        "response_mask": mask, "advantages": adv});
+    std::fs::write(&p, batch.to_string()).unwrap();
+    let (code, out, err) = common::run_trmask(&[
+        "analyze",
+        p.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--preset",
+        "trm_max",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("turns: mean 3, max 3 per sequence"), "{out}");
+    assert!(
+        out.contains("rejections by advantage sign (k3 mean): A > 0"),
+        "{out}"
+    );
+    assert!(out.contains("k3 mean by p(y):"), "{out}");
+    let html = render(&p, "turns", "trm_max");
+    let text = std::fs::read_to_string(&html).unwrap();
+    for section in [
+        "<h2>Rejections by advantage sign</h2>",
+        "<h2>Mismatch by the sampled token's rollout probability</h2>",
+        "<h2>Mismatch and rejections by turn</h2>",
+    ] {
+        assert!(text.contains(section), "{section} missing");
+    }
+    // the drifting turn 3 of the negative-advantage rows carries the mismatch
+    assert!(text.contains("<td>A &lt; 0</td>") || text.contains("<td>A < 0</td>"));
+    check_in_browser(&html, "turns");
+    let d = common::scratch("report", "drift-plain.json");
+    std::fs::write(&d, drifting_batch().to_string()).unwrap();
+    let (code, out, err) = common::run_trmask(&[
+        "analyze",
+        d.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--preset",
+        "trm_max",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !out.contains("turns:") && !out.contains("advantage sign"),
+        "{out}"
+    );
+}

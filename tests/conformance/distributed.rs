@@ -45,8 +45,14 @@ impl Exchange for Rank<'_> {
     }
 }
 
-/// Per sequence: rollout logits, trainer logits, sampled tokens.
-type SeqLogits = (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<Vec<i64>>);
+/// Per sequence: rollout logits, trainer logits, sampled tokens, and per slot the sampler's
+/// kept set (the sampled token and a random subset of the vocabulary).
+type SeqLogits = (
+    Vec<Vec<f32>>,
+    Vec<Vec<f32>>,
+    Vec<Vec<i64>>,
+    Vec<Vec<Vec<i64>>>,
+);
 
 /// A whole batch as plain arrays, so any run of sequences can be cut out as a shard.
 struct Whole {
@@ -57,6 +63,8 @@ struct Whole {
     mask: Vec<Vec<f64>>,
     rollout: Vec<Vec<f64>>,
     old: Vec<Vec<f64>>,
+    /// Per-token advantages (a sign per sequence, sometimes 0): the `trmask/adv_*` split.
+    adv: Vec<Vec<f64>>,
     uid: Vec<i64>,
     vocab: usize,
     logits: Option<SeqLogits>,
@@ -76,9 +84,10 @@ impl Whole {
             mask: vec![],
             rollout: vec![],
             old: vec![],
+            adv: vec![],
             uid: vec![],
             vocab,
-            logits: with_logits.then(|| (vec![], vec![], vec![])),
+            logits: with_logits.then(|| (vec![], vec![], vec![], vec![])),
         };
         for s in 0..b {
             // some empty sequences; padded rows get random holes
@@ -89,26 +98,35 @@ impl Whole {
                 .collect();
             let r: Vec<f64> = (0..slots).map(|_| rng.range(-3.0, -0.01)).collect();
             let o: Vec<f64> = r.iter().map(|x| x + rng.range(-drift, drift)).collect();
-            if let Some((rl, ol, resp)) = &mut w.logits {
+            if let Some((rl, ol, resp, kept)) = &mut w.logits {
                 let mut a = Vec::new();
                 let mut c = Vec::new();
                 let mut y = Vec::new();
+                let mut k = Vec::new();
                 for _ in 0..slots {
                     for _ in 0..vocab {
                         let x = rng.range(-2.0, 2.0) as f32;
                         a.push(x);
                         c.push(x + rng.range(-drift, drift) as f32);
                     }
-                    y.push(rng.below(vocab) as i64);
+                    let yt = rng.below(vocab) as i64;
+                    y.push(yt);
+                    let set: Vec<i64> = (0..vocab as i64)
+                        .filter(|&j| j == yt || rng.bool(0.5))
+                        .collect();
+                    k.push(set);
                 }
                 rl.push(a);
                 ol.push(c);
                 resp.push(y);
+                kept.push(k);
             }
             w.lens.push(len);
             w.mask.push(mask);
             w.rollout.push(r);
             w.old.push(o);
+            let a = [-1.0, 0.0, 1.0][rng.below(3)] * rng.range(0.1, 2.0);
+            w.adv.push(vec![a; slots]);
             w.uid.push((s / 3) as i64 * 7 + 1);
         }
         w
@@ -135,12 +153,21 @@ impl Whole {
             .unwrap()
             .with_log_probs("old_log_prob", cat(&self.old))
             .unwrap()
+            .with_log_probs("advantages", cat(&self.adv))
+            .unwrap()
             .with_uid(self.uid[a..b].to_vec())
             .unwrap();
-        if let Some((rl, ol, resp)) = &self.logits {
+        if let Some((rl, ol, resp, kept)) = &self.logits {
             let slots: usize = self.mask[a..b].iter().map(Vec::len).sum();
             let r = Logits::from_f32(&rl[a..b].concat(), slots, self.vocab).unwrap();
             let o = Logits::from_f32(&ol[a..b].concat(), slots, self.vocab).unwrap();
+            // the kept sets, one span per slot (those at padding are ignored)
+            let (mut ids, mut off) = (Vec::new(), vec![0i64]);
+            for set in kept[a..b].iter().flatten() {
+                ids.extend_from_slice(set);
+                off.push(ids.len() as i64);
+            }
+            batch = batch.with_kept_sets(ids, &off).unwrap();
             batch = batch
                 .with_responses(resp[a..b].concat())
                 .unwrap()
@@ -338,6 +365,44 @@ fn merged_shards_equal_the_whole_batch() {
         }
     }
     assert!(trials >= 40, "only {trials} trials ran");
+}
+
+/// The breakdowns (advantage sign, probability and entropy buckets, turns) are mergeable:
+/// over 1–8 ranks they equal the whole batch's (`check` compares every metric).
+#[test]
+fn breakdowns_merge_over_ranks() {
+    let mut rng = Rng::new(seed(3030));
+    let (_, plain) = &configs()[0];
+    // with logits the batch carries kept sets: replay over them (the kept mass merges too)
+    let replay = CorrectionConfig::from_json_str(
+        r#"{"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01, "sampling_replay": true}"#,
+    )
+    .unwrap();
+    let mut seen = BTreeMap::new();
+    for round in 0..3 {
+        for r in 1..=8 {
+            let logits = (round + r) % 2 == 0;
+            let cfg = if logits { &replay } else { plain };
+            let whole = Whole::random(&mut rng, logits);
+            if whole.lens.iter().all(|&l| l == 0) {
+                continue;
+            }
+            let full = analyze(&CpuEngine::new(), &whole.shard(0, whole.seqs()), cfg).unwrap();
+            for k in [
+                "trmask/log_kept_mass_mean",
+                "trmask/turn/2/k3_mean",
+                "trmask/adv_neg/rejected_fraction",
+                "trmask/adv_pos/seq_rejected_fraction",
+                "trmask/by_prob/0.1-0.5/log_ratio_mean",
+                "trmask/by_entropy/0.5-1/k3_mean",
+            ] {
+                *seen.entry(k).or_insert(0) += full.metrics.contains_key(k) as usize;
+            }
+            let cuts = random_cuts(&mut rng, whole.seqs(), r);
+            check(&whole, &cuts, cfg, "breakdowns");
+        }
+    }
+    assert!(seen.values().all(|&n| n > 0), "{seen:?}");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Conformance: verl goldens and fuzz, the distributed merge, corrections, KPop, top-K, OPSM, M2PO, CPPO, kept mass, groups, numeric rules, the front door, bounds, the tensor-name table.
+//! Conformance: verl goldens and fuzz, the distributed merge, corrections, KPop, top-K, OPSM, M2PO, CPPO, kept mass, kept sets, groups, numeric rules, the front door, bounds, the tensor-name table.
 //!
 //! One test binary per suite (`cargo test --test conformance`), so CI builds and links a few
 //! binaries instead of one per file; each file below is a module.
@@ -14,6 +14,7 @@ mod distributed;
 mod front_door;
 mod groups_lengths;
 mod kept_mass;
+mod kept_sets;
 mod kpop;
 mod lean_pass;
 mod m2po;
