@@ -267,6 +267,8 @@ fn kernel_body(
     let nc = plan.criteria.len();
     let token_is = plan.is.filter(|is| is.level == IsLevel::Token);
     let mut recs = Vec::with_capacity(t.seqs.len());
+    // the slot whose tile's mask `cols.m_next` holds
+    let mut have_next: Option<usize> = None;
     // slots before the first sequence / between sequences: padding of nobody
     let mut cursor = t.start;
     for s in t.seqs.clone() {
@@ -283,20 +285,33 @@ fn kernel_body(
         while k < e {
             let len = TILE.min(e - k);
             let off = k - t.start;
-            // the next tile's inputs (also the next sequence's first) start loading now
-            let (na, nb) = (k + TILE, k + 2 * TILE);
+            // the next tile (this sequence's, or the next sequence's first): its mask read
+            // now, its log-probs and outputs prefetched only when it holds a valid slot (a
+            // padding-only tile is never read), the mask of the tile after it prefetched
+            let next = if k + len < e {
+                Some((k + len, TILE.min(e - k - len)))
+            } else {
+                t.seqs
+                    .end
+                    .gt(&(s + 1))
+                    .then(|| ranges[s + 1])
+                    .map(|(a2, e2)| (a2, TILE.min(e2 - a2)))
+            };
             if let Some(mv) = &inp.mask {
-                mv.prefetch(na, nb);
-            }
-            inp.roll.prefetch(na, nb);
-            inp.train.prefetch(na, nb);
-            let (oa, ob) = (off + TILE, off + 2 * TILE);
-            t.mask.prefetch(oa, ob);
-            if let (Some(wo), Some(_)) = (t.weights.as_ref(), &token_is) {
-                wo.prefetch(oa, ob);
-            }
-            if let Some(mv) = &inp.mask {
-                mv.load(k, &mut cols.m[..len]);
+                if have_next == Some(k) {
+                    std::mem::swap(&mut cols.m, &mut cols.m_next);
+                } else {
+                    mv.load(k, &mut cols.m[..len]);
+                }
+                have_next = None;
+                if let Some((k2, len2)) = next.filter(|&(_, l)| l > 0) {
+                    mv.prefetch(k2 + len2, k2 + len2 + TILE);
+                    mv.load(k2, &mut cols.m_next[..len2]);
+                    have_next = Some(k2);
+                    if cols.m_next[..len2].iter().any(|&x| x != 0) {
+                        prefetch_tile(inp, t, token_is.is_some(), k2, len2);
+                    }
+                }
                 // a tile of padding only (0 everywhere, no bad value): nothing to read or add
                 if cols.m[..len].iter().fold(0, |a, &b| a | b) == 0 {
                     t.mask.clear(off, len);
@@ -306,6 +321,8 @@ fn kernel_body(
                     k += len;
                     continue;
                 }
+            } else if let Some((k2, len2)) = next {
+                prefetch_tile(inp, t, token_is.is_some(), k2, len2);
             }
             inp.roll.load(k, &mut cols.r[..len]);
             inp.train.load(k, &mut cols.o[..len]);
@@ -347,6 +364,18 @@ fn kernel_body(
         }
     }
     Some(recs)
+}
+
+/// Starts loading the log-probs of slots `k..k + len` and their output slots.
+#[inline(always)]
+fn prefetch_tile(inp: &LeanInputs<'_>, t: &Task<'_>, weights: bool, k: usize, len: usize) {
+    inp.roll.prefetch(k, k + len);
+    inp.train.prefetch(k, k + len);
+    let off = k - t.start;
+    t.mask.prefetch(off, off + len);
+    if let (Some(wo), true) = (t.weights.as_ref(), weights) {
+        wo.prefetch(off, off + len);
+    }
 }
 
 /// Writes a sequence's weight `ws` at its valid slots (0 at its padding).

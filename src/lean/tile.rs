@@ -185,6 +185,8 @@ pub(crate) struct Cols {
     pub(crate) r: [f64; TILE],
     pub(crate) o: [f64; TILE],
     pub(crate) m: [u8; TILE],
+    /// The next tile's mask, read ahead.
+    pub(crate) m_next: [u8; TILE],
     pub(crate) w: [f64; TILE],
     pub(crate) keep: [bool; TILE],
     /// All ones at a valid slot, 0 at padding.
@@ -202,6 +204,7 @@ impl Cols {
             r: [0.0; TILE],
             o: [0.0; TILE],
             m: [1; TILE],
+            m_next: [1; TILE],
             w: [0.0; TILE],
             keep: [false; TILE],
             valid: [0; TILE],
