@@ -308,8 +308,9 @@ fn kernel_body(
                     mv.prefetch(k2 + len2, k2 + len2 + TILE);
                     mv.load(k2, &mut cols.m_next[..len2]);
                     have_next = Some(k2);
-                    if cols.m_next[..len2].iter().any(|&x| x != 0) {
-                        prefetch_tile(inp, t, token_is.is_some(), k2, len2);
+                    let m2 = &cols.m_next[..len2];
+                    if let Some(last) = m2.iter().rposition(|&x| x != 0) {
+                        prefetch_tile(inp, t, token_is.is_some(), k2, last + 1);
                     }
                 }
                 // a tile of padding only (0 everywhere, no bad value): nothing to read or add
@@ -324,13 +325,25 @@ fn kernel_body(
             } else if let Some((k2, len2)) = next {
                 prefetch_tile(inp, t, token_is.is_some(), k2, len2);
             }
-            inp.roll.load(k, &mut cols.r[..len]);
-            inp.train.load(k, &mut cols.o[..len]);
-            cols.tile(len, plan, token_is.as_ref(), &mut rec, &mut lanes)?;
-            t.mask.store(off, &cols.keep[..len]);
-            if let (Some(wo), Some(_), false) = (t.weights.as_mut(), &token_is, deferred) {
-                wo.store(off, &cols.w[..len]);
+            // the tile up to its last valid (or bad) slot; right padding after it is only
+            // cleared (a sum skipping it has the same bits: its terms are 0)
+            let used = match &inp.mask {
+                Some(_) => cols.m[..len]
+                    .iter()
+                    .rposition(|&x| x != 0)
+                    .map_or(0, |j| j + 1),
+                None => len,
+            };
+            inp.roll.load(k, &mut cols.r[..used]);
+            inp.train.load(k, &mut cols.o[..used]);
+            cols.tile(used, plan, token_is.as_ref(), &mut rec, &mut lanes)?;
+            t.mask.store(off, &cols.keep[..used]);
+            let weights = (t.weights.as_mut(), &token_is, deferred);
+            if let (Some(wo), Some(_), false) = weights {
+                wo.store(off, &cols.w[..used]);
+                wo.fill(off + used, len - used, 0.0);
             }
+            t.mask.clear(off + used, len - used);
             k += len;
         }
         lanes.finish(plan, &mut rec);
