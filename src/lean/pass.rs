@@ -230,29 +230,24 @@ fn kernel(
     kernel_body(plan, inp, ranges, t, deferred)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn kernel_avx512(
-    plan: &LeanPlan,
-    inp: &LeanInputs<'_>,
-    ranges: &[(usize, usize)],
-    t: &mut Task<'_>,
-    deferred: bool,
-) -> Option<Vec<SeqRec>> {
-    kernel_body(plan, inp, ranges, t, deferred)
+/// [`kernel_body`] compiled for a CPU feature (callers check that the CPU has it).
+macro_rules! kernel_for {
+    ($name:ident, $feature:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feature)]
+        unsafe fn $name(
+            plan: &LeanPlan,
+            inp: &LeanInputs<'_>,
+            ranges: &[(usize, usize)],
+            t: &mut Task<'_>,
+            deferred: bool,
+        ) -> Option<Vec<SeqRec>> {
+            kernel_body(plan, inp, ranges, t, deferred)
+        }
+    };
 }
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn kernel_avx2(
-    plan: &LeanPlan,
-    inp: &LeanInputs<'_>,
-    ranges: &[(usize, usize)],
-    t: &mut Task<'_>,
-    deferred: bool,
-) -> Option<Vec<SeqRec>> {
-    kernel_body(plan, inp, ranges, t, deferred)
-}
+kernel_for!(kernel_avx512, "avx512f");
+kernel_for!(kernel_avx2, "avx2");
 
 #[inline(always)]
 fn kernel_body(

@@ -245,3 +245,45 @@ pub fn vocab_bits(s: &trmask::VocabStats) -> Vec<u64> {
         .flat_map(|(_, v)| v.iter().map(|x| x.to_bits()))
         .collect()
 }
+
+/// A packed golden batch (`data/<name>/golden.json`: per-sequence `lengths`, flat
+/// `rollout_log_prob`, `old_log_prob`, `advantages`), as the OPSM, M2PO and CPPO goldens store
+/// it; `v` is the whole file (cases, expected masks).
+pub struct PackedGolden {
+    pub v: serde_json::Value,
+    pub cu: Vec<i64>,
+    pub roll: Vec<f64>,
+    pub old: Vec<f64>,
+    pub adv: Vec<f64>,
+}
+
+impl PackedGolden {
+    /// Reads `data/<name>/golden.json` of the repository.
+    pub fn load(name: &str) -> Self {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("data")
+            .join(name)
+            .join("golden.json");
+        let v = load_json(&path);
+        let mut cu = vec![0i64];
+        for l in json_flatten(&v["lengths"]) {
+            cu.push(cu.last().unwrap() + l as i64);
+        }
+        PackedGolden {
+            roll: json_flatten(&v["rollout_log_prob"]),
+            old: json_flatten(&v["old_log_prob"]),
+            adv: json_flatten(&v["advantages"]),
+            cu,
+            v,
+        }
+    }
+}
+
+/// The CPU reference, and the GPU engine where an adapter exists.
+pub fn engines() -> Vec<Arc<dyn trmask::Engine>> {
+    let mut e: Vec<Arc<dyn trmask::Engine>> = vec![Arc::new(trmask::cpu::CpuEngine::new())];
+    if let Some(g) = gpu() {
+        e.push(g);
+    }
+    e
+}

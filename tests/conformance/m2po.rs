@@ -7,45 +7,21 @@
 
 use crate::common;
 
-use common::{close12, exact_metric, gpu, json_flatten, load_json, same, Rng};
+use common::{close12, exact_metric, json_flatten, same, Rng};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Barrier, Mutex};
 use trmask::cpu::CpuEngine;
 use trmask::partial::Exchange;
-use trmask::{CorrectionConfig, Corrections, Corrector, Engine, Step};
+use trmask::{CorrectionConfig, Corrections, Corrector, Step};
 
-struct Golden {
-    v: Value,
-    cu: Vec<i64>,
-    roll: Vec<f64>,
-    old: Vec<f64>,
-    adv: Vec<f64>,
-}
+type Golden = common::PackedGolden;
 
 fn golden() -> Golden {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/m2po/golden.json");
-    let v = load_json(&path);
-    let mut cu = vec![0i64];
-    for l in json_flatten(&v["lengths"]) {
-        cu.push(cu.last().unwrap() + l as i64);
-    }
-    Golden {
-        roll: json_flatten(&v["rollout_log_prob"]),
-        old: json_flatten(&v["old_log_prob"]),
-        adv: json_flatten(&v["advantages"]),
-        cu,
-        v,
-    }
+    Golden::load("m2po")
 }
 
-fn engines() -> Vec<Arc<dyn Engine>> {
-    let mut e: Vec<Arc<dyn Engine>> = vec![Arc::new(CpuEngine::new())];
-    if let Some(g) = gpu() {
-        e.push(g);
-    }
-    e
-}
+use common::engines;
 
 fn cfg(v: Value) -> CorrectionConfig {
     CorrectionConfig::from_json_value(&v).unwrap()

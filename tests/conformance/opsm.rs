@@ -6,43 +6,18 @@
 
 use crate::common;
 
-use common::{gpu, json_flatten, load_json};
+use common::json_flatten;
 use serde_json::{json, Value};
-use std::sync::Arc;
 use trmask::cpu::CpuEngine;
-use trmask::{CorrectionConfig, Corrector, Engine, Step};
+use trmask::{CorrectionConfig, Corrector, Step};
 
-struct Golden {
-    v: Value,
-    cu: Vec<i64>,
-    roll: Vec<f64>,
-    old: Vec<f64>,
-    adv: Vec<f64>,
-}
+type Golden = common::PackedGolden;
 
 fn golden() -> Golden {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/opsm/golden.json");
-    let v = load_json(&path);
-    let mut cu = vec![0i64];
-    for l in json_flatten(&v["lengths"]) {
-        cu.push(cu.last().unwrap() + l as i64);
-    }
-    Golden {
-        roll: json_flatten(&v["rollout_log_prob"]),
-        old: json_flatten(&v["old_log_prob"]),
-        adv: json_flatten(&v["advantages"]),
-        cu,
-        v,
-    }
+    Golden::load("opsm")
 }
 
-fn engines() -> Vec<Arc<dyn Engine>> {
-    let mut e: Vec<Arc<dyn Engine>> = vec![Arc::new(CpuEngine::new())];
-    if let Some(g) = gpu() {
-        e.push(g);
-    }
-    e
-}
+use common::engines;
 
 fn cfg(v: Value) -> CorrectionConfig {
     CorrectionConfig::from_json_value(&v).unwrap()
