@@ -37,6 +37,10 @@ pub struct ContextOptions {
     /// Host logits into mapped storage buffers ([`Capabilities::mapped_uploads`]): `None` on
     /// CPU / integrated adapters, `Some(false)` never, `Some(true)` wherever offered.
     pub mapped_uploads: Option<bool>,
+    /// The vocabulary kernel's configuration, pinned (rounding differs between
+    /// configurations); `None`: `TRMASK_VOCAB_KERNEL` if set, else the default
+    /// ([`super::Context::vocab_variant`]).
+    pub vocab_kernel: Option<super::vocab_variant::VocabVariant>,
 }
 
 pub(super) fn capabilities_of(

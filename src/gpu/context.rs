@@ -36,6 +36,9 @@ pub struct Context {
     pub(super) caps: Capabilities,
     pub(super) workgroup_size: Option<u32>,
     pub(super) flavour: Option<Flavour>,
+    pub(super) vocab_pin: Option<super::vocab_variant::VocabVariant>,
+    pub(super) vocab_tuned:
+        Mutex<std::collections::HashMap<String, super::vocab_variant::VocabVariant>>,
     pub(super) pipelines: PipelineCache,
     pool: BufferPool,
     uncaptured: Uncaptured,
@@ -121,6 +124,8 @@ impl Context {
             caps,
             workgroup_size: options.workgroup_size,
             flavour: options.flavour,
+            vocab_pin: options.vocab_kernel,
+            vocab_tuned: Mutex::default(),
             pipelines: PipelineCache::default(),
             uncaptured,
             last_device_ns: AtomicU64::new(NOT_TIMED),
@@ -185,6 +190,18 @@ impl Context {
     pub fn output(&self, bytes: u64) -> Result<GpuBuffer> {
         let kind = BufferKind::output(self.caps.mapped_uploads);
         self.scoped(|| self.pool.get(&self.device, kind, bytes.div_ceil(4) * 4))
+    }
+
+    /// A device-local storage buffer of `bytes` bytes for a kernel's intermediate results
+    /// (never read back; its contents are undefined until a kernel writes them).
+    pub fn scratch(&self, bytes: u64) -> Result<GpuBuffer> {
+        self.scoped(|| {
+            self.pool.get(
+                &self.device,
+                BufferKind::Storage,
+                bytes.max(4).div_ceil(4) * 4,
+            )
+        })
     }
 
     fn take_uncaptured(&self) -> Option<String> {

@@ -266,7 +266,7 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
         }
     },
     params_struct: "VocabDivergenceParams",
-    params_size: 32,
+    params_size: 48,
     bindings: &[
         RO4,
         RO4,
@@ -274,6 +274,7 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
         BindingKind::ReadWrite {
             min_bytes: VOCAB_RESULTS_PER_ROW * 4,
         },
+        RW4,
     ],
     dtypes: &[DType::F32, DType::F16, DType::BF16],
     flavours: &[Flavour::Workgroup],
@@ -286,6 +287,7 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
         BindingKind::ReadWrite {
             min_bytes: VOCAB_RESULTS_PER_ROW * 4,
         },
+        RW4,
     ]),
 };
 
