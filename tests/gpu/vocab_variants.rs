@@ -148,12 +148,12 @@ fn every_variant_matches_the_reference_on_random_rows() {
     let Some(gpu) = common::gpu() else { return };
     let ctx = gpu.context();
     let seed = common::seed(0x5eed_0029);
-    // every candidate on two vocabularies, the default and the short-slice splits elsewhere
-    // (lavapipe builds a pipeline per workgroup size and dtype pair)
+    // every candidate on the largest vocabulary, the default and the short-slice splits
+    // elsewhere (lavapipe builds a pipeline per workgroup size, dtype pair and load width)
     for (i, (vocab, all)) in [
         (1usize, false),
         (8, false),
-        (1000, true),
+        (1000, false),
         (4099, false),
         (32_768, true),
     ]
@@ -163,7 +163,7 @@ fn every_variant_matches_the_reference_on_random_rows() {
         let s = seed + i as u64;
         let c = case(s, 7, vocab, DType::BF16, DType::F32, 1.0, 0.3, 0.05);
         check(ctx, &c, 1.0, 1.0, &format!("V {vocab} seed {s}"), all);
-        let c = case(s, 4, vocab, DType::F32, DType::BF16, 1e4, 1e-4, 0.05);
+        let c = case(s, 4, vocab, DType::BF16, DType::F32, 1e4, 1e-4, 0.05);
         check(
             ctx,
             &c,
