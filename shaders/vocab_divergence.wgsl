@@ -1,13 +1,14 @@
 // Exact vocabulary divergences, one workgroup per row (token slot), or, with params.slices > 1,
 // rows split across workgroups: per slice pass 1, pass 2 and pass 3 in three dispatches, their
-// partial states merged by fixed trees, and a combine step per row (see "split rows" below).
+// partial states merged by fixed trees, and a combine step per row (common/vocab_split.wgsl).
 // Composed as: common/prelude.wgsl (WG, MAX_WG, tree_half) + common/math.wgsl (sentinels,
 // w_of, expm1_acc, log1p_acc, log1p_minus_x) + common/unpack.wgsl (decoders, `Oct`) +
 // common/reduce_slots_wg.wgsl (the three workgroup trees) + the loaders of bindings 1 and 2
 // (`load_a` / `load_b`: one element; `load8_a` / `load8_b`: eight): in the WIDE variant
 // common/load_a_<rollout dtype>_wide.wgsl + common/load_b_<trainer dtype>_wide.wgsl (vec4<u32>
 // words), else common/load_a_<rollout dtype>.wgsl + common/load_b_<trainer dtype>.wgsl +
-// common/load8_narrow.wgsl + this file.
+// common/load8_narrow.wgsl; then the entry point: common/vocab_row_main.wgsl (whole rows) or
+// common/vocab_split.wgsl (split rows, with their `part` binding); then this file.
 //
 // Per row, with x = rollout logits, y = trainer logits, it = 1/temperature,
 // a = x·it, b = y·it, p = softmax(a), q = softmax(b), d = a − b:
@@ -57,7 +58,7 @@ const F_LEAN: u32 = 256u; // pass 2 took the lean loop
 const F_THIRD_PASS: u32 = 512u; // the row was read a third time (pass 3)
 const F_PASS1_FULL: u32 = 1024u; // pass 1 ran again with masks (see pass 1 in main)
 const F_ON_CHIP: u32 = 2048u; // the row was read once: every later loop ran on the copy kept on-chip
-const F_SPLIT: u32 = 4096u; // the row was cut into slices (see "split rows" below)
+const F_SPLIT: u32 = 4096u; // the row was cut into slices (common/vocab_split.wgsl)
 const F_MASKED_FIRST: u32 = 8192u; // pass 1 ran the masked loop from the start (GPUs)
 
 // Octets (eight elements of each row) a thread keeps on-chip: rows of V <= 8·WG·ONCHIP_OCTS
@@ -79,7 +80,7 @@ struct VocabDivergenceParams {
     has_responses: u32, // 1: row_info holds sampled ids (log-probs wanted)
     inv_temp: f32, // 1 / temperature
     one: f32, // always 1.0: two_sum's opaque one (common/two_sum.wgsl)
-    slices: u32, // slices per row: 1 one workgroup per row, else see "split rows" below
+    slices: u32, // slices per row: 1 one workgroup per row, else see common/vocab_split.wgsl
     slice_len: u32, // elements per slice (a multiple of 8) when slices > 1
     phase: u32, // which of the split kernel's four dispatches this is (1 .. 4)
     masked_first: u32, // 1: pass 1 runs the masked loop from the start (see `pass1`)
@@ -839,13 +840,6 @@ fn write_flags_only(ob: u32, t: u32, flags: u32) {
     }
 }
 
-// Thread 0's row of `red_sh`, slots 0 .. n − 1, into `part` from word `at` (any WG).
-fn put_part(at: u32, t: u32, n: u32) {
-    for (var k = t; k < n; k += WG) {
-        part[at + k] = red_sh[k * MAX_WG];
-    }
-}
-
 // Thread 0's pass-1 flags after the tree (`red_sh` slot 12) with the empty-side flags of the
 // merged states `gp` / `gq` added, published to the workgroup (reads `wg_active` after a
 // barrier: every thread has read it before thread 0 writes it again).
@@ -864,30 +858,17 @@ fn publish_p1_flags(t: u32, gp: Acc1, gq: Acc1) -> u32 {
     return workgroupUniformLoad(&wg_active);
 }
 
-// The masked pass 1 reading memory and keeping the octets on-chip (`masked_first` rows that
-// fit); their flags back.
-fn p1_masked_keep_loop(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, c: ptr<function, Chip>, at: RowAt, it: f32) -> u32 {
-    var fl = 0u;
-    var k = 0u;
-    for (var i = 8u * at.t; i < at.v; i += 8u * WG) {
-        let xo = load8_a(at.abase + i, at.last_a);
-        let yo = load8_b(at.bbase + i, at.last_b);
-        (*c).x[k] = xo;
-        (*c).y[k] = yo;
-        k += 1u;
-        fl |= p1_block(sp, sq, xo, yo, i, at.v, it);
-    }
-    return fl;
-}
-
 // Pass 1 over the thread's octets of `at` (a whole row or a slice), both states reduced by the
 // workgroup tree into thread 0's row of `red_sh` (slots 0 .. 11: p's state, q's; slot 12 the
 // flags). `masked_first` (GPUs): the masked loop from the start, so rows holding a −inf are
 // read once (flag F_MASKED_FIRST); else the plain loop first, which needs no per-element masks
 // (they cost llvmpipe a fifth of the kernel), and when the row's minima or maxima show a −inf,
 // NaN or +inf the masked loop again (flag F_PASS1_FULL: from the on-chip copy when `keep`, else
-// a second read). `keep`: the octets stay on-chip in `chip` (whole rows that fit).
-fn pass1(t: u32, c: ptr<function, Chip>, at: RowAt, it: f32, keep: bool, masked_first: bool) {
+// a second read). `keep`: the octets stay on-chip in `chip` (whole rows that fit); such rows
+// are read once either way, so they always take the plain loop first (no third copy of the
+// loop for the shader compiler).
+fn pass1(t: u32, c: ptr<function, Chip>, at: RowAt, it: f32, keep: bool, masked_first_in: bool) {
+    let masked_first = masked_first_in && !keep;
     var sp = acc1_empty();
     var sq = acc1_empty();
     var flags = F_MASKED_FIRST;
@@ -914,9 +895,7 @@ fn pass1(t: u32, c: ptr<function, Chip>, at: RowAt, it: f32, keep: bool, masked_
         sp = acc1_empty();
         sq = acc1_empty();
         var fl = 0u;
-        if (masked_first && keep) {
-            fl = p1_masked_keep_loop(&sp, &sq, c, at, it);
-        } else if (keep) {
+        if (keep) {
             fl = p1_masked_loop(&sp, &sq, c, at, it, true);
         } else {
             fl = p1_masked_loop(&sp, &sq, c, at, it, false);
@@ -1007,20 +986,6 @@ fn pass3(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, a: After2, chip: b
     red_sum_slots(t, 3u);
 }
 
-@compute @workgroup_size(WG)
-fn main(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
-) {
-    let flat = flat_workgroup(wid, nwg);
-    if (params.slices > 1u) {
-        split_row(flat, t);
-        return;
-    }
-    whole_row(flat, t);
-}
-
 // Whether the workgroup's row is valid (published to every thread); a masked row's results
 // are zeroed by threads 0 .. 7 when `write`.
 fn row_valid(t: u32, ob: u32, info: u32, write: bool) -> bool {
@@ -1062,11 +1027,9 @@ fn whole_row(row: u32, t: u32) {
     let onchip = v <= 8u * WG * ONCHIP_OCTS;
     let mf = params.masked_first != 0u;
     var chip: Chip;
-    if (onchip) {
-        pass1(t, &chip, at, it, true, mf);
-    } else {
-        pass1(t, &chip, at, it, false, mf);
-    }
+    // one call of each pass (their trees compiled once); only the loops inside branch on
+    // `onchip`
+    pass1(t, &chip, at, it, onchip, mf);
     let gp = acc1_load(0u, 0u);
     let gq = acc1_load(6u, 0u);
     var flags = publish_p1_flags(t, gp, gq);
@@ -1076,11 +1039,7 @@ fn whole_row(row: u32, t: u32) {
     }
     // ---- pass 2 ----
     let rc = row_consts(gp, gq, it);
-    if (onchip) {
-        pass2(t, &chip, at, rc, true);
-    } else {
-        pass2(t, &chip, at, rc, false);
-    }
+    pass2(t, &chip, at, rc, onchip);
     // every thread reads the reduced sums (the barrier ending the tree orders the reads)
     var a = after_p2(rc.dp, rc.dq, it, rc.lam0, rc.lean);
     if (t == 0u) {
@@ -1089,11 +1048,7 @@ fn whole_row(row: u32, t: u32) {
     let again = workgroupUniformLoad(&wg_active);
     if (again != 0u) {
         // ---- pass 3 (only rows that need it) ----
-        if (onchip) {
-            pass3(t, &chip, at, rc, a, true);
-        } else {
-            pass3(t, &chip, at, rc, a, false);
-        }
+        pass3(t, &chip, at, rc, a, onchip);
         after_p3(&a, rc.dp, rc.dq, it);
     }
     if (t != 0u) {
@@ -1102,133 +1057,4 @@ fn whole_row(row: u32, t: u32) {
     flags |= select(0u, F_LEAN, rc.lean) | select(0u, F_THIRD_PASS, again != 0u)
         | select(0u, F_ON_CHIP, onchip);
     write_results(ob, info, vec2<u32>(abase, bbase), flags, rc.dp, rc.dq, it, a);
-}
-
-// ---- split rows ----------------------------------------------------------------------
-// Rows cut into params.slices slices of params.slice_len elements (a multiple of 8; the last
-// slice may be shorter), one workgroup per (row, slice), in four dispatches of this pipeline
-// (params.phase), each slice's partial results in `part` (PART words per row and slice):
-//   1: pass 1 over the slice → its two states and its flags (words 0 .. 12);
-//   2: every workgroup of the row merges the row's states by the same fixed tree (so all derive
-//      the same bits of the row's constants), then pass 2 over its slice → 13 sums (13 .. 25);
-//   3: the same, then the row's pass-2 sums by a fixed tree → the exact λ and whether TV needs
-//      pass 3; where it does, pass 3 over the slice → 3 sums (26 .. 28);
-//   4: the combine step, one workgroup per row: the same trees (and pass 3's sums), then the
-//      row's results, exactly as a whole row's.
-// Every tree over slices is the workgroup tree with slice s in thread s (slices <= WG, threads
-// past the last slice holding empty states), so results are deterministic for a given slice
-// length and workgroup size; they differ in rounding from the whole-row kernel's.
-@group(0) @binding(5) var<storage, read_write> part: array<f32>;
-
-const PART: u32 = 32u;
-const PART_P2: u32 = 13u;
-const PART_P3: u32 = 26u;
-
-fn part_base(row: u32, s: u32) -> u32 {
-    return (row * params.slices + s) * PART;
-}
-
-// Slice `s` of `row` as the loops see a row.
-fn slice_at(t: u32, row: u32, s: u32) -> RowAt {
-    let v = params.vocab;
-    let lo = s * params.slice_len;
-    let n = min(params.slice_len, v - lo);
-    let abase = params.a_first + row * v + lo;
-    let bbase = params.b_first + row * v + lo;
-    return RowAt(t, n, abase, bbase, abase + n - 1u, bbase + n - 1u);
-}
-
-// The row's pass-1 states merged by the workgroup tree (thread 0's row of `red_sh`).
-fn gather_p1(row: u32, t: u32) {
-    workgroupBarrier();
-    if (t < params.slices) {
-        let b = part_base(row, t);
-        for (var k = 0u; k < 13u; k++) {
-            red_set(k, t, part[b + k]);
-        }
-    } else {
-        acc1_store(0u, t, acc1_empty());
-        acc1_store(6u, t, acc1_empty());
-        red_set(12u, t, 0.0);
-    }
-    red_merge_tree(t);
-}
-
-// The row's `k` sums at word `off` of every slice's record, summed by the workgroup tree.
-fn gather_sums(row: u32, t: u32, off: u32, k: u32) {
-    workgroupBarrier();
-    for (var j = 0u; j < k; j++) {
-        var x = 0.0;
-        if (t < params.slices) {
-            x = part[part_base(row, t) + off + j];
-        }
-        red_set(j, t, x);
-    }
-    red_sum_slots(t, k);
-}
-
-fn split_row(flat: u32, t: u32) {
-    let phase = params.phase;
-    var row = flat / params.slices;
-    var s = flat % params.slices;
-    if (phase == 4u) {
-        row = flat;
-        s = 0u;
-    }
-    if (row >= params.rows) {
-        return;
-    }
-    let ob = 8u * (params.info_first % 8u + row);
-    let info = row_info[params.info_first + row];
-    if (!row_valid(t, ob, info, phase == 4u)) {
-        return;
-    }
-    let it = params.inv_temp;
-    let at = slice_at(t, row, s);
-    var chip: Chip;
-    if (phase == 1u) {
-        pass1(t, &chip, at, it, false, params.masked_first != 0u);
-        put_part(part_base(row, s), t, 13u);
-        return;
-    }
-    gather_p1(row, t);
-    let gp = acc1_load(0u, 0u);
-    let gq = acc1_load(6u, 0u);
-    var flags = publish_p1_flags(t, gp, gq);
-    if ((flags & (F_A_BAD | F_B_BAD | F_A_EMPTY | F_B_EMPTY)) != 0u) {
-        if (phase == 4u) {
-            write_flags_only(ob, t, flags);
-        }
-        return;
-    }
-    let rc = row_consts(gp, gq, it);
-    if (phase == 2u) {
-        pass2(t, &chip, at, rc, false);
-        put_part(part_base(row, s) + PART_P2, t, 13u);
-        return;
-    }
-    gather_sums(row, t, PART_P2, 13u);
-    var a = after_p2(rc.dp, rc.dq, it, rc.lam0, rc.lean);
-    if (t == 0u) {
-        wg_active = select(0u, 1u, a.again);
-    }
-    let again = workgroupUniformLoad(&wg_active);
-    if (phase == 3u) {
-        if (again != 0u) {
-            pass3(t, &chip, at, rc, a, false);
-            put_part(part_base(row, s) + PART_P3, t, 3u);
-        }
-        return;
-    }
-    if (again != 0u) {
-        gather_sums(row, t, PART_P3, 3u);
-        after_p3(&a, rc.dp, rc.dq, it);
-    }
-    if (t != 0u) {
-        return;
-    }
-    flags |= F_SPLIT | select(0u, F_LEAN, rc.lean) | select(0u, F_THIRD_PASS, again != 0u);
-    let v = params.vocab;
-    let rbase = vec2<u32>(params.a_first + row * v, params.b_first + row * v);
-    write_results(ob, info, rbase, flags, rc.dp, rc.dq, it, a);
 }

@@ -71,6 +71,7 @@ impl Context {
             flavour: self.flavour(op),
             workgroup: self.workgroup_size(op),
             variant: false,
+            split: false,
         }
     }
 
@@ -118,6 +119,7 @@ impl Context {
             flavour: self.flavour_at(op, workgroup),
             workgroup,
             variant: serial,
+            split: false,
         }
     }
 
@@ -180,6 +182,7 @@ impl Context {
             flavour: self.flavour_at(op, workgroup),
             workgroup,
             variant: false,
+            split: false,
         })
     }
 
@@ -238,7 +241,11 @@ impl Context {
     pub fn warm_up(&self) -> Result<()> {
         let mut keys: Vec<KernelKey> = all_kernel_keys()
             .into_iter()
-            .filter(|k| k.flavour == self.flavour(k.op) && k.workgroup == self.workgroup_size(k.op))
+            .filter(|k| {
+                k.flavour == self.flavour(k.op)
+                    && k.workgroup == self.workgroup_size(k.op)
+                    && !k.split
+            })
             .collect();
         for &op in Op::ALL {
             for &dtype in op.spec().dtypes {

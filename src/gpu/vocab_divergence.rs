@@ -211,6 +211,7 @@ fn variant(
         flavour: Flavour::Workgroup,
         workgroup,
         variant: wide,
+        split: vv.slices(vocab) > 1,
     })
 }
 
