@@ -1,11 +1,14 @@
-// Exact vocabulary divergences, one workgroup per row (token slot).
+// Exact vocabulary divergences, one workgroup per row (token slot), or, with params.slices > 1,
+// rows split across workgroups: per slice pass 1, pass 2 and pass 3 in three dispatches, their
+// partial states merged by fixed trees, and a combine step per row (common/vocab_split.wgsl).
 // Composed as: common/prelude.wgsl (WG, MAX_WG, tree_half) + common/math.wgsl (sentinels,
 // w_of, expm1_acc, log1p_acc, log1p_minus_x) + common/unpack.wgsl (decoders, `Oct`) +
 // common/reduce_slots_wg.wgsl (the three workgroup trees) + the loaders of bindings 1 and 2
 // (`load_a` / `load_b`: one element; `load8_a` / `load8_b`: eight): in the WIDE variant
 // common/load_a_<rollout dtype>_wide.wgsl + common/load_b_<trainer dtype>_wide.wgsl (vec4<u32>
 // words), else common/load_a_<rollout dtype>.wgsl + common/load_b_<trainer dtype>.wgsl +
-// common/load8_narrow.wgsl + this file.
+// common/load8_narrow.wgsl; then the entry point: common/vocab_row_main.wgsl (whole rows) or
+// common/vocab_split.wgsl (split rows, with their `part` binding); then this file.
 //
 // Per row, with x = rollout logits, y = trainer logits, it = 1/temperature,
 // a = x·it, b = y·it, p = softmax(a), q = softmax(b), d = a − b:
@@ -25,6 +28,9 @@
 //   and moderate cross factors take a lean loop with the same sums (see `lean` below).
 // Pass 3 (only rows where the first-order correction is not provably negligible, i.e. much
 //   p-mass sits within |λ − λ0| of TV's kink): TV again with the exact λ.
+// Pass 1's order: on CPU adapters the plain loop (no per-element masks) and, for rows holding a
+//   −inf, NaN or +inf, the masked loop again; on GPUs (params.masked_first) the masked loop
+//   from the start, so such rows are read no more often than others.
 // Rows of at most 8·WG·ONCHIP_OCTS elements are read from memory once: each thread keeps its
 //   octets of both rows on-chip during pass 1 and the later passes run on that copy, in the
 //   same order (the same bits as reading the row again).
@@ -52,6 +58,8 @@ const F_LEAN: u32 = 256u; // pass 2 took the lean loop
 const F_THIRD_PASS: u32 = 512u; // the row was read a third time (pass 3)
 const F_PASS1_FULL: u32 = 1024u; // pass 1 ran again with masks (see pass 1 in main)
 const F_ON_CHIP: u32 = 2048u; // the row was read once: every later loop ran on the copy kept on-chip
+const F_SPLIT: u32 = 4096u; // the row was cut into slices (common/vocab_split.wgsl)
+const F_MASKED_FIRST: u32 = 8192u; // pass 1 ran the masked loop from the start (GPUs)
 
 // Octets (eight elements of each row) a thread keeps on-chip: rows of V <= 8·WG·ONCHIP_OCTS
 // elements are read from memory once, by the plain pass 1, and every later loop (the masked
@@ -72,6 +80,10 @@ struct VocabDivergenceParams {
     has_responses: u32, // 1: row_info holds sampled ids (log-probs wanted)
     inv_temp: f32, // 1 / temperature
     one: f32, // always 1.0: two_sum's opaque one (common/two_sum.wgsl)
+    slices: u32, // slices per row: 1 one workgroup per row, else see common/vocab_split.wgsl
+    slice_len: u32, // elements per slice (a multiple of 8) when slices > 1
+    phase: u32, // which of the split kernel's four dispatches this is (1 .. 4)
+    masked_first: u32, // 1: pass 1 runs the masked loop from the start (see `pass1`)
 }
 
 // true (the WIDE variant, whose loaders read vec4<u32> words): V is a multiple of 8 and every
@@ -721,156 +733,20 @@ fn p3_loop(st: ptr<function, vec3<f32>>, c: ptr<function, Chip>, at: RowAt, r: P
     }
 }
 
-@compute @workgroup_size(WG)
-fn main(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
-) {
-    let row = flat_workgroup(wid, nwg);
-    if (row >= params.rows) {
-        return;
-    }
-    let ob = 8u * (params.info_first % 8u + row);
-    let info = row_info[params.info_first + row];
-    if (t == 0u) {
-        wg_active = select(1u, 0u, info == ROW_MASKED);
-    }
-    let row_on = workgroupUniformLoad(&wg_active);
-    if (row_on == 0u) {
-        if (t < 8u) {
-            results[ob + t] = 0.0;
-        }
-        return;
-    }
-    let v = params.vocab;
-    let it = params.inv_temp;
-    let abase = params.a_first + row * v;
-    let bbase = params.b_first + row * v;
-    let last_a = abase + v - 1u;
-    let last_b = bbase + v - 1u;
+// What pass 2's reduced sums (thread 0's row of `red_sh` after `red_sum_slots(t, 13u)`) give:
+// both directions' KL parts, TV corrected to first order to the exact λ, and whether pass 3
+// must recompute TV (or the common-support masses). The same value in every thread.
+struct After2 {
+    rp: Kl,
+    rq: Kl,
+    tv: f32,
+    nq: NegLogIn,
+    np: NegLogIn,
+    lam: f32, // the exact λ (λ0 when pass 2 could not find it)
+    again: bool,
+}
 
-    // ---- pass 1 ----
-    // Eight elements per thread and step (i .. i + 7, i a multiple of 8: one or two 16-byte
-    // loads in the WIDE variant), each state rescaled once per four: software rasterizers run
-    // the rescale's branch, exponential included, for every element. First the plain loop,
-    // which assumes every logit of the row finite and so needs no per-element masks (they
-    // cost llvmpipe a fifth of the kernel); when the row's minima or maxima show a −inf, NaN
-    // or +inf, the masked loop reads the row again (flag F_PASS1_FULL). Each loop stands
-    // outside any branch inside it (llvmpipe runs both sides of every `if` inside a loop, but
-    // a loop none of whose invocations enters stops after one check).
-    let at = RowAt(t, v, abase, bbase, last_a, last_b);
-    // rows of at most 8·WG·ONCHIP_OCTS elements: each thread keeps its octets on-chip, and
-    // every later loop runs on that copy (one read of memory)
-    let onchip = v <= 8u * WG * ONCHIP_OCTS;
-    var chip: Chip;
-    var sp = acc1_empty();
-    var sq = acc1_empty();
-    var lo = vec2<f32>(BIG);
-    if (onchip) {
-        p1_plain_loop(&sp, &sq, &lo, &chip, at, it, true);
-    } else {
-        p1_plain_loop(&sp, &sq, &lo, &chip, at, it, false);
-    }
-    sp.mc = sp.m;
-    sq.mc = sq.m;
-    let plain_ok = !is_neg_inf(min(lo.x, lo.y)) && !is_bad(max(sp.m, sq.m));
-    acc1_store(0u, t, sp);
-    acc1_store(6u, t, sq);
-    red_set(12u, t, select(f32(F_PASS1_FULL), 0.0, plain_ok));
-    red_merge_tree(t);
-    if (t == 0u) {
-        wg_active = u32(red_sh[12u * MAX_WG]);
-    }
-    var flags = workgroupUniformLoad(&wg_active);
-    if (flags != 0u) {
-        sp = acc1_empty();
-        sq = acc1_empty();
-        var fl = 0u;
-        if (onchip) {
-            fl = p1_masked_loop(&sp, &sq, &chip, at, it, true);
-        } else {
-            fl = p1_masked_loop(&sp, &sq, &chip, at, it, false);
-        }
-        acc1_store(0u, t, sp);
-        acc1_store(6u, t, sq);
-        red_set(12u, t, f32(fl | F_PASS1_FULL));
-        red_merge_tree(t);
-    }
-    workgroupBarrier(); // every thread has read wg_active before thread 0 writes it again
-    let gp = acc1_load(0u, 0u);
-    let gq = acc1_load(6u, 0u);
-    if (t == 0u) {
-        var f = u32(red_sh[12u * MAX_WG]);
-        if (gp.m <= EMPTY_MAX) {
-            f |= F_A_EMPTY;
-        }
-        if (gq.m <= EMPTY_MAX) {
-            f |= F_B_EMPTY;
-        }
-        wg_active = f;
-    }
-    flags = workgroupUniformLoad(&wg_active);
-    if ((flags & (F_A_BAD | F_B_BAD | F_A_EMPTY | F_B_EMPTY)) != 0u) {
-        if (t < 7u) {
-            results[ob + t] = 0.0;
-        }
-        if (t == 7u) {
-            results[ob + 7u] = f32(flags);
-        }
-        return;
-    }
-    let dp = make_dir(gp);
-    let dq = make_dir(gq);
-    // λ0 = lse_b − lse_a + c (scaled), c of p's direction
-    // the cross factors of both directions (see `lean` below); λ0 is p's plus the log-normalisers
-    let kx = ((dq.m - dp.m) + dp.c) * it;
-    let ky = ((dp.m - dq.m) + dq.c) * it;
-    let lam0 = kx + dq.log_s - dp.log_s;
-
-    // ---- pass 2 ----
-    let tv_fast = abs(lam0) < T_EXT;
-    let row_c = P2Row(dp, dq, it, lam0, tv_fast, exp(-min(abs(lam0), T_EXT) * sign(lam0)), expm1_acc(-lam0), exp(clamp(kx, -LEAN_K, LEAN_K)), exp(clamp(ky, -LEAN_K, LEAN_K)));
-    var sums = P2Sums(Dir2(0.0, 0.0, 0.0, 0.0, 0.0), Dir2(0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0);
-    // The lean loop (row-uniform choice): when λ0 is small and both directions' cross factors
-    // k = log(w_x·e^{−u} / w_y) are moderate, p·e^{−u} = w_y·e^{k} needs no exponential of
-    // its own and nothing can overflow, so the elements with u < −T_EXT need no separate sums
-    // (they are folded into U and W exactly as `finish_dir` adds them back) and TV's
-    // expm1(v) comes from the same terms. Two exponentials and two branch-free series per
-    // element instead of seven and three; software rasterizers evaluate both sides of every
-    // `if` inside a loop, so the lean and the general loop are two loops.
-    let lean = abs(lam0) <= LEAN_LAMBDA && abs(kx) <= LEAN_K && abs(ky) <= LEAN_K;
-    if (onchip) {
-        if (lean) {
-            p2_loop(&sums, &chip, at, row_c, true, true);
-        } else {
-            p2_loop(&sums, &chip, at, row_c, false, true);
-        }
-    } else if (lean) {
-        p2_loop(&sums, &chip, at, row_c, true, false);
-    } else {
-        p2_loop(&sums, &chip, at, row_c, false, false);
-    }
-    let fp = sums.fp;
-    let fq = sums.fq;
-    let tv0 = sums.tv0;
-    let g = sums.g;
-    let near = sums.near;
-    red_sh[0u * MAX_WG + t] = fp.u;
-    red_sh[1u * MAX_WG + t] = fp.w;
-    red_sh[2u * MAX_WG + t] = fp.pe;
-    red_sh[3u * MAX_WG + t] = fp.ee;
-    red_sh[4u * MAX_WG + t] = fp.ue;
-    red_sh[5u * MAX_WG + t] = fq.u;
-    red_sh[6u * MAX_WG + t] = fq.w;
-    red_sh[7u * MAX_WG + t] = fq.pe;
-    red_sh[8u * MAX_WG + t] = fq.ee;
-    red_sh[9u * MAX_WG + t] = fq.ue;
-    red_sh[10u * MAX_WG + t] = tv0;
-    red_sh[11u * MAX_WG + t] = g;
-    red_sh[12u * MAX_WG + t] = near;
-    red_sum_slots(t, 13u);
-    // every thread reads the reduced sums (the barrier ending the loop orders the reads)
+fn after_p2(dp: Dir, dq: Dir, it: f32, lam0: f32, lean: bool) -> After2 {
     let rp = finish_dir(
         Dir2(red_sh[0u], red_sh[MAX_WG], red_sh[4u * MAX_WG], red_sh[2u * MAX_WG], red_sh[3u * MAX_WG]), dp, dq, it);
     let rq = finish_dir(
@@ -881,8 +757,8 @@ fn main(
     var tv = red_sh[10u * MAX_WG] * tv_unit;
     let gg = red_sh[11u * MAX_WG] * tv_unit;
     let near_mass = red_sh[12u * MAX_WG] * tv_unit;
-    var nq = neg_log_in(dq);
-    var np = neg_log_in(dp);
+    let nq = neg_log_in(dq);
+    let np = neg_log_in(dp);
     var lam = lam0;
     if (rp.ok) {
         lam = rp.lam + nq.v;
@@ -893,53 +769,49 @@ fn main(
     // recomputes the common-support masses when they underflowed in pass 1.
     let dl = lam - lam0;
     tv = tv - dl * gg;
-    if (t == 0u) {
-        let bound = 2.0 * abs(dl) * near_mass;
-        let again = (rp.ok && (abs(dl) > TAU_KINK || bound > 1.0e-4 * abs(tv) + 1.0e-10))
-            || !nq.ok || !np.ok;
-        wg_active = select(0u, 1u, again);
+    let bound = 2.0 * abs(dl) * near_mass;
+    let again = (rp.ok && (abs(dl) > TAU_KINK || bound > 1.0e-4 * abs(tv) + 1.0e-10))
+        || !nq.ok || !np.ok;
+    var r: After2;
+    r.rp = rp;
+    r.rq = rq;
+    r.tv = tv;
+    r.nq = nq;
+    r.np = np;
+    r.lam = lam;
+    r.again = again;
+    return r;
+}
+
+// Pass 3's reduced sums (thread 0's row after `red_sum_slots(t, 3u)`) into `a`.
+fn after_p3(a: ptr<function, After2>, dp: Dir, dq: Dir, it: f32) {
+    (*a).tv = red_sh[0];
+    if (!(*a).nq.ok) {
+        (*a).nq.v = dq.log_s - ((dq.mc - dq.m) * it + log(red_sh[MAX_WG]));
     }
-    let again = workgroupUniformLoad(&wg_active);
-    if (again != 0u) {
-        // ---- pass 3 (only rows that need it) ----
-        let r3 = P3Row(dp, dq, it, lam, !nq.ok, !np.ok);
-        var s3 = vec3<f32>(0.0);
-        if (onchip) {
-            p3_loop(&s3, &chip, at, r3, true);
-        } else {
-            p3_loop(&s3, &chip, at, r3, false);
-        }
-        red_sh[t] = s3.x;
-        red_sh[MAX_WG + t] = s3.y;
-        red_sh[2u * MAX_WG + t] = s3.z;
-        red_sum_slots(t, 3u);
-        tv = red_sh[0];
-        if (!nq.ok) {
-            nq.v = dq.log_s - ((dq.mc - dq.m) * it + log(red_sh[MAX_WG]));
-        }
-        if (!np.ok) {
-            np.v = dp.log_s - ((dp.mc - dp.m) * it + log(red_sh[2u * MAX_WG]));
-        }
+    if (!(*a).np.ok) {
+        (*a).np.v = dp.log_s - ((dp.mc - dp.m) * it + log(red_sh[2u * MAX_WG]));
     }
-    if (t != 0u) {
-        return;
-    }
+}
+
+// The row's eight results (thread 0): `rbase` the rows' first elements (rollout, trainer) for
+// the sampled-token log-probs, `flags_in` pass 1's flags plus how the row was read.
+fn write_results(ob: u32, info: u32, rbase: vec2<u32>, flags_in: u32, dp: Dir, dq: Dir, it: f32, a: After2) {
+    var flags = flags_in;
     var kl = 0.0;
     if ((flags & F_KL_INF) == 0u) {
-        kl = max(rp.kl + nq.v, 0.0);
+        kl = max(a.rp.kl + a.nq.v, 0.0);
     }
     var klr = 0.0;
     if ((flags & F_KLR_INF) == 0u) {
-        klr = max(rq.kl + np.v, 0.0);
+        klr = max(a.rq.kl + a.np.v, 0.0);
     }
-    tv = clamp(0.5 * (tv + dp.out_frac + dq.out_frac), 0.0, 1.0);
-
+    let tv = clamp(0.5 * (a.tv + dp.out_frac + dq.out_frac), 0.0, 1.0);
     var lp = 0.0;
     var lq = 0.0;
     if (params.has_responses != 0u) {
-        let yid = info;
-        let xa = load_a(abase + yid);
-        let xb = load_b(bbase + yid);
+        let xa = load_a(rbase.x + info);
+        let xb = load_b(rbase.y + info);
         if (is_neg_inf(xa)) {
             flags |= F_LP_NEGINF;
         } else {
@@ -951,15 +823,6 @@ fn main(
             lq = (xb - dq.m) * it - dq.log_s;
         }
     }
-    if (lean) {
-        flags |= F_LEAN;
-    }
-    if (again != 0u) {
-        flags |= F_THIRD_PASS;
-    }
-    if (onchip) {
-        flags |= F_ON_CHIP;
-    }
     results[ob + 0u] = kl;
     results[ob + 1u] = klr;
     results[ob + 2u] = tv;
@@ -968,4 +831,230 @@ fn main(
     results[ob + 5u] = lp;
     results[ob + 6u] = lq;
     results[ob + 7u] = f32(flags);
+}
+
+// A row whose pass 1 found a bad value or an empty side: zeros and the flags (any WG).
+fn write_flags_only(ob: u32, t: u32, flags: u32) {
+    for (var k = t; k < 8u; k += WG) {
+        results[ob + k] = select(0.0, f32(flags), k == 7u);
+    }
+}
+
+// Thread 0's pass-1 flags after the tree (`red_sh` slot 12) with the empty-side flags of the
+// merged states `gp` / `gq` added, published to the workgroup (reads `wg_active` after a
+// barrier: every thread has read it before thread 0 writes it again).
+fn publish_p1_flags(t: u32, gp: Acc1, gq: Acc1) -> u32 {
+    workgroupBarrier();
+    if (t == 0u) {
+        var f = u32(red_sh[12u * MAX_WG]);
+        if (gp.m <= EMPTY_MAX) {
+            f |= F_A_EMPTY;
+        }
+        if (gq.m <= EMPTY_MAX) {
+            f |= F_B_EMPTY;
+        }
+        wg_active = f;
+    }
+    return workgroupUniformLoad(&wg_active);
+}
+
+// Pass 1 over the thread's octets of `at` (a whole row or a slice), both states reduced by the
+// workgroup tree into thread 0's row of `red_sh` (slots 0 .. 11: p's state, q's; slot 12 the
+// flags). `masked_first` (GPUs): the masked loop from the start, so rows holding a −inf are
+// read once (flag F_MASKED_FIRST); else the plain loop first, which needs no per-element masks
+// (they cost llvmpipe a fifth of the kernel), and when the row's minima or maxima show a −inf,
+// NaN or +inf the masked loop again (flag F_PASS1_FULL: from the on-chip copy when `keep`, else
+// a second read). `keep`: the octets stay on-chip in `chip` (whole rows that fit); such rows
+// are read once either way, so they always take the plain loop first (no third copy of the
+// loop for the shader compiler).
+fn pass1(t: u32, c: ptr<function, Chip>, at: RowAt, it: f32, keep: bool, masked_first_in: bool) {
+    let masked_first = masked_first_in && !keep;
+    var sp = acc1_empty();
+    var sq = acc1_empty();
+    var flags = F_MASKED_FIRST;
+    if (!masked_first) {
+        var lo = vec2<f32>(BIG);
+        if (keep) {
+            p1_plain_loop(&sp, &sq, &lo, c, at, it, true);
+        } else {
+            p1_plain_loop(&sp, &sq, &lo, c, at, it, false);
+        }
+        sp.mc = sp.m;
+        sq.mc = sq.m;
+        let plain_ok = !is_neg_inf(min(lo.x, lo.y)) && !is_bad(max(sp.m, sq.m));
+        acc1_store(0u, t, sp);
+        acc1_store(6u, t, sq);
+        red_set(12u, t, select(f32(F_PASS1_FULL), 0.0, plain_ok));
+        red_merge_tree(t);
+        if (t == 0u) {
+            wg_active = u32(red_sh[12u * MAX_WG]);
+        }
+        flags = workgroupUniformLoad(&wg_active);
+    }
+    if (flags != 0u) {
+        sp = acc1_empty();
+        sq = acc1_empty();
+        var fl = 0u;
+        if (keep) {
+            fl = p1_masked_loop(&sp, &sq, c, at, it, true);
+        } else {
+            fl = p1_masked_loop(&sp, &sq, c, at, it, false);
+        }
+        acc1_store(0u, t, sp);
+        acc1_store(6u, t, sq);
+        red_set(12u, t, f32(fl | flags));
+        red_merge_tree(t);
+    }
+}
+
+// The row constants pass 1's merged states give: both directions, λ0 = lse_b − lse_a + c
+// (scaled, c of p's direction), pass 2's constants and whether it takes the lean loop.
+struct RowC {
+    dp: Dir,
+    dq: Dir,
+    lam0: f32,
+    lean: bool,
+    c: P2Row,
+}
+
+fn row_consts(gp: Acc1, gq: Acc1, it: f32) -> RowC {
+    let dp = make_dir(gp);
+    let dq = make_dir(gq);
+    // the cross factors of both directions (see `lean` below); λ0 is p's plus the log-normalisers
+    let kx = ((dq.m - dp.m) + dp.c) * it;
+    let ky = ((dp.m - dq.m) + dq.c) * it;
+    let lam0 = kx + dq.log_s - dp.log_s;
+    let tv_fast = abs(lam0) < T_EXT;
+    let c = P2Row(dp, dq, it, lam0, tv_fast, exp(-min(abs(lam0), T_EXT) * sign(lam0)), expm1_acc(-lam0), exp(clamp(kx, -LEAN_K, LEAN_K)), exp(clamp(ky, -LEAN_K, LEAN_K)));
+    // The lean loop (row-uniform choice): when λ0 is small and both directions' cross factors
+    // k = log(w_x·e^{−u} / w_y) are moderate, p·e^{−u} = w_y·e^{k} needs no exponential of
+    // its own and nothing can overflow, so the elements with u < −T_EXT need no separate sums
+    // (they are folded into U and W exactly as `finish_dir` adds them back) and TV's
+    // expm1(v) comes from the same terms. Two exponentials and two branch-free series per
+    // element instead of seven and three; software rasterizers evaluate both sides of every
+    // `if` inside a loop, so the lean and the general loop are two loops.
+    let lean = abs(lam0) <= LEAN_LAMBDA && abs(kx) <= LEAN_K && abs(ky) <= LEAN_K;
+    return RowC(dp, dq, lam0, lean, c);
+}
+
+// Pass 2 over the thread's octets of `at` (from the on-chip copy when `chip`), the 13 sums
+// reduced into thread 0's row of `red_sh`.
+fn pass2(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, chip: bool) {
+    var sums = P2Sums(Dir2(0.0, 0.0, 0.0, 0.0, 0.0), Dir2(0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0);
+    if (chip) {
+        if (rc.lean) {
+            p2_loop(&sums, c, at, rc.c, true, true);
+        } else {
+            p2_loop(&sums, c, at, rc.c, false, true);
+        }
+    } else if (rc.lean) {
+        p2_loop(&sums, c, at, rc.c, true, false);
+    } else {
+        p2_loop(&sums, c, at, rc.c, false, false);
+    }
+    let fp = sums.fp;
+    let fq = sums.fq;
+    red_sh[0u * MAX_WG + t] = fp.u;
+    red_sh[1u * MAX_WG + t] = fp.w;
+    red_sh[2u * MAX_WG + t] = fp.pe;
+    red_sh[3u * MAX_WG + t] = fp.ee;
+    red_sh[4u * MAX_WG + t] = fp.ue;
+    red_sh[5u * MAX_WG + t] = fq.u;
+    red_sh[6u * MAX_WG + t] = fq.w;
+    red_sh[7u * MAX_WG + t] = fq.pe;
+    red_sh[8u * MAX_WG + t] = fq.ee;
+    red_sh[9u * MAX_WG + t] = fq.ue;
+    red_sh[10u * MAX_WG + t] = sums.tv0;
+    red_sh[11u * MAX_WG + t] = sums.g;
+    red_sh[12u * MAX_WG + t] = sums.near;
+    red_sum_slots(t, 13u);
+}
+
+// Pass 3 over the thread's octets of `at` with the exact λ, its 3 sums reduced into thread 0's
+// row of `red_sh` (called after a barrier that follows every read of `after_p2`'s slots).
+fn pass3(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, a: After2, chip: bool) {
+    let r3 = P3Row(rc.dp, rc.dq, rc.c.it, a.lam, !a.nq.ok, !a.np.ok);
+    var s3 = vec3<f32>(0.0);
+    if (chip) {
+        p3_loop(&s3, c, at, r3, true);
+    } else {
+        p3_loop(&s3, c, at, r3, false);
+    }
+    red_sh[t] = s3.x;
+    red_sh[MAX_WG + t] = s3.y;
+    red_sh[2u * MAX_WG + t] = s3.z;
+    red_sum_slots(t, 3u);
+}
+
+// Whether the workgroup's row is valid (published to every thread); a masked row's results
+// are zeroed by threads 0 .. 7 when `write`.
+fn row_valid(t: u32, ob: u32, info: u32, write: bool) -> bool {
+    if (t == 0u) {
+        wg_active = select(1u, 0u, info == ROW_MASKED);
+    }
+    let row_on = workgroupUniformLoad(&wg_active);
+    if (row_on == 0u && write) {
+        for (var k = t; k < 8u; k += WG) {
+            results[ob + k] = 0.0;
+        }
+    }
+    return row_on != 0u;
+}
+
+// One workgroup per row (params.slices = 1).
+fn whole_row(row: u32, t: u32) {
+    if (row >= params.rows) {
+        return;
+    }
+    let ob = 8u * (params.info_first % 8u + row);
+    let info = row_info[params.info_first + row];
+    if (!row_valid(t, ob, info, true)) {
+        return;
+    }
+    let v = params.vocab;
+    let it = params.inv_temp;
+    let abase = params.a_first + row * v;
+    let bbase = params.b_first + row * v;
+    // ---- pass 1 ----
+    // Eight elements per thread and step (i .. i + 7, i a multiple of 8: one or two 16-byte
+    // loads in the WIDE variant), each state rescaled once per four: software rasterizers run
+    // the rescale's branch, exponential included, for every element. Each loop stands outside
+    // any branch inside it (llvmpipe runs both sides of every `if` inside a loop, but a loop
+    // none of whose invocations enters stops after one check).
+    let at = RowAt(t, v, abase, bbase, abase + v - 1u, bbase + v - 1u);
+    // rows of at most 8·WG·ONCHIP_OCTS elements: each thread keeps its octets on-chip, and
+    // every later loop runs on that copy (one read of memory)
+    let onchip = v <= 8u * WG * ONCHIP_OCTS;
+    let mf = params.masked_first != 0u;
+    var chip: Chip;
+    // one call of each pass (their trees compiled once); only the loops inside branch on
+    // `onchip`
+    pass1(t, &chip, at, it, onchip, mf);
+    let gp = acc1_load(0u, 0u);
+    let gq = acc1_load(6u, 0u);
+    var flags = publish_p1_flags(t, gp, gq);
+    if ((flags & (F_A_BAD | F_B_BAD | F_A_EMPTY | F_B_EMPTY)) != 0u) {
+        write_flags_only(ob, t, flags);
+        return;
+    }
+    // ---- pass 2 ----
+    let rc = row_consts(gp, gq, it);
+    pass2(t, &chip, at, rc, onchip);
+    // every thread reads the reduced sums (the barrier ending the tree orders the reads)
+    var a = after_p2(rc.dp, rc.dq, it, rc.lam0, rc.lean);
+    if (t == 0u) {
+        wg_active = select(0u, 1u, a.again);
+    }
+    let again = workgroupUniformLoad(&wg_active);
+    if (again != 0u) {
+        // ---- pass 3 (only rows that need it) ----
+        pass3(t, &chip, at, rc, a, onchip);
+        after_p3(&a, rc.dp, rc.dq, it);
+    }
+    if (t != 0u) {
+        return;
+    }
+    flags |= select(0u, F_LEAN, rc.lean) | select(0u, F_THIRD_PASS, again != 0u)
+        | select(0u, F_ON_CHIP, onchip);
+    write_results(ob, info, vec2<u32>(abase, bbase), flags, rc.dp, rc.dq, it, a);
 }

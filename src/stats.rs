@@ -294,8 +294,13 @@ pub struct VocabPasses {
     /// Rows read from memory once: every pass after the first ran on the copy each thread
     /// kept on-chip.
     pub on_chip_rows: u64,
+    /// Rows cut into slices, several workgroups each, merged by the combine step.
+    pub split_rows: u64,
+    /// Rows whose pass 1 ran the masked loop from the start (no second read for a −∞).
+    pub masked_first_rows: u64,
     /// Reads of rows from memory, summed over the rows: 1 for a row kept on-chip, else 2 plus
-    /// one for a masked pass 1 and one for a pass 3.
+    /// one for a masked pass 1 run again (for a split row: in any of its slices) and one for
+    /// a pass 3.
     pub row_reads: u64,
 }
 

@@ -747,10 +747,37 @@ pub fn run(gpu: &GpuEngine, cpu: &dyn Engine, opts: &Options) -> anyhow::Result<
         ),
         None => println!("no variant ran"),
     }
-    println!("\n## Tuner\n\ntuner: not available (no autotuner on this build). The engine's own choice per cell (the `default` rows above):\n");
+    println!(
+        "\n## Tuner\n\nPer ladder cell: every configuration `Context::vocab_variants` lists \
+         (threads per workgroup, slice length, pass 1's order), timed by `Context::tune_vocab` \
+         on up to 256 device-resident rows of the cell's shape, the tuner's pick, and the engine's \
+         own kernel (the `default` rows above):\n"
+    );
     for c in cells.iter().filter(|c| c.skipped.is_none()) {
-        if let Some(v) = c.variants.first() {
-            println!("- {} V={} × {}: {}", dname(c.dtype), c.vocab, c.rows, v.ran);
+        let default = c
+            .variants
+            .first()
+            .map_or("-".to_string(), |v| v.ran.clone());
+        let name = format!("{} V={} × {}", dname(c.dtype), c.vocab, c.rows);
+        match ctx.tune_vocab((c.dtype, c.dtype), c.rows as u64, c.vocab as u64) {
+            Ok(t) => {
+                let each: Vec<String> = t
+                    .timings
+                    .iter()
+                    .map(|(v, s)| format!("{} {:.3} ms", v.label(), s * 1e3))
+                    .collect();
+                let clock = if t.device_timed {
+                    "device time"
+                } else {
+                    "wall clock"
+                };
+                println!(
+                    "- {name}: picks {} ({clock}: {}); engine default {default}",
+                    t.choice.label(),
+                    each.join(", ")
+                );
+            }
+            Err(e) => println!("- {name}: tuner failed: {e}"),
         }
     }
     let skipped = cells.iter().filter(|c| c.skipped.is_some()).count();

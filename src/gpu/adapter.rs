@@ -41,6 +41,10 @@ pub struct ContextOptions {
     /// one row at least, within the binding limit): `None` for 64 MiB; smaller values split
     /// work into many chunks (tests, benchmarks).
     pub host_chunk_bytes: Option<u64>,
+    /// The vocabulary kernel's configuration, pinned (rounding differs between
+    /// configurations); `None`: `TRMASK_VOCAB_KERNEL` if set, else the default
+    /// ([`super::Context::vocab_variant`]).
+    pub vocab_kernel: Option<super::vocab_variant::VocabVariant>,
 }
 
 pub(super) fn capabilities_of(

@@ -53,6 +53,9 @@ pub struct Context {
     pub(super) caps: Capabilities,
     pub(super) workgroup_size: Option<u32>,
     pub(super) flavour: Option<Flavour>,
+    pub(super) vocab_pin: Option<super::vocab_variant::VocabVariant>,
+    pub(super) vocab_tuned:
+        Mutex<std::collections::HashMap<String, super::vocab_variant::VocabVariant>>,
     pub(super) pipelines: PipelineCache,
     pool: BufferPool,
     uncaptured: Uncaptured,
@@ -144,6 +147,8 @@ impl Context {
             caps,
             workgroup_size: options.workgroup_size,
             flavour: options.flavour,
+            vocab_pin: options.vocab_kernel,
+            vocab_tuned: Mutex::default(),
             pipelines: PipelineCache::default(),
             uncaptured,
             last_device_ns: AtomicU64::new(NOT_TIMED),
@@ -287,14 +292,6 @@ impl Context {
         })
     }
 
-    /// A reusable storage buffer of `bytes` bytes for streaming host data to kernels with
-    /// [`Context::write_slot`]: mapped for writing where the adapter shares the host's memory
-    /// ([`Capabilities::mapped_uploads`]), a plain storage buffer elsewhere.
-    pub fn upload_slot(&self, bytes: u64) -> Result<GpuBuffer> {
-        let kind = BufferKind::upload(self.caps.mapped_uploads);
-        self.scoped(|| self.pool.get(&self.device, kind, bytes.div_ceil(4) * 4))
-    }
-
     /// Writes `parts` (any lengths, total a multiple of 4) back to back from byte 0 of an
     /// [`Context::upload_slot`] before the next submission: in place once the GPU is done with
     /// a mapped slot (the only copy of the bytes), else straight into one staging allocation of
@@ -321,20 +318,6 @@ impl Context {
             fill(view.slice(..), parts);
             Ok(())
         })
-    }
-
-    /// The persistent staging buffer of an [`Context::upload_slot`] of `bytes` bytes for
-    /// [`Context::stage`] (mapped for writing, copied into the slot by the submission): `None`
-    /// where slots are mapped themselves ([`Capabilities::mapped_uploads`]).
-    pub fn upload_staging(&self, bytes: u64) -> Result<Option<GpuBuffer>> {
-        if self.caps.mapped_uploads {
-            return Ok(None);
-        }
-        self.scoped(|| {
-            let kind = BufferKind::UploadStaging;
-            self.pool.get(&self.device, kind, bytes.div_ceil(4) * 4)
-        })
-        .map(Some)
     }
 
     /// Writes `parts` (total a multiple of 4) for `slot` with the current rayon pool's threads:

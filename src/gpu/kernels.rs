@@ -7,6 +7,7 @@ use super::context::Context;
 use super::pipeline::{
     all_kernel_keys, Flavour, Kernel, KernelKey, Op, SERIAL_MEAN, SERIAL_OVERRIDE, SERIAL_WORKGROUP,
 };
+use super::vocab_variant::{VocabVariant, FILL_WORKGROUPS, SLICE_LENGTHS, VOCAB_KERNEL_ENV};
 use crate::error::Result;
 use crate::logits::DType;
 use std::sync::Arc;
@@ -70,6 +71,7 @@ impl Context {
             flavour: self.flavour(op),
             workgroup: self.workgroup_size(op),
             variant: false,
+            split: false,
         }
     }
 
@@ -117,6 +119,7 @@ impl Context {
             flavour: self.flavour_at(op, workgroup),
             workgroup,
             variant: serial,
+            split: false,
         }
     }
 
@@ -179,6 +182,7 @@ impl Context {
             flavour: self.flavour_at(op, workgroup),
             workgroup,
             variant: false,
+            split: false,
         })
     }
 
@@ -237,7 +241,11 @@ impl Context {
     pub fn warm_up(&self) -> Result<()> {
         let mut keys: Vec<KernelKey> = all_kernel_keys()
             .into_iter()
-            .filter(|k| k.flavour == self.flavour(k.op) && k.workgroup == self.workgroup_size(k.op))
+            .filter(|k| {
+                k.flavour == self.flavour(k.op)
+                    && k.workgroup == self.workgroup_size(k.op)
+                    && !k.split
+            })
             .collect();
         for &op in Op::ALL {
             for &dtype in op.spec().dtypes {
@@ -245,6 +253,90 @@ impl Context {
             }
         }
         self.build_kernels(&keys)
+    }
+}
+
+impl Context {
+    /// The configuration of the vocabulary kernel for `rows` rows of `vocab` elements of dtypes
+    /// `dtypes` (rollout, trainer): the pinned one ([`super::ContextOptions::vocab_kernel`],
+    /// else [`VOCAB_KERNEL_ENV`]; an error naming it when it does not parse), else on GPUs the
+    /// tuner's choice (`vocab_tuner.rs`: timed once per adapter, driver, dtypes and size
+    /// buckets, cached on disk), else [`Self::vocab_default`].
+    pub fn vocab_variant(
+        &self,
+        dtypes: (DType, DType),
+        rows: u64,
+        vocab: u64,
+    ) -> Result<VocabVariant> {
+        if let Some(v) = self.vocab_pin {
+            v.check()?;
+            return Ok(v);
+        }
+        if let Ok(text) = std::env::var(VOCAB_KERNEL_ENV) {
+            return VocabVariant::parse(&text, VOCAB_KERNEL_ENV);
+        }
+        if let Some(v) = self.tuned_vocab(dtypes, rows, vocab) {
+            return Ok(v);
+        }
+        Ok(self.vocab_default(dtypes.1, rows, vocab))
+    }
+
+    /// The default configuration: [`Self::vocab_workgroup_size`] threads per workgroup; on CPU
+    /// adapters (lavapipe) whole rows and the plain pass 1 first (masks cost llvmpipe a
+    /// fifth); on GPUs the masked pass 1 from the start, and rows cut into slices when fewer
+    /// than [`FILL_WORKGROUPS`] rows would leave the GPU idle (at most one slice per thread,
+    /// none shorter than the smallest of [`SLICE_LENGTHS`]).
+    pub fn vocab_default(&self, train: DType, rows: u64, vocab: u64) -> VocabVariant {
+        let workgroup = self.vocab_workgroup_size(train, vocab);
+        let cpu = self.caps.is_cpu();
+        let mut slice = 0;
+        if !cpu && rows < FILL_WORKGROUPS {
+            let want = FILL_WORKGROUPS.div_ceil(rows.max(1));
+            let most = (vocab / u64::from(SLICE_LENGTHS[0])).min(u64::from(workgroup));
+            let s = want.min(most);
+            if s >= 2 {
+                slice = (vocab.div_ceil(s).div_ceil(8) * 8) as u32;
+            }
+        }
+        VocabVariant {
+            workgroup,
+            slice,
+            masked_first: !cpu,
+        }
+    }
+
+    /// Every configuration a tuner may pick on rows of `vocab` elements (`train` the trainer
+    /// logits' dtype), the default first: workgroups of 64, 128 and 256 threads (only the
+    /// size set in [`super::ContextOptions::workgroup_size`] when one is, and within the
+    /// device's limits), each with whole rows and with each of [`SLICE_LENGTHS`] that cuts the
+    /// row into 2 ..= workgroup slices; pass 1 masked first on GPUs, plain first on CPU
+    /// adapters. The gpu_bench suite times each with [`super::vocab_divergence_with`].
+    pub fn vocab_variants(&self, train: DType, rows: u64, vocab: u64) -> Vec<VocabVariant> {
+        let first = self.vocab_default(train, rows, vocab);
+        let cap = self.workgroup_size(Op::VocabDivergence(train));
+        let sizes: Vec<u32> = match self.workgroup_size {
+            Some(_) => vec![cap],
+            None => [64, 128, 256].into_iter().filter(|&w| w <= cap).collect(),
+        };
+        let mut out = vec![first];
+        for workgroup in sizes {
+            let whole = VocabVariant {
+                workgroup,
+                slice: 0,
+                masked_first: first.masked_first,
+            };
+            let cuts = SLICE_LENGTHS
+                .iter()
+                .map(|&slice| VocabVariant { slice, ..whole });
+            for v in std::iter::once(whole).chain(cuts) {
+                let n = v.slices(vocab);
+                let fits = v.slice == 0 || (n >= 2 && v.slice_len(vocab) == v.slice);
+                if fits && !out.contains(&v) {
+                    out.push(v);
+                }
+            }
+        }
+        out
     }
 }
 

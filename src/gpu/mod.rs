@@ -45,6 +45,8 @@ mod slots;
 mod token_stats;
 mod topk_divergence;
 mod vocab_divergence;
+mod vocab_tuner;
+mod vocab_variant;
 mod wgsl;
 
 pub use crate::stats::VocabPasses;
@@ -54,6 +56,9 @@ pub use context::Submission;
 pub use context::{list_adapters, Context, ContextOptions};
 #[doc(hidden)]
 pub use pass::{Bind, Pass};
+pub use vocab_divergence::vocab_divergence_with;
+pub use vocab_tuner::{VocabTuning, TUNE_CACHE_ENV};
+pub use vocab_variant::{VocabVariant, SLICE_LENGTHS, VOCAB_KERNEL_ENV};
 
 use crate::batch::{Batch, Segments};
 use crate::engine::Engine;

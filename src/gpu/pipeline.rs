@@ -18,7 +18,7 @@ use std::sync::{Arc, RwLock};
 
 use super::wgsl::{
     load_a, load_a_wide, load_b, load_b_wide, LOAD8_NARROW, MASKS, SEGMENT_REDUCE, TOKEN_STATS,
-    TOPK_DIVERGENCE, VOCAB_DIVERGENCE,
+    TOPK_DIVERGENCE, VOCAB_DIVERGENCE, VOCAB_ROW_MAIN, VOCAB_SPLIT,
 };
 pub use super::wgsl::{
     MATH, PRELUDE, REDUCE_ACC_WG, REDUCE_SG, REDUCE_SLOTS_WG, REDUCE_WG, SEGMENTS, TWO_SUM, UNPACK,
@@ -110,14 +110,16 @@ pub struct KernelKey {
     /// `vec4<u32>` load), `SERIAL` for segment reductions and masks (one thread per sequence);
     /// false for ops without one.
     pub variant: bool,
+    /// The vocabulary kernel's split rows (`common/vocab_split.wgsl`); false elsewhere.
+    pub split: bool,
 }
 
 impl KernelKey {
     /// A short label such as `token_stats/F32/Workgroup/wg256` (`…/wide`, `…/serial` for the
-    /// second variant).
+    /// second variant, `…/split` for the vocabulary kernel's split variant).
     pub fn label(&self) -> String {
         format!(
-            "{}/{}/{:?}/wg{}{}",
+            "{}/{}/{:?}/wg{}{}{}",
             self.op.spec().name,
             self.dtype.name(),
             self.flavour,
@@ -125,7 +127,8 @@ impl KernelKey {
             match (self.variant, self.op.spec().variant) {
                 (true, Some(name)) => format!("/{}", name.to_lowercase()),
                 _ => String::new(),
-            }
+            },
+            if self.split { "/split" } else { "" }
         )
     }
 }
@@ -247,6 +250,7 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
             Op::VocabDivergence(d) => d,
             _ => DType::F32,
         };
+        let main = if k.split { VOCAB_SPLIT } else { VOCAB_ROW_MAIN };
         match k.variant {
             true => vec![
                 TWO_SUM,
@@ -254,6 +258,7 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
                 REDUCE_SLOTS_WG,
                 load_a_wide(k.dtype),
                 load_b_wide(train),
+                main,
             ],
             false => vec![
                 TWO_SUM,
@@ -262,11 +267,12 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
                 load_a(k.dtype),
                 load_b(train),
                 LOAD8_NARROW,
+                main,
             ],
         }
     },
     params_struct: "VocabDivergenceParams",
-    params_size: 32,
+    params_size: 48,
     bindings: &[
         RO4,
         RO4,
@@ -274,6 +280,7 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
         BindingKind::ReadWrite {
             min_bytes: VOCAB_RESULTS_PER_ROW * 4,
         },
+        RW4,
     ],
     dtypes: &[DType::F32, DType::F16, DType::BF16],
     flavours: &[Flavour::Workgroup],
@@ -286,6 +293,7 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
         BindingKind::ReadWrite {
             min_bytes: VOCAB_RESULTS_PER_ROW * 4,
         },
+        RW4,
     ]),
 };
 
@@ -320,7 +328,7 @@ pub const SERIAL_WORKGROUP: u32 = 64;
 pub const WORKGROUP_SIZES: &[u32] = &[64, 192, 256];
 
 /// Every kernel variant the cache can build (op × dtype × flavour × workgroup size × the
-/// second variant where the op has one).
+/// second variant where the op has one × the vocabulary kernel's whole or split rows).
 pub fn all_kernel_keys() -> Vec<KernelKey> {
     let mut keys = Vec::new();
     for &op in Op::ALL {
@@ -328,22 +336,23 @@ pub fn all_kernel_keys() -> Vec<KernelKey> {
         for &dtype in spec.dtypes {
             for &flavour in spec.flavours {
                 for &workgroup in WORKGROUP_SIZES {
-                    for variant in [false, true] {
-                        if variant && spec.variant.is_none() {
-                            continue;
-                        }
+                    let splits = [false, matches!(op, Op::VocabDivergence(_))];
+                    let pairs = [false, spec.variant.is_some()].map(|v| splits.map(|s| (v, s)));
+                    for (variant, split) in pairs.into_iter().flatten() {
                         keys.push(KernelKey {
                             op,
                             dtype,
                             flavour,
                             workgroup,
                             variant,
+                            split,
                         });
                     }
                 }
             }
         }
     }
+    keys.dedup(); // ops without a second variant or split rows repeat (false, false)
     keys
 }
 
@@ -598,6 +607,7 @@ pub(crate) fn assert_params_layout(op: Op, rust_size: usize, fields: &[(&str, us
         flavour: Flavour::Workgroup,
         workgroup: 64,
         variant: false,
+        split: false,
     };
     let module = naga::front::wgsl::parse_str(&shader_source(&key)).unwrap();
     let (members, span) = module

@@ -6,8 +6,41 @@
 //! instead of overlapping it; submitting from a helper thread measured no faster on two cores,
 //! see BENCHMARKS.md.)
 
+use super::buffers::{BufferKind, GpuBuffer};
 use super::context::{Context, Submission};
 use crate::error::Result;
+
+/// The pool's buffers for streaming host data and kernel intermediates.
+impl Context {
+    /// A reusable storage buffer of `bytes` bytes for streaming host data to kernels with
+    /// [`Context::write_slot`]: mapped for writing where the adapter shares the host's memory
+    /// ([`super::Capabilities::mapped_uploads`]), a plain storage buffer elsewhere.
+    pub fn upload_slot(&self, bytes: u64) -> Result<GpuBuffer> {
+        let kind = BufferKind::upload(self.caps.mapped_uploads);
+        self.scoped(|| self.pool().get(self.device(), kind, bytes.div_ceil(4) * 4))
+    }
+
+    /// The persistent staging buffer of an [`Context::upload_slot`] of `bytes` bytes for
+    /// [`Context::stage`] (mapped for writing, copied into the slot by the submission): `None`
+    /// where slots are mapped themselves ([`super::Capabilities::mapped_uploads`]).
+    pub fn upload_staging(&self, bytes: u64) -> Result<Option<GpuBuffer>> {
+        if self.caps.mapped_uploads {
+            return Ok(None);
+        }
+        self.scoped(|| {
+            let kind = BufferKind::UploadStaging;
+            self.pool().get(self.device(), kind, bytes.div_ceil(4) * 4)
+        })
+        .map(Some)
+    }
+
+    /// A device-local storage buffer of `bytes` bytes for a kernel's intermediate results
+    /// (never read back; its contents are undefined until a kernel writes them).
+    pub fn scratch(&self, bytes: u64) -> Result<GpuBuffer> {
+        let n = bytes.max(4).div_ceil(4) * 4;
+        self.scoped(|| self.pool().get(self.device(), BufferKind::Storage, n))
+    }
+}
 
 /// Upload slots per tensor: three, so that while the device computes chunk k the host can
 /// already have chunk k + 1 queued and be writing chunk k + 2 (with two, writing k + 2 waits

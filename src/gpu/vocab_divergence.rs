@@ -1,7 +1,9 @@
 //! Exact vocabulary divergences on the GPU (`shaders/vocab_divergence.wgsl`); mirrors
 //! `cpu/vocab_divergence.rs` (same decomposition, f32 on the device, see the shader's header).
 //!
-//! One workgroup per row. Logits travel as their raw bytes (u32 words, 16-bit types packed two
+//! One workgroup per row, or rows cut into slices, one workgroup per slice, in four dispatches
+//! whose last (the combine step) merges the slices' partial states in a fixed order
+//! ([`VocabVariant`], chosen by [`Context::vocab_variant`]). Logits travel as their raw bytes (u32 words, 16-bit types packed two
 //! per word, odd byte counts padded), never widened on the host. Rows are split into chunks
 //! whose bindings fit the device limit ([`plan_host`], `plan`); each binding is a window of its
 //! buffer starting at a 256-byte aligned offset, and [`VocabDivergenceParams`] tells the kernel
@@ -18,11 +20,13 @@
 //! chunks in one [`Context::run`].
 
 use super::buffers::GpuBuffer;
+use super::capabilities::check_loops;
 use super::chunking::{dispatch_grid, plan_rows, window, ChunkLimits, OFFSET_ALIGN};
 use super::context::{result_words, Context};
 use super::pass::{Bind, Pass};
-use super::pipeline::{KernelKey, Op, VOCAB_RESULTS_PER_ROW};
+use super::pipeline::{Flavour, KernelKey, Op, MAX_WORKGROUP, VOCAB_RESULTS_PER_ROW};
 use super::slots::{SlotRing, VOCAB_UPLOAD_SLOTS};
+use super::vocab_variant::VocabVariant;
 use crate::cpu::{check_vocab_inputs, first_bad_logit};
 use crate::error::{Error, Result};
 use crate::logits::{DType, Logits};
@@ -55,6 +59,14 @@ pub struct VocabDivergenceParams {
     pub inv_temp: f32,
     /// Always 1.0: the opaque one of the compensated pass-1 sums (`two_sum`).
     pub one: f32,
+    /// Slices per row: 1 (one workgroup per row) or more (split rows, see the shader).
+    pub slices: u32,
+    /// Elements per slice when `slices > 1` (a multiple of 8).
+    pub slice_len: u32,
+    /// Which of the split kernel's four dispatches this is (1 ..= 4; 0 for whole rows).
+    pub phase: u32,
+    /// 1: pass 1 runs its masked loop from the start.
+    pub masked_first: u32,
 }
 
 /// Whether a chunk's rows can be read eight elements at a time as `vec4<u32>` words (the
@@ -90,6 +102,11 @@ const F_LEAN: u32 = 256;
 const F_THIRD_PASS: u32 = 512;
 const F_PASS1_FULL: u32 = 1024;
 const F_ON_CHIP: u32 = 2048;
+const F_SPLIT: u32 = 4096;
+const F_MASKED_FIRST: u32 = 8192;
+
+/// f32 words of `part` per row and slice of the split kernel (`PART` in the shader).
+pub const PART_WORDS: u64 = 32;
 
 /// Octets (eight elements of each row) a thread of the kernel keeps on-chip
 /// (`ONCHIP_OCTS` in the shader): rows of at most `8 · workgroup · ONCHIP_OCTS` elements are
@@ -107,12 +124,14 @@ fn ceil4(x: u64) -> u64 {
 }
 
 /// Chunks of host rows: `plan` with every logits chunk at most `chunk_bytes` per tensor
-/// ([`Context::host_chunk_bytes`]; one row, if a row is larger). Per-row results do not depend
-/// on the chunking.
+/// ([`Context::host_chunk_bytes`]; one row, if a row is larger), for rows cut into `slices`
+/// slices (the split kernel's `part` binding holds [`PART_WORDS`] words per row and slice).
+/// Per-row results do not depend on the chunking.
 pub fn plan_host(
     rows: usize,
     vocab: usize,
     (da, db): (DType, DType),
+    slices: u32,
     limits: &ChunkLimits,
     chunk_bytes: u64,
 ) -> Result<Vec<std::ops::Range<usize>>> {
@@ -124,7 +143,7 @@ pub fn plan_host(
         max_binding_bytes: limits.max_binding_bytes.min(cap),
         ..*limits
     };
-    plan(rows, vocab, da, db, &host)
+    plan(rows, vocab, (da, db), slices, &host)
 }
 
 /// Chunks of rows whose every binding (logits windows, row_info, results) fits the limit
@@ -132,14 +151,15 @@ pub fn plan_host(
 fn plan(
     rows: usize,
     vocab: usize,
-    da: DType,
-    db: DType,
+    (da, db): (DType, DType),
+    slices: u32,
     limits: &ChunkLimits,
 ) -> Result<Vec<std::ops::Range<usize>>> {
     let row_bytes = [
         (vocab * da.size()) as u64,
         (vocab * db.size()) as u64,
         (RESULTS_PER_ROW * 4) as u64,
+        u64::from(slices) * PART_WORDS * 4,
     ]
     .into_iter()
     .max()
@@ -152,23 +172,50 @@ fn plan(
     plan_rows(rows, row_bytes, &reduced)
 }
 
-/// The kernel variant for `rollout` / `train` on `ctx` with or without wide loads (the
-/// loop-budget error when a row is too long for the driver).
-fn variant(ctx: &Context, rollout: &Logits, train: &Logits, wide: bool) -> Result<KernelKey> {
-    let vocab = rollout.vocab();
-    // three strided passes over the row at most (the third only for flagged rows)
-    let key = ctx.row_kernel_key(
-        Op::VocabDivergence(train.dtype()),
-        rollout.dtype(),
-        (vocab as u64, 3, 0),
+/// The kernel of configuration `vv` for `rollout` / `train` on `ctx` with or without wide
+/// loads (the loop-budget error when a row, or a slice, is too long for the driver).
+fn variant(
+    ctx: &Context,
+    rollout: &Logits,
+    train: &Logits,
+    wide: bool,
+    vv: VocabVariant,
+) -> Result<KernelKey> {
+    let vocab = rollout.vocab() as u64;
+    let op = Op::VocabDivergence(train.dtype());
+    let caps = ctx.capabilities();
+    let device_cap = caps
+        .max_workgroup_invocations
+        .min(caps.max_workgroup_size_x)
+        .clamp(1, MAX_WORKGROUP);
+    if vv.workgroup > device_cap {
+        return Err(Error::config(
+            "vocab_kernel",
+            format!(
+                "{}: workgroups of {} threads exceed this device's {device_cap}",
+                vv.label(),
+                vv.workgroup
+            ),
+        ));
+    }
+    let workgroup = vv.workgroup.max(1);
+    let len = match vv.slice_len(vocab) {
+        0 => vocab,
+        l => u64::from(l),
+    };
+    // three strided passes over the row or slice at most (the third only for flagged rows)
+    check_loops(
+        ctx.capabilities(),
         &|| format!("rollout_logits: a row of {vocab} logits"),
+        3 * len.div_ceil(u64::from(workgroup)),
     )?;
-    // CPU adapters pick small workgroups (idle threads cost there); a workgroup large enough
-    // to keep the row on-chip reads it once instead of two or three times
-    let key = ctx.workgroup_at_least(key, ctx.vocab_workgroup_size(train.dtype(), vocab as u64));
     Ok(KernelKey {
+        op,
+        dtype: rollout.dtype(),
+        flavour: Flavour::Workgroup,
+        workgroup,
         variant: wide,
-        ..key
+        split: vv.slices(vocab) > 1,
     })
 }
 
@@ -180,7 +227,9 @@ pub(super) fn kernel_key(ctx: &Context, rollout: &Logits, train: &Logits) -> Res
         (first_element(rollout, 0, sa), sa),
         (first_element(train, 0, sb), sb),
     ];
-    variant(ctx, rollout, train, wide(rollout.vocab(), firsts))
+    let dtypes = (rollout.dtype(), train.dtype());
+    let vv = ctx.vocab_variant(dtypes, rollout.rows() as u64, rollout.vocab() as u64)?;
+    variant(ctx, rollout, train, wide(rollout.vocab(), firsts), vv)
 }
 
 /// Runs the kernel over all rows of `rollout` / `train` (host or device logits of the same
@@ -191,6 +240,7 @@ fn run(
     info: &[u32],
     has_responses: bool,
     inv_temp: f32,
+    vv: VocabVariant,
 ) -> Result<Vec<f32>> {
     if info.is_empty() {
         return Ok(Vec::new());
@@ -221,6 +271,7 @@ fn run(
             has_responses,
             inv_temp,
             on_device,
+            vv,
         )
     })
 }
@@ -233,16 +284,25 @@ fn run_chunks(
     has_responses: bool,
     inv_temp: f32,
     on_device: bool,
+    vv: VocabVariant,
 ) -> Result<Vec<f32>> {
     let rows = info.len();
     let (da, db) = (rollout.dtype(), train.dtype());
     let vocab = rollout.vocab();
-    let narrow = variant(ctx, rollout, train, false)?;
+    let narrow = variant(ctx, rollout, train, false, vv)?;
+    let (slices, slice_len) = (vv.slices(vocab as u64), vv.slice_len(vocab as u64));
     let limits = ctx.chunk_limits();
     let chunks = if on_device {
-        plan(rows, vocab, da, db, &limits)?
+        plan(rows, vocab, (da, db), slices, &limits)?
     } else {
-        plan_host(rows, vocab, (da, db), &limits, ctx.host_chunk_bytes())?
+        plan_host(
+            rows,
+            vocab,
+            (da, db),
+            slices,
+            &limits,
+            ctx.host_chunk_bytes(),
+        )?
     };
     let (sa, sb) = (da.size() as u64, db.size() as u64);
     let v = vocab as u64;
@@ -250,6 +310,11 @@ fn run_chunks(
     let info_buf = ctx.upload(bytemuck::cast_slice(info))?;
     let out_buf = ctx.output(out_bytes)?;
     let max_rows = chunks.iter().map(|c| c.len()).max().unwrap_or(0) as u64;
+    // the split kernel's per-slice partial results (unused by whole rows)
+    let part_buf = ctx.scratch(match slices {
+        1 => 16,
+        s => max_rows * u64::from(s) * PART_WORDS * 4,
+    })?;
     // per slot: the two tensors' storage slots and their persistent staging buffers (none
     // where slots are mapped); sizes bounded by the chunk plan, never by the input alone
     type Slot = ([GpuBuffer; 2], [Option<GpuBuffer>; 2]);
@@ -311,6 +376,10 @@ fn run_chunks(
             has_responses: has_responses as u32,
             inv_temp,
             one: 1.0,
+            slices,
+            slice_len,
+            phase: 0,
+            masked_first: vv.masked_first as u32,
         };
         let kernel = ctx.kernel_for(KernelKey {
             variant: wide(vocab, [(firsts[0], sa), (firsts[1], sb)]),
@@ -329,9 +398,21 @@ fn run_chunks(
                 offset: out_w.0,
                 size: out_w.1,
             },
+            Bind::Whole(&part_buf),
         ];
-        let grid = dispatch_grid(ch.len() as u64, limits.max_workgroups_per_dim)?;
-        passes.push(Pass::new(kernel.clone(), &params, bindings, grid));
+        let n = ch.len() as u64;
+        if slices == 1 {
+            let grid = dispatch_grid(n, limits.max_workgroups_per_dim)?;
+            passes.push(Pass::new(kernel.clone(), &params, bindings, grid));
+        } else {
+            // four dispatches: pass 1, pass 2, pass 3 per slice, then the combine step per row
+            for phase in 1..=4u32 {
+                let wgs = if phase == 4 { n } else { n * u64::from(slices) };
+                let grid = dispatch_grid(wgs, limits.max_workgroups_per_dim)?;
+                let p = VocabDivergenceParams { phase, ..params };
+                passes.push(Pass::new(kernel.clone(), &p, bindings.clone(), grid));
+            }
+        }
         if !on_device && ci + 1 < chunks.len() {
             // one submit per host chunk: the next chunk's fill overlaps this copy and compute
             ring.release(ci, ctx.submit_staged(&staged, &passes)?);
@@ -435,7 +516,34 @@ pub fn vocab_divergence(
     mask: &[bool],
     temperature: f64,
 ) -> Result<VocabStats> {
+    vocab_divergence_with(ctx, rollout, train, responses, mask, temperature, None)
+}
+
+/// [`vocab_divergence`] with the kernel's configuration given (`None`: the one
+/// [`Context::vocab_variant`] picks). [`Context::vocab_variants`] lists the configurations a
+/// tuner may pick; each is deterministic, and they differ in rounding. Afterwards
+/// [`Context::last_vocab_passes`] counts how the rows were read.
+pub fn vocab_divergence_with(
+    ctx: &Context,
+    rollout: &Logits,
+    train: &Logits,
+    responses: Option<&[i64]>,
+    mask: &[bool],
+    temperature: f64,
+    variant: Option<VocabVariant>,
+) -> Result<VocabStats> {
     check_vocab_inputs(rollout, train, responses, mask, temperature)?;
+    let vv = match variant {
+        Some(v) => {
+            v.check()?;
+            v
+        }
+        None => ctx.vocab_variant(
+            (rollout.dtype(), train.dtype()),
+            mask.len() as u64,
+            rollout.vocab() as u64,
+        )?,
+    };
     let info = row_info(responses, mask);
     let raw = run(
         ctx,
@@ -443,6 +551,7 @@ pub fn vocab_divergence(
         &info,
         responses.is_some(),
         (1.0 / temperature) as f32,
+        vv,
     )?;
     let host =
         (rollout.on_device().is_none() && train.on_device().is_none()).then_some((rollout, train));
@@ -465,6 +574,9 @@ fn vocab_passes(raw: &[f32], mask: &[bool]) -> VocabPasses {
         p.masked_pass1_rows += u64::from(masked);
         p.third_pass_rows += u64::from(third);
         p.on_chip_rows += u64::from(flags & F_ON_CHIP != 0);
+        p.split_rows += u64::from(flags & F_SPLIT != 0);
+        p.masked_first_rows += u64::from(flags & F_MASKED_FIRST != 0);
+        // a split row counts as read again when any of its slices was
         p.row_reads += match flags & F_ON_CHIP != 0 {
             true => 1,
             false => 2 + u64::from(masked) + u64::from(third),
@@ -493,6 +605,10 @@ mod tests {
                 ("has_responses", offset_of!(P, has_responses)),
                 ("inv_temp", offset_of!(P, inv_temp)),
                 ("one", offset_of!(P, one)),
+                ("slices", offset_of!(P, slices)),
+                ("slice_len", offset_of!(P, slice_len)),
+                ("phase", offset_of!(P, phase)),
+                ("masked_first", offset_of!(P, masked_first)),
             ],
         );
     }
@@ -511,16 +627,16 @@ mod tests {
     #[test]
     fn plans_fit_the_limit_after_alignment_slack() {
         let limits = ChunkLimits::new(8192);
-        let chunks = plan(100, 1900, DType::F32, DType::BF16, &limits).unwrap();
+        let chunks = plan(100, 1900, (DType::F32, DType::BF16), 1, &limits).unwrap();
         assert!(chunks.iter().all(|c| c.len() == 1));
-        let chunks = plan(1000, 7, DType::F16, DType::F16, &limits).unwrap();
+        let chunks = plan(1000, 7, (DType::F16, DType::F16), 1, &limits).unwrap();
         assert_eq!(chunks.first().map(|c| c.start), Some(0));
         assert_eq!(chunks.last().map(|c| c.end), Some(1000));
         for c in &chunks {
             let n = c.len() as u64;
             assert!(n * 32 + OFFSET_ALIGN + 4 <= 8192);
         }
-        assert!(plan(1, 3000, DType::F32, DType::F32, &limits).is_err());
+        assert!(plan(1, 3000, (DType::F32, DType::F32), 1, &limits).is_err());
     }
 
     #[test]
@@ -534,7 +650,7 @@ mod tests {
             (100_000, 32_000, DType::F16, DType::F32),
             (3, 7, DType::F32, DType::F32),
         ] {
-            let chunks = plan_host(rows, vocab, (da, db), &limits, cap).unwrap();
+            let chunks = plan_host(rows, vocab, (da, db), 1, &limits, cap).unwrap();
             assert_eq!(chunks.first().map(|c| c.start), Some(0));
             assert_eq!(chunks.last().map(|c| c.end), Some(rows));
             assert!(chunks.windows(2).all(|w| w[0].end == w[1].start));
@@ -555,10 +671,10 @@ mod tests {
             }
         }
         // a row larger than the cap still gets one row per chunk
-        let chunks = plan_host(3, 20_000_000, (DType::F32, DType::F32), &limits, cap).unwrap();
+        let chunks = plan_host(3, 20_000_000, (DType::F32, DType::F32), 1, &limits, cap).unwrap();
         assert_eq!(chunks, vec![0..1, 1..2, 2..3]);
         // a small cap (tests): many chunks of whole rows, each within the cap
-        let chunks = plan_host(100, 7, (DType::BF16, DType::F32), &limits, 256).unwrap();
+        let chunks = plan_host(100, 7, (DType::BF16, DType::F32), 1, &limits, 256).unwrap();
         assert!(chunks.len() > 1 && chunks.iter().all(|c| c.len() * 28 <= 256));
     }
 

@@ -48,6 +48,11 @@ pub(super) fn load_b(dtype: DType) -> &'static str {
     }
 }
 
+/// The vocabulary kernel's entry point for whole rows.
+pub(super) const VOCAB_ROW_MAIN: &str = include_str!("../../shaders/common/vocab_row_main.wgsl");
+/// The vocabulary kernel's split variant: its entry point and phases over slices.
+pub(super) const VOCAB_SPLIT: &str = include_str!("../../shaders/common/vocab_split.wgsl");
+
 /// `load8_a` / `load8_b` (eight elements) from `load_a` / `load_b`, for rows of any alignment.
 pub(super) const LOAD8_NARROW: &str = include_str!("../../shaders/common/load8_narrow.wgsl");
 

@@ -174,3 +174,44 @@ fn a_pinned_config_gives_the_same_bits_run_to_run_and_engine_to_engine() {
         assert_eq!(first, bits(&run(&b, &s)), "{}: engine to engine", s.name);
     }
 }
+
+#[test]
+fn every_kernel_configuration_meets_the_accuracy_rule_on_real_logits() {
+    use trmask::gpu::{vocab_divergence_with, VocabVariant};
+    let Some(gpu) = common::gpu() else { return };
+    let ctx = gpu.context();
+    for s in sets() {
+        let (rows, vocab) = (s.rollout.rows() as u64, s.rollout.vocab() as u64);
+        let mut variants = Vec::new();
+        let short = [(64, 1024), (256, 4096), (32, 0)].map(|(workgroup, slice)| VocabVariant {
+            workgroup,
+            slice,
+            masked_first: false,
+        });
+        for v in ctx
+            .vocab_variants(s.train.dtype(), rows, vocab)
+            .into_iter()
+            .chain(short)
+        {
+            for masked_first in [false, true] {
+                let v = VocabVariant { masked_first, ..v };
+                if !variants.contains(&v) {
+                    variants.push(v);
+                }
+            }
+        }
+        let mask = vec![true; s.rollout.rows()];
+        for v in variants {
+            let got =
+                vocab_divergence_with(ctx, &s.rollout, &s.train, Some(&s.ids), &mask, 1.0, Some(v))
+                    .unwrap_or_else(|e| panic!("{} {}: {e}", s.name, v.label()));
+            let (r, at) = worst_ratio(&s, &got);
+            println!(
+                "{} {}: worst tolerance ratio {r:.3} ({at})",
+                v.label(),
+                s.name
+            );
+            assert!(r <= 1.0, "{} {}: {at} (ratio {r})", v.label(), s.name);
+        }
+    }
+}

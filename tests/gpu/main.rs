@@ -15,3 +15,4 @@ mod gpu_vocab_accuracy;
 mod gpu_vs_cpu;
 mod shaders;
 mod vocab_divergence;
+mod vocab_variants;

@@ -148,13 +148,13 @@ fn cpu_fast_matches_float64_references_at_the_gpu_tolerance() {
 // ---------------------------------------------------------------------------------------------
 // Random batches
 
-fn normal(rng: &mut Rng) -> f64 {
+pub(crate) fn normal(rng: &mut Rng) -> f64 {
     let (u, v) = (rng.f64().max(1e-300), rng.f64());
     (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
 }
 
 /// Encodes f32 values in `dtype` (rounding to nearest).
-fn encode(values: &[f32], dtype: DType, rows: usize, vocab: usize) -> Logits {
+pub(crate) fn encode(values: &[f32], dtype: DType, rows: usize, vocab: usize) -> Logits {
     let bytes: Vec<u8> = match dtype {
         DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         DType::F16 => values
@@ -171,17 +171,17 @@ fn encode(values: &[f32], dtype: DType, rows: usize, vocab: usize) -> Logits {
 
 /// A random pair of logits tensors: trainer = rollout + noise, both scaled by `scale`, with a
 /// fraction of −inf entries and a few masked rows full of NaN.
-struct Case {
-    rows: usize,
-    vocab: usize,
-    rollout: Logits,
-    train: Logits,
-    responses: Vec<i64>,
-    mask: Vec<bool>,
+pub(crate) struct Case {
+    pub(crate) rows: usize,
+    pub(crate) vocab: usize,
+    pub(crate) rollout: Logits,
+    pub(crate) train: Logits,
+    pub(crate) responses: Vec<i64>,
+    pub(crate) mask: Vec<bool>,
 }
 
 #[allow(clippy::too_many_arguments)]
-fn case(
+pub(crate) fn case(
     seed: u64,
     rows: usize,
     vocab: usize,
@@ -243,7 +243,7 @@ fn gpu_tol(field: &str) -> (f64, f64) {
 
 /// Compares two results field by field (`±inf` must match exactly), reporting the worst index.
 /// `scale` multiplies the absolute tolerance (inputs of magnitude `scale`).
-fn compare(what: &str, got: &VocabStats, want: &VocabStats, scale: f64) {
+pub(crate) fn compare(what: &str, got: &VocabStats, want: &VocabStats, scale: f64) {
     for ((field, g), (_, w)) in fields(got).into_iter().zip(fields(want)) {
         let (rtol, atol) = gpu_tol(field);
         let atol = if field.starts_with("logp") {
@@ -302,7 +302,7 @@ fn gpu_matches_float64_references() {
     }
 }
 
-fn run_case(gpu: &dyn Engine, c: &Case, temperature: f64, scale: f64, what: &str) {
+pub(crate) fn run_case(gpu: &dyn Engine, c: &Case, temperature: f64, scale: f64, what: &str) {
     let cpu = CpuEngine::new()
         .vocab_divergence(
             &c.rollout,
