@@ -301,11 +301,12 @@ fn correct_with<'py>(
                 r.map_err(|e| ex.take_error().unwrap_or_else(|| to_py(e)))?
             }
         };
-        if with_details {
-            return details(py, &c);
-        }
-        // the hot path: only the metrics (verl's alone unless trmask's were asked for)
-        let out = PyDict::new(py);
+        // the metrics verl's alone unless trmask's were asked for; the details only if asked
+        let out = if with_details {
+            details(py, &c)?
+        } else {
+            PyDict::new(py)
+        };
         let d = PyDict::new(py);
         for (k, v) in &c.metrics {
             if !verl_only || k.starts_with("rollout_corr/") {

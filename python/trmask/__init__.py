@@ -376,7 +376,7 @@ def compute_rollout_correction_and_rejection_mask(
 
     weights = None if w_np is None else values_kind.out(tok(w_np), float_out_dtype(values_kind))
     mask = mask_kind.out(tok(m_np))
-    # floats, verl's keys only unless trmask_metrics (filtered natively without the details)
+    # floats, verl's keys only unless trmask_metrics (filtered natively)
     metrics = out["metrics"]
     if not return_details:
         return weights, mask, metrics
@@ -386,7 +386,6 @@ def compute_rollout_correction_and_rejection_mask(
         "seq_reject_bits": out["seq_reject_bits"],
         "criteria": dict(out["criteria"]),
     }
-    metrics = {k: v for k, v in metrics.items() if trmask_metrics or k.startswith("rollout_corr/")}
     return weights, mask, metrics, details  # type: ignore[return-value]
 
 

@@ -318,22 +318,14 @@ impl Cols {
 /// The per-token statistic `src` of the clamped log-ratios `c` (`rho = e^c`) into `x`.
 #[inline(always)]
 fn statistic(src: Src, c: &[f64], rho: &[f64], x: &mut [f64]) {
-    let each = |x: &mut [f64], f: &dyn Fn(f64, f64) -> f64| {
-        for ((x, &c), &r) in x.iter_mut().zip(c).zip(rho) {
-            *x = f(c, r);
-        }
-    };
+    let cs = x.iter_mut().zip(c);
     match src {
-        Src::K1 => x.iter_mut().zip(c).for_each(|(x, &c)| *x = -c),
-        Src::K2 => x.iter_mut().zip(c).for_each(|(x, &c)| *x = 0.5 * c * c),
-        Src::K3 => each(x, &|c, _| k3_from_log_ratio(c)),
-        Src::K3Verl => {
-            for ((x, &c), &r) in x.iter_mut().zip(c).zip(rho) {
-                *x = (r - 1.0) + -c;
-            }
-        }
-        Src::Abs => x.iter_mut().zip(c).for_each(|(x, &c)| *x = c.abs()),
-        Src::Ser => each(x, &|c, _| c.exp_m1().abs()),
+        Src::K1 => cs.for_each(|(x, &c)| *x = -c),
+        Src::K2 => cs.for_each(|(x, &c)| *x = 0.5 * c * c),
+        Src::K3 => cs.for_each(|(x, &c)| *x = k3_from_log_ratio(c)),
+        Src::K3Verl => cs.zip(rho).for_each(|((x, &c), &r)| *x = (r - 1.0) + -c),
+        Src::Abs => cs.for_each(|(x, &c)| *x = c.abs()),
+        Src::Ser => cs.for_each(|(x, &c)| *x = c.exp_m1().abs()),
     }
 }
 

@@ -287,3 +287,70 @@ pub fn engines() -> Vec<Arc<dyn trmask::Engine>> {
     }
     e
 }
+
+/// An in-process all-gather between `size` threads (the collective pattern of MPI): each
+/// rank's [`Rank`] writes its bytes, waits for the others, reads everyone's.
+pub struct Hub {
+    pub slots: std::sync::Mutex<Vec<Vec<u8>>>,
+    pub barrier: std::sync::Barrier,
+}
+
+impl Hub {
+    pub fn new(size: usize) -> Self {
+        Hub {
+            slots: std::sync::Mutex::new(vec![Vec::new(); size]),
+            barrier: std::sync::Barrier::new(size),
+        }
+    }
+}
+
+/// One rank of a [`Hub`]; `bytes_sent` counts what it contributed.
+pub struct Rank<'a> {
+    pub hub: &'a Hub,
+    pub rank: usize,
+    pub size: usize,
+    pub bytes_sent: usize,
+}
+
+impl trmask::partial::Exchange for Rank<'_> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn all_gather(&mut self, local: &[u8]) -> trmask::Result<Vec<Vec<u8>>> {
+        self.bytes_sent += local.len();
+        self.hub.slots.lock().unwrap()[self.rank] = local.to_vec();
+        self.hub.barrier.wait();
+        let all = self.hub.slots.lock().unwrap().clone();
+        self.hub.barrier.wait();
+        Ok(all)
+    }
+}
+
+/// The bytes of `data/causal-sample/<name>`.
+pub fn causal_sample(name: &str) -> Vec<u8> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data/causal-sample")
+        .join(name);
+    std::fs::read(p).unwrap()
+}
+
+/// A little-endian f32 tensor of `t`, widened.
+pub fn tensor_f32s(t: &safetensors::SafeTensors, name: &str) -> Vec<f64> {
+    let v = t.tensor(name).unwrap();
+    v.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+        .collect()
+}
+
+/// A little-endian i32 tensor of `t`, widened.
+pub fn tensor_i32s(t: &safetensors::SafeTensors, name: &str) -> Vec<i64> {
+    let v = t.tensor(name).unwrap();
+    v.data()
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
+        .collect()
+}

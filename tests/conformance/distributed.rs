@@ -12,38 +12,10 @@ use std::collections::BTreeMap;
 use std::sync::{Barrier, Mutex};
 use trmask::analysis::{analyze, analyze_shard, Analysis};
 use trmask::cpu::CpuEngine;
-use trmask::partial::{Acc, Exchange, Partial, Sum};
+use trmask::partial::{Acc, Partial, Sum};
 use trmask::{Batch, CorrectionConfig, Logits};
 
-/// An in-process all-gather between `size` threads.
-struct Hub {
-    slots: Mutex<Vec<Vec<u8>>>,
-    barrier: Barrier,
-}
-
-struct Rank<'a> {
-    hub: &'a Hub,
-    rank: usize,
-    size: usize,
-    bytes_sent: usize,
-}
-
-impl Exchange for Rank<'_> {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.size
-    }
-    fn all_gather(&mut self, local: &[u8]) -> trmask::Result<Vec<Vec<u8>>> {
-        self.bytes_sent += local.len();
-        self.hub.slots.lock().unwrap()[self.rank] = local.to_vec();
-        self.hub.barrier.wait();
-        let all = self.hub.slots.lock().unwrap().clone();
-        self.hub.barrier.wait();
-        Ok(all)
-    }
-}
+use common::{Hub, Rank};
 
 /// Per sequence: rollout logits, trainer logits, sampled tokens, and per slot the sampler's
 /// kept set (the sampled token and a random subset of the vocabulary).
@@ -191,10 +163,7 @@ impl Whole {
 /// Runs every shard on its own thread; returns each rank's analysis and bytes sent.
 fn run_ranks(whole: &Whole, cuts: &[usize], config: &CorrectionConfig) -> Vec<(Analysis, usize)> {
     let size = cuts.len() - 1;
-    let hub = Hub {
-        slots: Mutex::new(vec![Vec::new(); size]),
-        barrier: Barrier::new(size),
-    };
+    let hub = Hub::new(size);
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..size)
             .map(|rank| {
@@ -444,10 +413,7 @@ fn every_shard_empty_but_one_and_all_empty() {
         ..whole
     };
     let size = 2;
-    let hub = Hub {
-        slots: Mutex::new(vec![Vec::new(); size]),
-        barrier: Barrier::new(size),
-    };
+    let hub = Hub::new(size);
     std::thread::scope(|s| {
         for rank in 0..size {
             let (hub, empty, cfg) = (&hub, &empty, &cfg);

@@ -8,28 +8,7 @@
 use safetensors::SafeTensors;
 use trmask::kept_mass::{kept_mass_from_topk, Truncation};
 
-fn read(name: &str) -> Vec<u8> {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("data/causal-sample")
-        .join(name);
-    std::fs::read(p).unwrap()
-}
-
-fn f32s(t: &SafeTensors, name: &str) -> Vec<f64> {
-    let v = t.tensor(name).unwrap();
-    v.data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
-        .collect()
-}
-
-fn i32s(t: &SafeTensors, name: &str) -> Vec<i64> {
-    let v = t.tensor(name).unwrap();
-    v.data()
-        .chunks_exact(4)
-        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
-        .collect()
-}
+use crate::common::{causal_sample as read, tensor_f32s as f32s, tensor_i32s as i32s};
 
 fn k3(x: f64) -> f64 {
     x.exp_m1() - x

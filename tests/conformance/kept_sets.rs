@@ -9,35 +9,13 @@
 
 #![allow(clippy::needless_range_loop)] // slot-indexed parallel arrays read clearer by index
 
-use crate::common::{gpu, run_trmask, scratch};
+use crate::common::{run_trmask, scratch};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
-use std::sync::Arc;
 use trmask::cpu::CpuEngine;
-use trmask::{CorrectionConfig, Engine};
+use trmask::CorrectionConfig;
 
-fn read(name: &str) -> Vec<u8> {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("data/causal-sample")
-        .join(name);
-    std::fs::read(p).unwrap()
-}
-
-fn f32s(t: &SafeTensors, name: &str) -> Vec<f64> {
-    let v = t.tensor(name).unwrap();
-    v.data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
-        .collect()
-}
-
-fn i32s(t: &SafeTensors, name: &str) -> Vec<i64> {
-    let v = t.tensor(name).unwrap();
-    v.data()
-        .chunks_exact(4)
-        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
-        .collect()
-}
+use crate::common::{causal_sample as read, tensor_f32s as f32s, tensor_i32s as i32s};
 
 /// The logits group as packed tensors, with its kept sets.
 struct Group {
@@ -223,13 +201,7 @@ fn write(g: &Group, path: &std::path::Path, logits: bool, keys: (&str, &str)) {
     std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
 }
 
-fn engines() -> Vec<Arc<dyn Engine>> {
-    let mut e: Vec<Arc<dyn Engine>> = vec![Arc::new(CpuEngine::new())];
-    if let Some(g) = gpu() {
-        e.push(g);
-    }
-    e
-}
+use crate::common::engines;
 
 fn out<'a>(a: &'a trmask::analysis::Analysis, name: &str) -> &'a [f64] {
     &a.outputs.iter().find(|o| o.name == name).unwrap().data

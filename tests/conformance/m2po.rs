@@ -10,9 +10,7 @@ use crate::common;
 use common::{close12, exact_metric, json_flatten, same, Rng};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::sync::{Barrier, Mutex};
 use trmask::cpu::CpuEngine;
-use trmask::partial::Exchange;
 use trmask::{CorrectionConfig, Corrections, Corrector, Step};
 
 type Golden = common::PackedGolden;
@@ -74,33 +72,7 @@ fn masks_equal_the_references_on_both_engines() {
     }
 }
 
-/// An in-process all-gather between `size` threads (the collective pattern of MPI).
-struct Hub {
-    slots: Mutex<Vec<Vec<u8>>>,
-    barrier: Barrier,
-}
-
-struct Rank<'a> {
-    hub: &'a Hub,
-    rank: usize,
-    size: usize,
-}
-
-impl Exchange for Rank<'_> {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.size
-    }
-    fn all_gather(&mut self, local: &[u8]) -> trmask::Result<Vec<Vec<u8>>> {
-        self.hub.slots.lock().unwrap()[self.rank] = local.to_vec();
-        self.hub.barrier.wait();
-        let all = self.hub.slots.lock().unwrap().clone();
-        self.hub.barrier.wait();
-        Ok(all)
-    }
-}
+use common::{Hub, Rank};
 
 /// Packed sequences `a..b` of (cu, rollout, old, adv) as owned arrays.
 fn cut(cu: &[i64], v: &[&[f64]; 3], a: usize, b: usize) -> (Vec<i64>, [Vec<f64>; 3]) {
@@ -112,10 +84,7 @@ fn cut(cu: &[i64], v: &[&[f64]; 3], a: usize, b: usize) -> (Vec<i64>, [Vec<f64>;
 /// Each rank's corrections of its own shard (cuts between sequences), run on `size` threads.
 fn sharded(cu: &[i64], v: &[&[f64]; 3], cuts: &[usize], c: &CorrectionConfig) -> Vec<Corrections> {
     let size = cuts.len() - 1;
-    let hub = Hub {
-        slots: Mutex::new(vec![Vec::new(); size]),
-        barrier: Barrier::new(size),
-    };
+    let hub = Hub::new(size);
     std::thread::scope(|sc| {
         let hs: Vec<_> = (0..size)
             .map(|r| {
@@ -126,7 +95,12 @@ fn sharded(cu: &[i64], v: &[&[f64]; 3], cuts: &[usize], c: &CorrectionConfig) ->
                         .rollout_log_prob(roll.as_slice())
                         .old_log_prob(old.as_slice())
                         .advantages(adv.as_slice());
-                    let mut ex = Rank { hub, rank: r, size };
+                    let mut ex = Rank {
+                        hub,
+                        rank: r,
+                        size,
+                        bytes_sent: 0,
+                    };
                     Corrector::new(CpuEngine::new(), c)
                         .unwrap()
                         .correct_shard(&step, &mut ex)
