@@ -65,6 +65,13 @@ impl LaneSum {
             *l += x;
         }
     }
+    /// Adds one slot per lane (`xs[l]` into lane `l`): [`LaneSum::add`] of `LANES` slots.
+    #[inline(always)]
+    pub fn add8(&mut self, xs: &[f64; LANES]) {
+        for (l, x) in self.0.iter_mut().zip(xs) {
+            *l += x;
+        }
+    }
     /// Adds `xs[i]` where `keep[i]`, 0 elsewhere (the same bits as skipping them: a lane is
     /// never −0).
     #[inline(always)]

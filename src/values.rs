@@ -68,7 +68,7 @@ impl Values<'_> {
         }
     }
     /// Values `start..start + out.len()` widened (exactly) into `out`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn load(&self, start: usize, out: &mut [f64]) {
         let end = start + out.len();
         match self {
@@ -155,7 +155,7 @@ impl MaskValues<'_> {
         }
     }
     /// Values `start..start + out.len()` as 1 (valid), 0 (padding) or [`MASK_BAD`].
-    #[inline]
+    #[inline(always)]
     pub(crate) fn load(&self, start: usize, out: &mut [u8]) {
         let end = start + out.len();
         fn num<T: Copy + PartialEq>(o: &mut [u8], v: &[T], zero: T, one: T) {
@@ -266,6 +266,7 @@ out_methods!(MaskOut {
 
 impl WeightsOut<'_> {
     /// Writes `src` at slots `start..start + src.len()` (rounded to the buffer's dtype).
+    #[inline(always)]
     pub(crate) fn store(&mut self, start: usize, src: &[f64]) {
         let end = start + src.len();
         match self {
@@ -285,6 +286,7 @@ impl WeightsOut<'_> {
         }
     }
     /// Writes `x` at slots `start..start + n`.
+    #[inline(always)]
     pub(crate) fn fill(&mut self, start: usize, n: usize, x: f64) {
         match self {
             WeightsOut::F64(o) => o[start..start + n].fill(x),
@@ -306,6 +308,7 @@ impl MaskOut<'_> {
         }
     }
     /// Writes `src` (keep = true) at slots `start..start + src.len()`.
+    #[inline(always)]
     pub(crate) fn store(&mut self, start: usize, src: &[bool]) {
         let end = start + src.len();
         fn put<T: Copy>(o: &mut [T], src: &[bool], one: T, zero: T) {
@@ -322,6 +325,7 @@ impl MaskOut<'_> {
         }
     }
     /// Writes "rejected" (0) at slots `start..start + n`.
+    #[inline(always)]
     pub(crate) fn clear(&mut self, start: usize, n: usize) {
         let r = start..start + n;
         match self {

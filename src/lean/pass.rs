@@ -5,7 +5,7 @@ use super::plan::{is_weight, LAgg, LeanPlan};
 use super::tile::{Cols, SeqLanes, TILE};
 use crate::config::{IsLevel, IsSpec};
 use crate::error::Result;
-use crate::math::exp_bounded;
+use crate::math::{exp_bounded, LANES};
 use crate::partial::{exchange, Acc, Exchange, Partial};
 use crate::stats::{Corrections, SAFETY_BOUND};
 use crate::values::{MaskOut, MaskValues, Outputs, Values, WeightsOut};
@@ -216,18 +216,24 @@ fn kernel(
     t: &mut Task<'_>,
     deferred: bool,
 ) -> Option<Vec<SeqRec>> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { kernel_avx512(plan, inp, ranges, t, deferred) };
+    let mut cols = Cols::take();
+    let c = &mut cols;
+    let recs = 'run: {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F (checked just above).
+                break 'run unsafe { kernel_avx512(plan, inp, ranges, t, deferred, c) };
+            }
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked just above).
+                break 'run unsafe { kernel_avx2(plan, inp, ranges, t, deferred, c) };
+            }
         }
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { kernel_avx2(plan, inp, ranges, t, deferred) };
-        }
-    }
-    kernel_body(plan, inp, ranges, t, deferred)
+        kernel_body(plan, inp, ranges, t, deferred, c)
+    };
+    Cols::give(cols);
+    recs
 }
 
 /// [`kernel_body`] compiled for a CPU feature (callers check that the CPU has it).
@@ -241,8 +247,9 @@ macro_rules! kernel_for {
             ranges: &[(usize, usize)],
             t: &mut Task<'_>,
             deferred: bool,
+            cols: &mut Cols,
         ) -> Option<Vec<SeqRec>> {
-            kernel_body(plan, inp, ranges, t, deferred)
+            kernel_body(plan, inp, ranges, t, deferred, cols)
         }
     };
 }
@@ -256,8 +263,11 @@ fn kernel_body(
     ranges: &[(usize, usize)],
     t: &mut Task<'_>,
     deferred: bool,
+    cols: &mut Cols,
 ) -> Option<Vec<SeqRec>> {
-    let mut cols = Box::new(Cols::new());
+    if inp.mask.is_none() {
+        cols.m.fill(1); // every slot valid (the columns may hold an earlier call's mask)
+    }
     let mut lanes = SeqLanes::default();
     let nc = plan.criteria.len();
     let token_is = plan.is.filter(|is| is.level == IsLevel::Token);
@@ -304,12 +314,12 @@ fn kernel_body(
                     mv.load(k2, &mut cols.m_next[..len2]);
                     have_next = Some(k2);
                     let m2 = &cols.m_next[..len2];
-                    if let Some(last) = m2.iter().rposition(|&x| x != 0) {
+                    if let Some(last) = last_nonzero(m2) {
                         prefetch_tile(inp, t, token_is.is_some(), k2, last + 1);
                     }
                 }
                 // a tile of padding only (0 everywhere, no bad value): nothing to read or add
-                if cols.m[..len].iter().fold(0, |a, &b| a | b) == 0 {
+                if last_nonzero(&cols.m[..len]).is_none() {
                     t.mask.clear(off, len);
                     if let (Some(wo), Some(_), false) = (t.weights.as_mut(), &token_is, deferred) {
                         wo.fill(off, len, 0.0);
@@ -323,15 +333,19 @@ fn kernel_body(
             // the tile up to its last valid (or bad) slot; right padding after it is only
             // cleared (a sum skipping it has the same bits: its terms are 0)
             let used = match &inp.mask {
-                Some(_) => cols.m[..len]
-                    .iter()
-                    .rposition(|&x| x != 0)
-                    .map_or(0, |j| j + 1),
+                Some(_) => last_nonzero(&cols.m[..len]).map_or(0, |j| j + 1),
                 None => len,
             };
             inp.roll.load(k, &mut cols.r[..used]);
             inp.train.load(k, &mut cols.o[..used]);
-            cols.tile(used, plan, token_is.as_ref(), &mut rec, &mut lanes)?;
+            // whole octets: the slots up to the next multiple of LANES count as padding (their
+            // terms are 0 in every sum; nothing of them is read or written)
+            let used8 = used.next_multiple_of(LANES);
+            cols.m[used..used8].fill(0);
+            cols.tile(used8, plan, token_is.as_ref(), &mut rec, &mut lanes)?;
+            if inp.mask.is_none() {
+                cols.m[used..used8].fill(1);
+            }
             t.mask.store(off, &cols.keep[..used]);
             let weights = (t.weights.as_mut(), &token_is, deferred);
             if let (Some(wo), Some(_), false) = weights {
@@ -372,6 +386,20 @@ fn kernel_body(
         }
     }
     Some(recs)
+}
+
+/// The index of the last nonzero byte of `m` (eight bytes at a time).
+#[inline(always)]
+fn last_nonzero(m: &[u8]) -> Option<usize> {
+    let mut end = m.len();
+    while end >= 8 {
+        let w = u64::from_le_bytes(m[end - 8..end].try_into().ok()?);
+        if w != 0 {
+            return Some(end - 1 - (w.leading_zeros() / 8) as usize);
+        }
+        end -= 8;
+    }
+    m[..end].iter().rposition(|&x| x != 0)
 }
 
 /// Starts loading the log-probs of slots `k..k + len` and their output slots.
@@ -539,20 +567,21 @@ mod tests {
                 &[(usize, usize)],
                 &mut Task<'_>,
                 bool,
+                &mut Cols,
             ) -> Option<Vec<SeqRec>>;
             let mut builds: Vec<(&str, Kernel)> = vec![("baseline", kernel_body)];
             #[cfg(target_arch = "x86_64")]
             {
                 if std::is_x86_feature_detected!("avx2") {
                     // SAFETY: AVX2 is there (checked).
-                    builds.push(("avx2", |p, i, r, t, d| unsafe {
-                        kernel_avx2(p, i, r, t, d)
+                    builds.push(("avx2", |p, i, r, t, d, c| unsafe {
+                        kernel_avx2(p, i, r, t, d, c)
                     }));
                 }
                 if std::is_x86_feature_detected!("avx512f") {
                     // SAFETY: AVX-512F is there (checked).
-                    builds.push(("avx512", |p, i, r, t, d| unsafe {
-                        kernel_avx512(p, i, r, t, d)
+                    builds.push(("avx512", |p, i, r, t, d, c| unsafe {
+                        kernel_avx512(p, i, r, t, d, c)
                     }));
                 }
             }
@@ -565,7 +594,9 @@ mod tests {
                 };
                 let mut recs = Vec::new();
                 for mut task in split_tasks(&ranges, b * t, &mut out) {
-                    recs.extend(k(&plan, &inp, &ranges, &mut task, false).unwrap());
+                    let mut cols = Cols::take();
+                    recs.extend(k(&plan, &inp, &ranges, &mut task, false, &mut cols).unwrap());
+                    Cols::give(cols);
                 }
                 let sums: Vec<String> = recs.iter().map(|r| format!("{r:?}")).collect();
                 match &first {

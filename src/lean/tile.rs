@@ -41,6 +41,12 @@ impl LaneTwoSum {
         (self.hi, self.lo) = (hi, lo);
     }
     /// Folds the lanes into `s` in lane order.
+    #[inline(always)]
+    fn add8(&mut self, xs: &[f64; LANES]) {
+        for ((hi, lo), &x) in self.hi.iter_mut().zip(&mut self.lo).zip(xs) {
+            two_sum(hi, lo, x);
+        }
+    }
     fn into_sum(self, s: &mut Sum) {
         for l in 0..LANES {
             s.merge(Sum {
@@ -61,6 +67,18 @@ fn two_sum(hi: &mut f64, lo: &mut f64, x: f64) {
 
 /// Valid slots (`v`: all ones, or 0 at padding) whose value passes `f` (no short circuit:
 /// the loop vectorises).
+/// The `LANES` elements of `s` from `j0` (one bounds check for the octet).
+#[inline(always)]
+fn oct<T>(s: &[T], j0: usize) -> &[T; LANES] {
+    s[j0..j0 + LANES].try_into().expect("an octet")
+}
+
+/// [`oct`], mutable.
+#[inline(always)]
+fn oct_mut<T>(s: &mut [T], j0: usize) -> &mut [T; LANES] {
+    (&mut s[j0..j0 + LANES]).try_into().expect("an octet")
+}
+
 #[inline(always)]
 fn count_where(v: &[u64], x: &[f64], f: impl Fn(f64) -> bool) -> u64 {
     v.iter().zip(x).map(|(&v, &x)| v & u64::from(f(x))).sum()
@@ -198,7 +216,24 @@ pub(crate) struct Cols {
     y: [f64; TILE],
 }
 
+thread_local! {
+    /// Each thread's tile columns, kept between calls (warm in cache, no allocation).
+    static SPARE: std::cell::Cell<Option<Box<Cols>>> = const { std::cell::Cell::new(None) };
+}
+
 impl Cols {
+    /// This thread's columns (fresh ones the first time); hand them back with [`Cols::give`].
+    pub(crate) fn take() -> Box<Cols> {
+        SPARE
+            .with(|c| c.take())
+            .unwrap_or_else(|| Box::new(Cols::new()))
+    }
+
+    /// Keeps `cols` for this thread's next [`Cols::take`].
+    pub(crate) fn give(cols: Box<Cols>) {
+        SPARE.with(|c| c.set(Some(cols)));
+    }
+
     pub(crate) fn new() -> Self {
         Cols {
             r: [0.0; TILE],
@@ -229,51 +264,23 @@ impl Cols {
         lanes: &mut SeqLanes,
     ) -> Option<()> {
         let wide = self.columns(len)?;
-        let v = &self.valid[..len];
-        let (lr, c, rho) = (&self.lr[..len], &self.c[..len], &self.rho[..len]);
-        let (x, y) = (&mut self.x[..len], &mut self.y[..len]);
-        rec.n += v.iter().map(|&v| v & 1).sum::<u64>();
-        add_valid(&mut lanes.s_train, &self.o[..len], v, y);
-        add_valid(&mut lanes.s_roll, &self.r[..len], v, y);
-        lanes.s_lr.add(lr);
-        // k3 of the unclamped ratio (0 at padding: lr = 0, rho = 1)
-        for ((x, &r), &l) in x.iter_mut().zip(rho).zip(lr) {
-            *x = (r - l) - 1.0;
-        }
         if wide {
-            for j in 0..len {
-                if lr[j] != c[j] {
-                    x[j] = (lr[j].exp() - lr[j]) - 1.0;
-                }
-            }
+            self.base_columns(len, rec, lanes);
+        } else {
+            self.base_fused(len, rec, lanes);
         }
-        lanes.s_k3u.add(x);
-        for (x, &r) in x.iter_mut().zip(rho) {
-            *x = r * r;
-        }
-        add_valid(&mut lanes.s_rho2, x, v, y);
+        let v = &self.valid[..len];
+        let (c, rho) = (&self.c[..len], &self.rho[..len]);
+        let (x, y) = (&mut self.x[..len], &mut self.y[..len]);
         if let Some(is) = token_is {
             token_weights(&mut self.w[..len], v, rho, is, rec, lanes, y);
         }
         let keep = &mut self.keep[..len];
-        for (k, &v) in keep.iter_mut().zip(v) {
-            *k = v != 0;
-        }
         for (ci, cr) in plan.criteria.iter().enumerate() {
             statistic(cr.src, c, rho, x);
             let (cc, cl) = (&mut rec.crit[ci], &mut lanes.crit[ci]);
             match cr.agg {
-                LAgg::Token => {
-                    let (lo, up) = (cr.lower.unwrap_or(f64::NEG_INFINITY), cr.upper);
-                    let rej = count_where(v, x, |x| !((x >= lo) & (x <= up)));
-                    if rej > 0 {
-                        for (k, &x) in keep.iter_mut().zip(x.iter()) {
-                            *k &= (x >= lo) & (x <= up);
-                        }
-                    }
-                    cc.rej += rej;
-                    token_criterion(cr, v, x, cc, cl, y);
-                }
+                LAgg::Token => token_criterion(cr, v, x, cc, cl, keep),
                 LAgg::Max => cc.agg = max(extremum_where(v, x, 1.0), cc.agg),
                 // 0 at padding (c = 0, rho = 1) for every statistic
                 LAgg::Sum | LAgg::Mean | LAgg::MeanVerl => cl.agg.add(x),
@@ -289,6 +296,75 @@ impl Cols {
 
     /// `valid`, `lr` (0 at padding), `c` (clamped) and `rho = e^c`; whether some |lr|
     /// exceeds the clamp. `None` on a bad mask value or a non-finite valid log-prob.
+    /// The statistics every plan needs, in one loop over the tile (`len` a multiple of
+    /// `LANES`; no log-ratio beyond the safety bound): `e^c`, the valid count, the per-sequence
+    /// sums of the log-probs, the log-ratio, k3 and ρ², and `keep` = valid. Each sum gets the
+    /// same terms in the same lanes as [`Cols::base_columns`], so the same bits.
+    #[inline(always)]
+    fn base_fused(&mut self, len: usize, rec: &mut SeqRec, lanes: &mut SeqLanes) {
+        let (mut st, mut sr, mut sl) = (lanes.s_train, lanes.s_roll, lanes.s_lr);
+        let (mut sk, mut s2) = (lanes.s_k3u, lanes.s_rho2);
+        let mut n = [0u64; LANES];
+        for j0 in (0..len).step_by(LANES) {
+            let mut t = [[0f64; LANES]; 5];
+            let (v, lr, c) = (oct(&self.valid, j0), oct(&self.lr, j0), oct(&self.c, j0));
+            let (o, r) = (oct(&self.o, j0), oct(&self.r, j0));
+            let mut rho = [0f64; LANES];
+            let mut keep = [false; LANES];
+            for l in 0..LANES {
+                rho[l] = exp_bounded(c[l]);
+                t[0][l] = f64::from_bits(o[l].to_bits() & v[l]);
+                t[1][l] = f64::from_bits(r[l].to_bits() & v[l]);
+                t[2][l] = lr[l];
+                t[3][l] = (rho[l] - lr[l]) - 1.0;
+                t[4][l] = f64::from_bits((rho[l] * rho[l]).to_bits() & v[l]);
+                n[l] += v[l] & 1;
+                keep[l] = v[l] != 0;
+            }
+            oct_mut(&mut self.rho, j0).copy_from_slice(&rho);
+            oct_mut(&mut self.keep, j0).copy_from_slice(&keep);
+            st.add8(&t[0]);
+            sr.add8(&t[1]);
+            sl.add8(&t[2]);
+            sk.add8(&t[3]);
+            s2.add8(&t[4]);
+        }
+        (lanes.s_train, lanes.s_roll, lanes.s_lr) = (st, sr, sl);
+        (lanes.s_k3u, lanes.s_rho2) = (sk, s2);
+        rec.n += n.iter().sum::<u64>();
+    }
+
+    /// [`Cols::base_fused`] a column at a time, for tiles holding a log-ratio beyond the
+    /// safety bound (k3 from the unclamped ratio).
+    fn base_columns(&mut self, len: usize, rec: &mut SeqRec, lanes: &mut SeqLanes) {
+        for j in 0..len {
+            self.rho[j] = exp_bounded(self.c[j]);
+        }
+        let v = &self.valid[..len];
+        let (lr, c, rho) = (&self.lr[..len], &self.c[..len], &self.rho[..len]);
+        let (x, y) = (&mut self.x[..len], &mut self.y[..len]);
+        rec.n += v.iter().map(|&v| v & 1).sum::<u64>();
+        add_valid(&mut lanes.s_train, &self.o[..len], v, y);
+        add_valid(&mut lanes.s_roll, &self.r[..len], v, y);
+        lanes.s_lr.add(lr);
+        for ((x, &r), &l) in x.iter_mut().zip(rho).zip(lr) {
+            *x = (r - l) - 1.0;
+        }
+        for j in 0..len {
+            if lr[j] != c[j] {
+                x[j] = (lr[j].exp() - lr[j]) - 1.0;
+            }
+        }
+        lanes.s_k3u.add(x);
+        for (x, &r) in x.iter_mut().zip(rho) {
+            *x = r * r;
+        }
+        add_valid(&mut lanes.s_rho2, x, v, y);
+        for (k, &v) in self.keep[..len].iter_mut().zip(v) {
+            *k = v != 0;
+        }
+    }
+
     #[inline(always)]
     fn columns(&mut self, len: usize) -> Option<bool> {
         let mut bad = false;
@@ -305,13 +381,7 @@ impl Cols {
             self.lr[j] = l;
             self.c[j] = cl;
         }
-        if bad {
-            return None;
-        }
-        for j in 0..len {
-            self.rho[j] = exp_bounded(self.c[j]);
-        }
-        Some(wide)
+        (!bad).then_some(wide)
     }
 }
 
@@ -374,7 +444,8 @@ fn token_weights(
     lanes.s_wc2.add(y);
 }
 
-/// A token criterion's metric sums over the tile (`y` is scratch).
+/// A token criterion over the tile in one loop: its rejections (cleared from `keep`), and its
+/// metric sums, extremes and counts over the valid slots.
 #[inline(always)]
 fn token_criterion(
     cr: &LCrit,
@@ -382,20 +453,43 @@ fn token_criterion(
     x: &[f64],
     cc: &mut super::finish::CritRec,
     cl: &mut CritLanes,
-    y: &mut [f64],
+    keep: &mut [bool],
 ) {
     let (floor, up) = (cr.lower.unwrap_or(0.0), cr.upper);
-    cl.pts.add(x); // 0 at padding
-    cc.tmax = max(extremum_where(v, x, 1.0), cc.tmax);
-    cc.tmin = min(extremum_where(v, x, -1.0), cc.tmin);
-    cc.hi += count_where(v, x, |x| x > up);
-    if let Some(l) = cr.lower {
-        cc.lo += count_where(v, x, |x| x < l);
+    let lo = cr.lower.unwrap_or(f64::NEG_INFINITY);
+    let (mut pts, mut sc1, mut sc2) = (cl.pts, cl.sc1, cl.sc2);
+    let (mut top, mut bot) = ([f64::NEG_INFINITY; LANES], [f64::NEG_INFINITY; LANES]);
+    let (mut hi, mut low, mut rej) = ([0u64; LANES], [0u64; LANES], [0u64; LANES]);
+    for j0 in (0..x.len()).step_by(LANES) {
+        let (mut xs, mut y1, mut y2) = ([0f64; LANES], [0f64; LANES], [0f64; LANES]);
+        let (v8, x8) = (oct(v, j0), oct(x, j0));
+        let mut inside8 = [false; LANES];
+        for l in 0..LANES {
+            let (vv, xx) = (v8[l], x8[l]);
+            xs[l] = xx;
+            top[l] = max(sel(vv, xx, f64::NEG_INFINITY), top[l]);
+            bot[l] = max(sel(vv, -xx, f64::NEG_INFINITY), bot[l]);
+            hi[l] += vv & u64::from(xx > up);
+            low[l] += vv & u64::from(xx < lo);
+            let inside = (xx >= lo) & (xx <= up);
+            rej[l] += vv & u64::from(!inside);
+            inside8[l] = inside;
+            let y = sel(vv, min(max(xx, floor), up), 0.0);
+            y1[l] = y;
+            y2[l] = y * y;
+        }
+        for (k, i) in oct_mut(keep, j0).iter_mut().zip(inside8) {
+            *k &= i;
+        }
+        pts.add8(&xs); // 0 at padding
+        sc1.add8(&y1);
+        sc2.add8(&y2);
     }
-    for ((y, &x), &v) in y.iter_mut().zip(x).zip(v) {
-        *y = sel(v, min(max(x, floor), up), 0.0);
-    }
-    cl.sc1.add(y);
-    y.iter_mut().for_each(|y| *y *= *y);
-    cl.sc2.add(y);
+    (cl.pts, cl.sc1, cl.sc2) = (pts, sc1, sc2);
+    let fold = |m: [f64; LANES]| m.iter().fold(f64::NEG_INFINITY, |a, &b| max(b, a));
+    cc.tmax = max(fold(top), cc.tmax);
+    cc.tmin = min(-fold(bot), cc.tmin);
+    cc.hi += hi.iter().sum::<u64>();
+    cc.lo += low.iter().sum::<u64>();
+    cc.rej += rej.iter().sum::<u64>();
 }
