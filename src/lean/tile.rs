@@ -27,21 +27,6 @@ struct LaneTwoSum {
 impl LaneTwoSum {
     /// Adds `xs` (finite: the lean pass's values are bounded through the clamped ratio).
     #[inline(always)]
-    fn add(&mut self, xs: &[f64]) {
-        let (mut hi, mut lo) = (self.hi, self.lo);
-        let mut it = xs.chunks_exact(LANES);
-        for c in &mut it {
-            for l in 0..LANES {
-                two_sum(&mut hi[l], &mut lo[l], c[l]);
-            }
-        }
-        for (l, &x) in it.remainder().iter().enumerate() {
-            two_sum(&mut hi[l], &mut lo[l], x);
-        }
-        (self.hi, self.lo) = (hi, lo);
-    }
-    /// Folds the lanes into `s` in lane order.
-    #[inline(always)]
     fn add8(&mut self, xs: &[f64; LANES]) {
         for ((hi, lo), &x) in self.hi.iter_mut().zip(&mut self.lo).zip(xs) {
             two_sum(hi, lo, x);
@@ -77,11 +62,6 @@ fn oct<T>(s: &[T], j0: usize) -> &[T; LANES] {
 #[inline(always)]
 fn oct_mut<T>(s: &mut [T], j0: usize) -> &mut [T; LANES] {
     (&mut s[j0..j0 + LANES]).try_into().expect("an octet")
-}
-
-#[inline(always)]
-fn count_where(v: &[u64], x: &[f64], f: impl Fn(f64) -> bool) -> u64 {
-    v.iter().zip(x).map(|(&v, &x)| v & u64::from(f(x))).sum()
 }
 
 /// `x` where `v` is all ones, `z` where it is 0 (a bitwise select).
@@ -271,9 +251,9 @@ impl Cols {
         }
         let v = &self.valid[..len];
         let (c, rho) = (&self.c[..len], &self.rho[..len]);
-        let (x, y) = (&mut self.x[..len], &mut self.y[..len]);
+        let x = &mut self.x[..len];
         if let Some(is) = token_is {
-            token_weights(&mut self.w[..len], v, rho, is, rec, lanes, y);
+            token_weights(&mut self.w[..len], v, rho, is, rec, lanes);
         }
         let keep = &mut self.keep[..len];
         for (ci, cr) in plan.criteria.iter().enumerate() {
@@ -408,40 +388,53 @@ fn token_weights(
     is: &IsSpec,
     rec: &mut SeqRec,
     lanes: &mut SeqLanes,
-    y: &mut [f64],
 ) {
     let u = is.upper;
-    match is.lower {
-        // TIS: min(raw, U)
-        None => {
-            for ((w, &v), &r) in w.iter_mut().zip(v).zip(rho) {
-                *w = sel(v, min(r, u), 0.0);
-            }
+    let (l, lo) = (
+        is.lower.unwrap_or(f64::NEG_INFINITY),
+        is.lower.unwrap_or(1.0 / u),
+    );
+    let (mut s_w, mut s_raw, mut s_wc, mut s_wc2) =
+        (lanes.s_w, lanes.s_raw, lanes.s_wc, lanes.s_wc2);
+    let (mut top, mut bot) = ([f64::NEG_INFINITY; LANES], [f64::NEG_INFINITY; LANES]);
+    let (mut hi, mut low, mut oob) = ([0u64; LANES], [0u64; LANES], [0u64; LANES]);
+    for j0 in (0..w.len()).step_by(LANES) {
+        let (v8, r8) = (oct(v, j0), oct(rho, j0));
+        let (mut w8, mut raw, mut y1, mut y2) =
+            ([0f64; LANES], [0f64; LANES], [0f64; LANES], [0f64; LANES]);
+        for k in 0..LANES {
+            let (vv, r) = (v8[k], r8[k]);
+            let wk = match is.lower {
+                None => sel(vv, min(r, u), 0.0),
+                Some(_) => sel(vv & u64::from((r >= l) & (r <= u)).wrapping_neg(), r, 0.0),
+            };
+            w8[k] = wk;
+            top[k] = max(sel(vv, wk, f64::NEG_INFINITY), top[k]);
+            bot[k] = max(sel(vv, -wk, f64::NEG_INFINITY), bot[k]);
+            raw[k] = sel(vv, r, 0.0);
+            hi[k] += vv & u64::from(r > u);
+            low[k] += vv & u64::from(r < lo);
+            oob[k] += vv & u64::from((r < l) | (r > u));
+            // clipped weights (0 at padding already)
+            let y = min(max(wk, 0.0), u);
+            y1[k] = y;
+            y2[k] = y * y;
         }
-        // IcePop: raw inside [L, U], else 0
-        Some(l) => {
-            for ((w, &v), &r) in w.iter_mut().zip(v).zip(rho) {
-                *w = sel(v & u64::from((r >= l) & (r <= u)).wrapping_neg(), r, 0.0);
-            }
-        }
+        oct_mut(w, j0).copy_from_slice(&w8);
+        s_w.add8(&w8);
+        s_raw.add8(&raw);
+        s_wc.add8(&y1);
+        s_wc2.add8(&y2);
     }
-    lanes.s_w.add(w);
-    rec.w_max = max(extremum_where(v, w, 1.0), rec.w_max);
-    rec.w_min = min(extremum_where(v, w, -1.0), rec.w_min);
-    add_valid(&mut lanes.s_raw, rho, v, y);
-    rec.is_hi += count_where(v, rho, |r| r > u);
-    let lo = is.lower.unwrap_or(1.0 / u);
-    rec.is_lo += count_where(v, rho, |r| r < lo);
-    if let Some(l) = is.lower {
-        rec.is_oob += count_where(v, rho, |r| (r < l) | (r > u));
+    (lanes.s_w, lanes.s_raw, lanes.s_wc, lanes.s_wc2) = (s_w, s_raw, s_wc, s_wc2);
+    let fold = |m: [f64; LANES]| m.iter().fold(f64::NEG_INFINITY, |a, &b| max(b, a));
+    rec.w_max = max(fold(top), rec.w_max);
+    rec.w_min = min(-fold(bot), rec.w_min);
+    rec.is_hi += hi.iter().sum::<u64>();
+    rec.is_lo += low.iter().sum::<u64>();
+    if is.lower.is_some() {
+        rec.is_oob += oob.iter().sum::<u64>();
     }
-    // clipped weights (0 at padding already)
-    for (y, &w) in y.iter_mut().zip(w.iter()) {
-        *y = min(max(w, 0.0), u);
-    }
-    lanes.s_wc.add(y);
-    y.iter_mut().for_each(|y| *y *= *y);
-    lanes.s_wc2.add(y);
 }
 
 /// A token criterion over the tile in one loop: its rejections (cleared from `keep`), and its
