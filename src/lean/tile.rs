@@ -31,6 +31,9 @@ impl LaneTwoSum {
         for ((hi, lo), &x) in self.hi.iter_mut().zip(&mut self.lo).zip(xs) {
             two_sum(hi, lo, x);
         }
+        // without this barrier LLVM's SLP vectoriser cuts `hi` and `lo` (adjacent) into odd
+        // 2/4/8-lane pieces; with it, each is one vector (the bits are the same either way)
+        self.hi = std::hint::black_box(self.hi);
     }
     fn into_sum(self, s: &mut Sum) {
         for l in 0..LANES {
@@ -243,11 +246,8 @@ impl Cols {
         rec: &mut SeqRec,
         lanes: &mut SeqLanes,
     ) -> Option<()> {
-        let wide = self.columns(len)?;
-        if wide {
+        if !self.base_fused(len, rec, lanes)? {
             self.base_columns(len, rec, lanes);
-        } else {
-            self.base_fused(len, rec, lanes);
         }
         let v = &self.valid[..len];
         let (c, rho) = (&self.c[..len], &self.rho[..len]);
@@ -274,33 +274,43 @@ impl Cols {
         Some(())
     }
 
-    /// `valid`, `lr` (0 at padding), `c` (clamped) and `rho = e^c`; whether some |lr|
-    /// exceeds the clamp. `None` on a bad mask value or a non-finite valid log-prob.
-    /// The statistics every plan needs, in one loop over the tile (`len` a multiple of
-    /// `LANES`; no log-ratio beyond the safety bound): `e^c`, the valid count, the per-sequence
-    /// sums of the log-probs, the log-ratio, k3 and ρ², and `keep` = valid. Each sum gets the
-    /// same terms in the same lanes as [`Cols::base_columns`], so the same bits.
+    /// The columns and the statistics every plan needs, in one loop over the tile (`len` a
+    /// multiple of `LANES`): `valid`, `c` (the log-ratio clamped to the safety bound, 0 at
+    /// padding), `rho = e^c`, `keep` = valid, the valid count and the per-sequence sums of the
+    /// log-probs, the log-ratio, k3 and ρ². Each sum gets the same terms in the same lanes as
+    /// [`Cols::base_columns`], so the same bits. `None` on a bad mask value or a non-finite
+    /// valid log-prob; `Some(false)` when a log-ratio exceeds the safety bound, with nothing
+    /// added (the caller runs [`Cols::base_columns`]).
     #[inline(always)]
-    fn base_fused(&mut self, len: usize, rec: &mut SeqRec, lanes: &mut SeqLanes) {
+    fn base_fused(&mut self, len: usize, rec: &mut SeqRec, lanes: &mut SeqLanes) -> Option<bool> {
         let (mut st, mut sr, mut sl) = (lanes.s_train, lanes.s_roll, lanes.s_lr);
         let (mut sk, mut s2) = (lanes.s_k3u, lanes.s_rho2);
         let mut n = [0u64; LANES];
+        let (mut bad, mut wide) = ([false; LANES], [false; LANES]);
         for j0 in (0..len).step_by(LANES) {
             let mut t = [[0f64; LANES]; 5];
-            let (v, lr, c) = (oct(&self.valid, j0), oct(&self.lr, j0), oct(&self.c, j0));
-            let (o, r) = (oct(&self.o, j0), oct(&self.r, j0));
-            let mut rho = [0f64; LANES];
+            let (m, o, r) = (oct(&self.m, j0), oct(&self.o, j0), oct(&self.r, j0));
+            let (mut valid, mut c, mut rho) = ([0u64; LANES], [0f64; LANES], [0f64; LANES]);
             let mut keep = [false; LANES];
             for l in 0..LANES {
+                let v = m[l] == 1;
+                bad[l] |= (m[l] == MASK_BAD) | (v & !(r[l].is_finite() & o[l].is_finite()));
+                let lr = if v { o[l] - r[l] } else { 0.0 };
+                c[l] = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND);
+                wide[l] |= lr != c[l];
+                let vm = u64::from(v).wrapping_neg();
+                valid[l] = vm;
                 rho[l] = exp_bounded(c[l]);
-                t[0][l] = f64::from_bits(o[l].to_bits() & v[l]);
-                t[1][l] = f64::from_bits(r[l].to_bits() & v[l]);
-                t[2][l] = lr[l];
-                t[3][l] = (rho[l] - lr[l]) - 1.0;
-                t[4][l] = f64::from_bits((rho[l] * rho[l]).to_bits() & v[l]);
-                n[l] += v[l] & 1;
-                keep[l] = v[l] != 0;
+                t[0][l] = f64::from_bits(o[l].to_bits() & vm);
+                t[1][l] = f64::from_bits(r[l].to_bits() & vm);
+                t[2][l] = lr;
+                t[3][l] = (rho[l] - lr) - 1.0;
+                t[4][l] = f64::from_bits((rho[l] * rho[l]).to_bits() & vm);
+                n[l] += vm & 1;
+                keep[l] = v;
             }
+            oct_mut(&mut self.valid, j0).copy_from_slice(&valid);
+            oct_mut(&mut self.c, j0).copy_from_slice(&c);
             oct_mut(&mut self.rho, j0).copy_from_slice(&rho);
             oct_mut(&mut self.keep, j0).copy_from_slice(&keep);
             st.add8(&t[0]);
@@ -309,15 +319,27 @@ impl Cols {
             sk.add8(&t[3]);
             s2.add8(&t[4]);
         }
+        if bad.contains(&true) {
+            return None;
+        }
+        if wide.contains(&true) {
+            return Some(false);
+        }
         (lanes.s_train, lanes.s_roll, lanes.s_lr) = (st, sr, sl);
         (lanes.s_k3u, lanes.s_rho2) = (sk, s2);
         rec.n += n.iter().sum::<u64>();
+        Some(true)
     }
 
     /// [`Cols::base_fused`] a column at a time, for tiles holding a log-ratio beyond the
     /// safety bound (k3 from the unclamped ratio).
     fn base_columns(&mut self, len: usize, rec: &mut SeqRec, lanes: &mut SeqLanes) {
         for j in 0..len {
+            self.lr[j] = if self.valid[j] != 0 {
+                self.o[j] - self.r[j]
+            } else {
+                0.0
+            };
             self.rho[j] = exp_bounded(self.c[j]);
         }
         let v = &self.valid[..len];
@@ -343,25 +365,6 @@ impl Cols {
         for (k, &v) in self.keep[..len].iter_mut().zip(v) {
             *k = v != 0;
         }
-    }
-
-    #[inline(always)]
-    fn columns(&mut self, len: usize) -> Option<bool> {
-        let mut bad = false;
-        let mut wide = false;
-        for j in 0..len {
-            let mj = self.m[j];
-            let v = mj == 1;
-            let (rv, tv) = (self.r[j], self.o[j]);
-            bad |= (mj == MASK_BAD) | (v & !(rv.is_finite() & tv.is_finite()));
-            let l = if v { tv - rv } else { 0.0 };
-            let cl = l.clamp(-SAFETY_BOUND, SAFETY_BOUND);
-            wide |= l != cl;
-            self.valid[j] = u64::from(v).wrapping_neg();
-            self.lr[j] = l;
-            self.c[j] = cl;
-        }
-        (!bad).then_some(wide)
     }
 }
 
