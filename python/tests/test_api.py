@@ -259,7 +259,7 @@ def test_presets():
 def test_gil_released():
     """Another Python thread keeps running while a large correction is computed."""
     rng = np.random.default_rng(5)
-    old = rng.normal(-1, 0.1, (512, 1024))
+    old = rng.normal(-1, 0.1, (2048, 2048))  # a call of tens of ms, well above the ticks
     roll = old + rng.normal(0, 0.01, old.shape)
     mask = np.ones(old.shape, bool)
     ticks = []

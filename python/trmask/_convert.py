@@ -50,7 +50,9 @@ class Kind:
             t = torch.from_numpy(np.ascontiguousarray(a))
             if dtype is not None and t.dtype != dtype:
                 t = t.to(dtype)
-            return t if self.device is None else t.to(self.device)
+            if self.device is None or self.device.type == "cpu":
+                return t
+            return t.to(self.device)
         return a if dtype is None else a.astype(dtype, copy=False)
 
 
@@ -73,19 +75,19 @@ def borrow(x: Any, name: str, role: str) -> Tuple[Any, Kind]:
     if is_torch(x):
         torch = sys.modules["torch"]
         kind = Kind(True, x.dtype, x.device)
-        t = x.detach()
+        t = x.detach() if x.requires_grad else x
         if t.device.type != "cpu":
             t = _to_host(t, name)
         if not t.is_contiguous():
             t = t.contiguous()
         if t.dtype == torch.bfloat16:
             if role in ("values", "logits"):
-                bits = np.from_dlpack(t.view(torch.int16)).view(np.uint16)
+                bits = _host_array(t.view(torch.int16)).view(np.uint16)
                 return ("bfloat16", bits), kind
             t = t.float()
         elif t.is_complex() or t.dtype in (torch.uint16, torch.uint32, torch.uint64):
             raise _bad(name, f"has unsupported dtype {t.dtype}")
-        return _numpy(np.from_dlpack(t), name, role), kind
+        return _numpy(_host_array(t), name, role), kind
     if isinstance(x, tuple) and len(x) == 2 and x[0] == "bfloat16":
         return x, Kind(False, np.float32)
     a = np.asarray(x)
@@ -96,6 +98,15 @@ def borrow(x: Any, name: str, role: str) -> Tuple[Any, Kind]:
             return ("bfloat16", a.view(np.uint16)), Kind(False, np.float32)
         a = a.astype(np.float32)
     return _numpy(a, name, role), kind
+
+
+def _host_array(t: Any) -> np.ndarray:
+    """A CPU tensor's memory as a NumPy array, no copy (`Tensor.numpy`, a few times cheaper
+    than DLPack; DLPack for what it refuses)."""
+    try:
+        return t.numpy()
+    except (RuntimeError, TypeError):
+        return np.from_dlpack(t)
 
 
 def _to_host(t: Any, name: str) -> Any:
