@@ -43,7 +43,7 @@ const RED_SLOTS: u32 = 13u;
 const T_EXT: f32 = 30.0; // u < −T_EXT: e^{−u} handled in log space
 const TAU_KINK: f32 = 1.0e-5; // |log(q/p)| window around TV's kink (see pass 3)
 const LEAN_LAMBDA: f32 = 0.25; // pass 2's lean loop: |λ0| at most this
-const LEAN_K: f32 = 40.0; // ... and both cross factors |k| at most this (w_y·e^{k} ≤ e^{40})
+const LEAN_K: f32 = 40.0; // ... the cross factor |k| at most this (w_y·e^{k} ≤ e^{40}), and |δ| ≤ LEAN_LAMBDA
 
 // flags written to out[8·row + 7] (as an exact small float)
 const F_KL_INF: u32 = 1u;
@@ -136,12 +136,14 @@ fn oct_y(c: ptr<function, Chip>, k: u32, i: u32, at: RowAt, chip: bool) -> Oct {
     return load8_b(at.bbase + i, at.last_b);
 }
 
-// ---- pass 1 state (raw logit units; `it` applied to differences) -------------------------
+// ---- pass 1 state (raw logit units; `it2` = it·log2(e) applied to differences) -----------
+// Every exponential of pass 1 is exp2((x − m)·it2) = e^{(x−m)it}: log2(e) is folded into the
+// scaling, and h is kept in log2 units (make_dir multiplies by ln 2 once per row).
 struct Acc1 {
     m: f32, // running max of x (raw)
     s_in: f32, // Σ e^{(x−m)it} where the other side is finite
     s_out: f32, // Σ e^{(x−m)it} where the other side is −inf
-    h: f32, // Σ e^{(x−m)it}·(x−m)it
+    h: f32, // Σ e^{(x−m)it}·(x−m)it2  (log2 units)
     mc: f32, // max of x over the common support
     su: f32, // Σ_common e^{(x−m)it}·(x−y)   (raw units)
     // the rounding errors of s_in and h (TwoSum per four elements): a thread adds hundreds of
@@ -175,13 +177,15 @@ fn acc1_comp(st: ptr<function, Acc1>, ds: f32, dh: f32) {
     (*st).ch = (*st).ch + b.y;
 }
 
-// Rescales a state to the running maximum `mx` when that is larger (no-op otherwise).
-fn acc1_rescale(st: ptr<function, Acc1>, mx: f32, it: f32) {
+// Rescales a state to the running maximum `mx` when that is larger (no-op otherwise);
+// `it2` = it·log2(e).
+fn acc1_rescale(st: ptr<function, Acc1>, mx: f32, it2: f32) {
     if (mx > (*st).m) {
         *st = acc1_folded(*st);
-        let k = exp(((*st).m - mx) * it);
+        let l2 = ((*st).m - mx) * it2;
+        let k = exp2(l2);
         let s = (*st).s_in + (*st).s_out;
-        (*st).h = k * ((*st).h + ((*st).m - mx) * it * s);
+        (*st).h = k * ((*st).h + l2 * s);
         (*st).s_in = k * (*st).s_in;
         (*st).s_out = k * (*st).s_out;
         (*st).su = k * (*st).su;
@@ -194,9 +198,9 @@ fn acc1_rescale(st: ptr<function, Acc1>, mx: f32, it: f32) {
 // which the caller adds compensated per four elements. Branch-free: software rasterizers run
 // both sides of an `if` anyway, and selects cost less than their masks; the values a select
 // drops may be ±inf, never used.
-fn acc1_add(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, y_fin: bool, it: f32) -> vec2<f32> {
-    let lx = (x - (*st).m) * it;
-    let e = exp(lx);
+fn acc1_add(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, y_fin: bool, it2: f32) -> vec2<f32> {
+    let lx = (x - (*st).m) * it2;
+    let e = exp2(lx);
     let both = on && y_fin;
     (*st).mc = select((*st).mc, max((*st).mc, x), both);
     (*st).su = select((*st).su, (*st).su + e * (x - y), both);
@@ -220,25 +224,25 @@ fn usable(x: f32) -> bool {
 
 // One element of pass 1 into both states (each already rescaled to a maximum at least x, y).
 // Returns both states' terms (xy: p's s_in and h, zw: q's).
-fn p1_elem(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, x: f32, y: f32, ux: bool, uy: bool, it: f32) -> vec4<f32> {
-    let a = acc1_add(sp, ux, x, y, uy, it);
-    let b = acc1_add(sq, uy, y, x, ux, it);
+fn p1_elem(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, x: f32, y: f32, ux: bool, uy: bool, it2: f32) -> vec4<f32> {
+    let a = acc1_add(sp, ux, x, y, uy, it2);
+    let b = acc1_add(sq, uy, y, x, ux, it2);
     return vec4<f32>(a, b);
 }
 
 // Four elements of pass 1: both states rescaled once to their maxima, then the elements added
 // in index order.
-fn p1_step(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xs: vec4<f32>, ys: vec4<f32>, it: f32) {
+fn p1_step(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xs: vec4<f32>, ys: vec4<f32>, it2: f32) {
     let ux = vec4<bool>(usable(xs.x), usable(xs.y), usable(xs.z), usable(xs.w));
     let uy = vec4<bool>(usable(ys.x), usable(ys.y), usable(ys.z), usable(ys.w));
     let mxs = select(vec4<f32>(EMPTY_MAX), xs, ux);
     let mys = select(vec4<f32>(EMPTY_MAX), ys, uy);
-    acc1_rescale(sp, max(max(mxs.x, mxs.y), max(mxs.z, mxs.w)), it);
-    acc1_rescale(sq, max(max(mys.x, mys.y), max(mys.z, mys.w)), it);
-    let t0 = p1_elem(sp, sq, xs.x, ys.x, ux.x, uy.x, it);
-    let t1 = p1_elem(sp, sq, xs.y, ys.y, ux.y, uy.y, it);
-    let t2 = p1_elem(sp, sq, xs.z, ys.z, ux.z, uy.z, it);
-    let t3 = p1_elem(sp, sq, xs.w, ys.w, ux.w, uy.w, it);
+    acc1_rescale(sp, max(max(mxs.x, mxs.y), max(mxs.z, mxs.w)), it2);
+    acc1_rescale(sq, max(max(mys.x, mys.y), max(mys.z, mys.w)), it2);
+    let t0 = p1_elem(sp, sq, xs.x, ys.x, ux.x, uy.x, it2);
+    let t1 = p1_elem(sp, sq, xs.y, ys.y, ux.y, uy.y, it2);
+    let t2 = p1_elem(sp, sq, xs.z, ys.z, ux.z, uy.z, it2);
+    let t3 = p1_elem(sp, sq, xs.w, ys.w, ux.w, uy.w, it2);
     let t = (t0 + t1) + (t2 + t3);
     acc1_comp(sp, t.x, t.y);
     acc1_comp(sq, t.z, t.w);
@@ -263,12 +267,12 @@ fn masked_oct(o: Oct, r: InRow) -> Oct {
 
 // The masked pass 1's step over elements i .. i + 7 (those past `v` count as −inf on both
 // sides: no flag, no sum): both states updated four elements at a time, the flags back.
-fn p1_block(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xl: Oct, yl: Oct, i: u32, v: u32, it: f32) -> u32 {
+fn p1_block(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xl: Oct, yl: Oct, i: u32, v: u32, it2: f32) -> u32 {
     let r = in_row(i, v);
     let x = masked_oct(xl, r);
     let y = masked_oct(yl, r);
-    p1_step(sp, sq, x.lo, y.lo, it);
-    p1_step(sp, sq, x.hi, y.hi, it);
+    p1_step(sp, sq, x.lo, y.lo, it2);
+    p1_step(sp, sq, x.hi, y.hi, it2);
     return p1_flags(x.lo.x, y.lo.x) | p1_flags(x.lo.y, y.lo.y) | p1_flags(x.lo.z, y.lo.z) | p1_flags(x.lo.w, y.lo.w)
         | p1_flags(x.hi.x, y.hi.x) | p1_flags(x.hi.y, y.hi.y) | p1_flags(x.hi.z, y.hi.z) | p1_flags(x.hi.w, y.hi.w);
 }
@@ -276,9 +280,9 @@ fn p1_block(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, xl: Oct, yl: Oct, 
 // The plain pass 1's element (rows whose every logit is finite, see pass 1 in main): no masks
 // but `on` (the element lies in the row), the common support is the whole row. Returns its
 // terms of s_in and h (added compensated per four elements).
-fn acc1_add_plain(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, it: f32) -> vec2<f32> {
-    let lx = (x - (*st).m) * it;
-    let e = select(0.0, exp(lx), on);
+fn acc1_add_plain(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, it2: f32) -> vec2<f32> {
+    let lx = (x - (*st).m) * it2;
+    let e = select(0.0, exp2(lx), on);
     (*st).su = (*st).su + e * (x - y);
     return vec2<f32>(e, e * lx);
 }
@@ -288,39 +292,41 @@ fn acc1_add_plain(st: ptr<function, Acc1>, on: bool, x: f32, y: f32, it: f32) ->
 // move neither maximum nor minimum, and add nothing), the running minima `lo` of both sides
 // updated: with the maxima they tell whether the row held a −inf, NaN or +inf (then the
 // masked pass 1 runs instead).
-fn p1_quad_plain(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<function, vec2<f32>>, xs: vec4<f32>, ys: vec4<f32>, on: vec4<bool>, it: f32) {
-    acc1_rescale(sp, max(max(xs.x, xs.y), max(xs.z, xs.w)), it);
-    acc1_rescale(sq, max(max(ys.x, ys.y), max(ys.z, ys.w)), it);
+fn p1_quad_plain(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<function, vec2<f32>>, xs: vec4<f32>, ys: vec4<f32>, on: vec4<bool>, it2: f32) {
+    acc1_rescale(sp, max(max(xs.x, xs.y), max(xs.z, xs.w)), it2);
+    acc1_rescale(sq, max(max(ys.x, ys.y), max(ys.z, ys.w)), it2);
     *lo = min(*lo, vec2<f32>(min(min(xs.x, xs.y), min(xs.z, xs.w)), min(min(ys.x, ys.y), min(ys.z, ys.w))));
-    let p = (acc1_add_plain(sp, on.x, xs.x, ys.x, it) + acc1_add_plain(sp, on.y, xs.y, ys.y, it))
-        + (acc1_add_plain(sp, on.z, xs.z, ys.z, it) + acc1_add_plain(sp, on.w, xs.w, ys.w, it));
-    let q = (acc1_add_plain(sq, on.x, ys.x, xs.x, it) + acc1_add_plain(sq, on.y, ys.y, xs.y, it))
-        + (acc1_add_plain(sq, on.z, ys.z, xs.z, it) + acc1_add_plain(sq, on.w, ys.w, xs.w, it));
+    let p = (acc1_add_plain(sp, on.x, xs.x, ys.x, it2) + acc1_add_plain(sp, on.y, xs.y, ys.y, it2))
+        + (acc1_add_plain(sp, on.z, xs.z, ys.z, it2) + acc1_add_plain(sp, on.w, xs.w, ys.w, it2));
+    let q = (acc1_add_plain(sq, on.x, ys.x, xs.x, it2) + acc1_add_plain(sq, on.y, ys.y, xs.y, it2))
+        + (acc1_add_plain(sq, on.z, ys.z, xs.z, it2) + acc1_add_plain(sq, on.w, ys.w, xs.w, it2));
     acc1_comp(sp, p.x, p.y);
     acc1_comp(sq, q.x, q.y);
 }
 
 // The plain pass 1's step over elements i .. i + 7.
-fn p1_block_plain(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<function, vec2<f32>>, x: Oct, y: Oct, i: u32, v: u32, it: f32) {
+fn p1_block_plain(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<function, vec2<f32>>, x: Oct, y: Oct, i: u32, v: u32, it2: f32) {
     let r = in_row(i, v);
-    p1_quad_plain(sp, sq, lo, x.lo, y.lo, r.lo, it);
-    p1_quad_plain(sp, sq, lo, x.hi, y.hi, r.hi, it);
+    p1_quad_plain(sp, sq, lo, x.lo, y.lo, r.lo, it2);
+    p1_quad_plain(sp, sq, lo, x.hi, y.hi, r.hi, it2);
 }
 
-fn acc1_merge(p: Acc1, q: Acc1, it: f32) -> Acc1 {
+// Merges two pass-1 states (`it2` = it·log2(e)).
+fn acc1_merge(p: Acc1, q: Acc1, it2: f32) -> Acc1 {
     var hi = p;
     var lo = q;
     if (q.m > p.m) {
         hi = q;
         lo = p;
     }
-    let k = exp((lo.m - hi.m) * it);
+    let l2 = (lo.m - hi.m) * it2;
+    let k = exp2(l2);
     let s_lo = lo.s_in + lo.s_out;
     var r: Acc1;
     r.m = hi.m;
     r.s_in = hi.s_in + k * lo.s_in;
     r.s_out = hi.s_out + k * lo.s_out;
-    r.h = hi.h + k * (lo.h + (lo.m - hi.m) * it * s_lo);
+    r.h = hi.h + k * (lo.h + l2 * s_lo);
     r.mc = max(hi.mc, lo.mc);
     r.su = hi.su + k * lo.su;
     r.cs = 0.0;
@@ -353,9 +359,9 @@ fn acc1_load(base: u32, t: u32) -> Acc1 {
 
 // The pass-1 tree's merge (reduce_slots_wg.wgsl): both directions' states and the flags.
 fn red_merge(t: u32, o: u32) {
-    let it = params.inv_temp;
-    acc1_store(0u, t, acc1_merge(acc1_load(0u, t), acc1_load(0u, o), it));
-    acc1_store(6u, t, acc1_merge(acc1_load(6u, t), acc1_load(6u, o), it));
+    let it2 = params.inv_temp * LOG2E;
+    acc1_store(0u, t, acc1_merge(acc1_load(0u, t), acc1_load(0u, o), it2));
+    acc1_store(6u, t, acc1_merge(acc1_load(6u, t), acc1_load(6u, o), it2));
     red_set(12u, t, f32(u32(red_get(12u, t)) | u32(red_get(12u, o))));
 }
 
@@ -371,15 +377,15 @@ struct Dir2 {
     ee: f32,
 }
 
-// `yr`: the other side's raw logit minus its common-support maximum (≤ 0).
-fn dir2_push(st: ptr<function, Dir2>, u: f32, wx: f32, yr: f32, it: f32) {
+// `yr`: the other side's raw logit minus its common-support maximum (≤ 0); `it2` = it·log2(e).
+fn dir2_push(st: ptr<function, Dir2>, u: f32, wx: f32, yr: f32, it2: f32) {
     if (u >= -T_EXT) {
         (*st).u = (*st).u + wx * u;
         (*st).w = (*st).w + wx * w_of(u);
     } else {
         (*st).ue = (*st).ue + wx * u;
         (*st).pe = (*st).pe + wx;
-        (*st).ee = (*st).ee + exp(yr * it);
+        (*st).ee = (*st).ee + exp2(yr * it2);
     }
 }
 
@@ -409,7 +415,7 @@ fn make_dir(st: Acc1) -> Dir {
         r.c = st.su / st.s_in;
     }
     r.mc = st.mc;
-    r.entropy = max(r.log_s - st.h * r.inv_s, 0.0);
+    r.entropy = max(r.log_s - LN2 * (st.h * r.inv_s), 0.0);
     return r;
 }
 
@@ -498,13 +504,14 @@ struct P2Element {
     ur: f32, // ((y − x) − c_q)·it
 }
 
-fn p2_element(x: f32, y: f32, dp: Dir, dq: Dir, it: f32) -> P2Element {
+// `it2` = it·log2(e): the weights are exp2 of the pre-scaled differences.
+fn p2_element(x: f32, y: f32, dp: Dir, dq: Dir, it: f32, it2: f32) -> P2Element {
     var e: P2Element;
     e.x = x;
     e.y = y;
     e.finite = !is_neg_inf(e.x) && !is_neg_inf(e.y);
-    e.wx = exp((e.x - dp.m) * it);
-    e.wy = exp((e.y - dq.m) * it);
+    e.wx = exp2((e.x - dp.m) * it2);
+    e.wy = exp2((e.y - dq.m) * it2);
     let d = e.x - e.y;
     e.u = (d - dp.c) * it;
     e.ur = (-d - dq.c) * it;
@@ -526,6 +533,7 @@ struct P2Row {
     dp: Dir,
     dq: Dir,
     it: f32,
+    it2: f32, // it·log2(e)
     lam0: f32,
     tv_fast: bool, // e^{−λ0} and e^{−u} near the kink both stay finite
     ek0: f32, // e^{−λ0} (clamped)
@@ -541,14 +549,14 @@ fn p2_block(st: ptr<function, P2Sums>, xl: Oct, yl: Oct, i: u32, v: u32, r: P2Ro
     let x = masked_oct(xl, m);
     let y = masked_oct(yl, m);
     let it = r.it;
-    p2_add(st, p2_element(x.lo.x, y.lo.x, r.dp, r.dq, it), r, lean);
-    p2_add(st, p2_element(x.lo.y, y.lo.y, r.dp, r.dq, it), r, lean);
-    p2_add(st, p2_element(x.lo.z, y.lo.z, r.dp, r.dq, it), r, lean);
-    p2_add(st, p2_element(x.lo.w, y.lo.w, r.dp, r.dq, it), r, lean);
-    p2_add(st, p2_element(x.hi.x, y.hi.x, r.dp, r.dq, it), r, lean);
-    p2_add(st, p2_element(x.hi.y, y.hi.y, r.dp, r.dq, it), r, lean);
-    p2_add(st, p2_element(x.hi.z, y.hi.z, r.dp, r.dq, it), r, lean);
-    p2_add(st, p2_element(x.hi.w, y.hi.w, r.dp, r.dq, it), r, lean);
+    p2_add(st, p2_element(x.lo.x, y.lo.x, r.dp, r.dq, it, r.it2), r, lean);
+    p2_add(st, p2_element(x.lo.y, y.lo.y, r.dp, r.dq, it, r.it2), r, lean);
+    p2_add(st, p2_element(x.lo.z, y.lo.z, r.dp, r.dq, it, r.it2), r, lean);
+    p2_add(st, p2_element(x.lo.w, y.lo.w, r.dp, r.dq, it, r.it2), r, lean);
+    p2_add(st, p2_element(x.hi.x, y.hi.x, r.dp, r.dq, it, r.it2), r, lean);
+    p2_add(st, p2_element(x.hi.y, y.hi.y, r.dp, r.dq, it, r.it2), r, lean);
+    p2_add(st, p2_element(x.hi.z, y.hi.z, r.dp, r.dq, it, r.it2), r, lean);
+    p2_add(st, p2_element(x.hi.w, y.hi.w, r.dp, r.dq, it, r.it2), r, lean);
 }
 
 // One element of pass 2 through the lean or the general loop's element (`lean` is a constant
@@ -561,7 +569,7 @@ fn p2_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row, lean: bool) {
     }
 }
 
-// The lean loop's element (see `lean` in main).
+// The lean loop's element (see `lean` in `row_consts`): q's centred log-ratio is −u there.
 fn lean_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row) {
     if (!e.finite) {
         return;
@@ -569,18 +577,16 @@ fn lean_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row) {
     let wx = e.wx;
     let wy = e.wy;
     let u = e.u;
-    let ur = e.ur;
-    let sx = k3_series(-u); // w(u) for |u| <= ½
-    let sy = k3_series(-ur);
-    let bx = abs(u) > 0.5;
-    let by = abs(ur) > 0.5;
+    let ws = w_pair(u); // (w(u), w(−u)) for |u| <= ½
+    let big = abs(u) > 0.5;
+    let wu = wx * u;
     // w_x·expm1(−u): the series, or w_y·e^{k} − w_x (|expm1| ≥ 0.39 there: no cancellation)
-    let ex = select(wx * (sx - u), wy * r.ekx - wx, bx);
-    let ey = select(wy * (sy - ur), wx * r.eky - wy, by);
-    (*st).fp.u += wx * u;
-    (*st).fp.w += select(wx * sx, ex + wx * u, bx);
-    (*st).fq.u += wy * ur;
-    (*st).fq.w += select(wy * sy, ey + wy * ur, by);
+    let ex = select(wx * ws.x - wu, wy * r.ekx - wx, big);
+    (*st).fp.u += wu;
+    (*st).fp.w += select(wx * ws.x, ex + wu, big);
+    // q's side: w_y·w(−u), or w_y·expm1(u) − w_y·u with w_y·expm1(u) = w_x·e^{−k} − w_y
+    (*st).fq.u -= wy * u;
+    (*st).fq.w += select(wy * ws.y, (wx * r.eky - wy) - wy * u, big);
     let vv = -u - r.lam0; // log(q_i / p_i) at λ0
     // TV's sums in units of p's weights (the row's 1/s_p scales them after the reduction):
     // w_x·expm1(−u − λ0) = e^{−λ0}·w_x·expm1(−u) + w_x·expm1(−λ0) for every element; with
@@ -611,10 +617,10 @@ fn general_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row) {
     } else {
         (*st).fp.ue = (*st).fp.ue + wx * u;
         (*st).fp.pe = (*st).fp.pe + wx;
-        (*st).fp.ee = (*st).fp.ee + exp((e.y - r.dq.mc) * it);
+        (*st).fp.ee = (*st).fp.ee + exp2((e.y - r.dq.mc) * r.it2);
     }
     var fq = (*st).fq;
-    dir2_push(&fq, ur, wy, e.x - r.dp.mc, it);
+    dir2_push(&fq, ur, wy, e.x - r.dp.mc, r.it2);
     (*st).fq = fq;
     let p_i = wx * r.dp.inv_s;
     let vv = -u - r.lam0; // log(q_i / p_i) at λ0
@@ -638,7 +644,7 @@ fn general_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row) {
 }
 
 // The plain pass 1 over the thread's octets (read from memory), kept on-chip when `keep`.
-fn p1_plain_loop(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<function, vec2<f32>>, c: ptr<function, Chip>, at: RowAt, it: f32, keep: bool) {
+fn p1_plain_loop(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<function, vec2<f32>>, c: ptr<function, Chip>, at: RowAt, it2: f32, keep: bool) {
     var k = 0u;
     for (var i = 8u * at.t; i < at.v; i += 8u * WG) {
         let xo = load8_a(at.abase + i, at.last_a);
@@ -648,16 +654,16 @@ fn p1_plain_loop(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, lo: ptr<funct
             (*c).y[k] = yo;
         }
         k += 1u;
-        p1_block_plain(sp, sq, lo, xo, yo, i, at.v, it);
+        p1_block_plain(sp, sq, lo, xo, yo, i, at.v, it2);
     }
 }
 
 // The masked pass 1 over the thread's octets; their flags back.
-fn p1_masked_loop(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, c: ptr<function, Chip>, at: RowAt, it: f32, chip: bool) -> u32 {
+fn p1_masked_loop(sp: ptr<function, Acc1>, sq: ptr<function, Acc1>, c: ptr<function, Chip>, at: RowAt, it2: f32, chip: bool) -> u32 {
     var fl = 0u;
     var k = 0u;
     for (var i = 8u * at.t; i < at.v; i += 8u * WG) {
-        fl |= p1_block(sp, sq, oct_x(c, k, i, at, chip), oct_y(c, k, i, at, chip), i, at.v, it);
+        fl |= p1_block(sp, sq, oct_x(c, k, i, at, chip), oct_y(c, k, i, at, chip), i, at.v, it2);
         k += 1u;
     }
     return fl;
@@ -678,6 +684,7 @@ struct P3Row {
     dp: Dir,
     dq: Dir,
     it: f32,
+    it2: f32, // it·log2(e)
     lam: f32,
     need_q: bool,
     need_p: bool,
@@ -690,18 +697,19 @@ fn p3_add(st: ptr<function, vec3<f32>>, x: f32, y: f32, r: P3Row) {
         return;
     }
     let it = r.it;
-    let p_i = exp((x - r.dp.m) * it) * r.dp.inv_s;
+    let it2 = r.it2;
+    let p_i = exp2((x - r.dp.m) * it2) * r.dp.inv_s;
     let vv = -(((x - y) - r.dp.c) * it) - r.lam;
     if (abs(vv) <= 1.0) {
         (*st).x += p_i * abs(expm1_acc(vv));
     } else {
-        (*st).x += abs(p_i - exp((y - r.dq.m) * it) * r.dq.inv_s);
+        (*st).x += abs(p_i - exp2((y - r.dq.m) * it2) * r.dq.inv_s);
     }
     if (r.need_q) {
-        (*st).y += exp((y - r.dq.mc) * it);
+        (*st).y += exp2((y - r.dq.mc) * it2);
     }
     if (r.need_p) {
-        (*st).z += exp((x - r.dp.mc) * it);
+        (*st).z += exp2((x - r.dp.mc) * it2);
     }
 }
 
@@ -868,6 +876,7 @@ fn publish_p1_flags(t: u32, gp: Acc1, gq: Acc1) -> u32 {
 // are read once either way, so they always take the plain loop first (no third copy of the
 // loop for the shader compiler).
 fn pass1(t: u32, c: ptr<function, Chip>, at: RowAt, it: f32, keep: bool, masked_first_in: bool) {
+    let it2 = it * LOG2E;
     let masked_first = masked_first_in && !keep;
     var sp = acc1_empty();
     var sq = acc1_empty();
@@ -875,9 +884,9 @@ fn pass1(t: u32, c: ptr<function, Chip>, at: RowAt, it: f32, keep: bool, masked_
     if (!masked_first) {
         var lo = vec2<f32>(BIG);
         if (keep) {
-            p1_plain_loop(&sp, &sq, &lo, c, at, it, true);
+            p1_plain_loop(&sp, &sq, &lo, c, at, it2, true);
         } else {
-            p1_plain_loop(&sp, &sq, &lo, c, at, it, false);
+            p1_plain_loop(&sp, &sq, &lo, c, at, it2, false);
         }
         sp.mc = sp.m;
         sq.mc = sq.m;
@@ -896,9 +905,9 @@ fn pass1(t: u32, c: ptr<function, Chip>, at: RowAt, it: f32, keep: bool, masked_
         sq = acc1_empty();
         var fl = 0u;
         if (keep) {
-            fl = p1_masked_loop(&sp, &sq, c, at, it, true);
+            fl = p1_masked_loop(&sp, &sq, c, at, it2, true);
         } else {
-            fl = p1_masked_loop(&sp, &sq, c, at, it, false);
+            fl = p1_masked_loop(&sp, &sq, c, at, it2, false);
         }
         acc1_store(0u, t, sp);
         acc1_store(6u, t, sq);
@@ -919,21 +928,30 @@ struct RowC {
 
 fn row_consts(gp: Acc1, gq: Acc1, it: f32) -> RowC {
     let dp = make_dir(gp);
-    let dq = make_dir(gq);
-    // the cross factors of both directions (see `lean` below); λ0 is p's plus the log-normalisers
+    var dq = make_dir(gq);
+    // the cross factor of p's direction (see `lean` below); λ0 is it plus the log-normalisers
     let kx = ((dq.m - dp.m) + dp.c) * it;
-    let ky = ((dp.m - dq.m) + dq.c) * it;
     let lam0 = kx + dq.log_s - dp.log_s;
-    let tv_fast = abs(lam0) < T_EXT;
-    let c = P2Row(dp, dq, it, lam0, tv_fast, exp(-min(abs(lam0), T_EXT) * sign(lam0)), expm1_acc(-lam0), exp(clamp(kx, -LEAN_K, LEAN_K)), exp(clamp(ky, -LEAN_K, LEAN_K)));
-    // The lean loop (row-uniform choice): when λ0 is small and both directions' cross factors
-    // k = log(w_x·e^{−u} / w_y) are moderate, p·e^{−u} = w_y·e^{k} needs no exponential of
+    // δ = (c_p + c_q)·it: how far q's own centre lies from −c_p (≈ KL(p‖q) + KL(q‖p))
+    let delta = (dp.c + dq.c) * it;
+    // The lean loop (row-uniform choice): when λ0 is small and the cross factor
+    // k = log(w_x·e^{−u} / w_y) is moderate, p·e^{−u} = w_y·e^{k} needs no exponential of
     // its own and nothing can overflow, so the elements with u < −T_EXT need no separate sums
     // (they are folded into U and W exactly as `finish_dir` adds them back) and TV's
-    // expm1(v) comes from the same terms. Two exponentials and two branch-free series per
+    // expm1(v) comes from the same terms. On lean rows q's direction takes the centre −c_p
+    // (when |δ| is small as well), so its centred log-ratio is exactly −u: one series gives
+    // w(u) and w(−u) (`w_pair`), and q's cross factor is −k. KL(q‖p) = W + (log1p(x) − x)
+    // holds for any centre; with |δ| ≤ ¼ (U_q = δ·(1 − out_q)) and |λ0| ≤ ¼, |x_q| stays
+    // small enough that no term cancels. Two exponentials and one branch-free series per
     // element instead of seven and three; software rasterizers evaluate both sides of every
     // `if` inside a loop, so the lean and the general loop are two loops.
-    let lean = abs(lam0) <= LEAN_LAMBDA && abs(kx) <= LEAN_K && abs(ky) <= LEAN_K;
+    let lean = abs(lam0) <= LEAN_LAMBDA && abs(kx) <= LEAN_K && abs(delta) <= LEAN_LAMBDA;
+    if (lean) {
+        dq.c = -dp.c;
+    }
+    let ky = ((dp.m - dq.m) + dq.c) * it;
+    let tv_fast = abs(lam0) < T_EXT;
+    let c = P2Row(dp, dq, it, it * LOG2E, lam0, tv_fast, exp(-min(abs(lam0), T_EXT) * sign(lam0)), expm1_acc(-lam0), exp(clamp(kx, -LEAN_K, LEAN_K)), exp(clamp(ky, -LEAN_K, LEAN_K)));
     return RowC(dp, dq, lam0, lean, c);
 }
 
@@ -973,7 +991,7 @@ fn pass2(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, chip: bool) {
 // Pass 3 over the thread's octets of `at` with the exact λ, its 3 sums reduced into thread 0's
 // row of `red_sh` (called after a barrier that follows every read of `after_p2`'s slots).
 fn pass3(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, a: After2, chip: bool) {
-    let r3 = P3Row(rc.dp, rc.dq, rc.c.it, a.lam, !a.nq.ok, !a.np.ok);
+    let r3 = P3Row(rc.dp, rc.dq, rc.c.it, rc.c.it2, a.lam, !a.nq.ok, !a.np.ok);
     var s3 = vec3<f32>(0.0);
     if (chip) {
         p3_loop(&s3, c, at, r3, true);

@@ -15,11 +15,29 @@ use trmask::gpu::pipeline::{all_kernel_keys, Flavour, KernelKey, Op};
 use trmask::gpu::{Context, ContextOptions, GpuEngine};
 use trmask::{DType, Engine, Logits, VocabStats};
 
-/// Scalar ops and exponentials per logit pair of the vocabulary kernel: estimates from a
-/// count of the shader's per-element code (issue 29's review), not measured; the roofline
-/// rows say so.
-const OPS_PER_PAIR_ESTIMATE: f64 = 107.0;
-const EXPS_PER_PAIR_ESTIMATE: f64 = 4.0;
+/// Scalar ops and exponentials per logit pair of the vocabulary kernel, counted in the
+/// shader's per-element code on its common path (pass 1's plain loop, pass 2's lean loop,
+/// WIDE loads), not measured; the roofline rows say so. Counted: every add, multiply, FMA,
+/// compare, select, min / max / abs / sign and bit operation; an `exp` as one exponential plus
+/// the multiply by log2(e) GPUs do, an `exp2` as one exponential; loop and address arithmetic
+/// not counted. Pass 1: 2 × 5 per element and direction (difference, scale, logit difference,
+/// FMA into Σe·d, e·lx) plus 15 per element of per-four work (two rescale tests, the minima,
+/// the TwoSum-compensated sums); pass 2: 10 (support test, two scaled differences, d, u) plus
+/// 43 in `lean_add` (one `w_pair` series of 12 for w(u) and w(−u), both directions' sums,
+/// TV's three sums). Before the exp2 / shared-series rewrite the same count gave 100 (27 +
+/// 73), with both series evaluated and each `exp` costing its multiply.
+const MATH_OPS_PER_PAIR: f64 = 78.0;
+/// exp2 per pair: two in pass 1, two in pass 2 (lean loop).
+const EXPS_PER_PAIR: f64 = 4.0;
+
+/// Ops per pair of decoding the two logits, once per read of the row (bf16 / f16: extract,
+/// exponent mask, compare, branch, shift per element; f32: mask, compare, branch).
+fn decode_ops_per_pair(d: DType) -> f64 {
+    match d {
+        DType::F32 => 6.0,
+        _ => 10.0,
+    }
+}
 
 /// What the suite runs.
 pub struct Options {
@@ -659,12 +677,13 @@ pub fn run(gpu: &GpuEngine, cpu: &dyn Engine, opts: &Options) -> anyhow::Result<
         );
         println!("| variant | time | logits GB/s | of read floor ({}) | reads / logit | bytes read | read GB/s | exps / pair (est.) | ops / pair (est.) | exp2-bound time | FMA-rate-bound time |", ms(read));
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
-        let exp_t = pairs * EXPS_PER_PAIR_ESTIMATE / (rate("exp_rate") * 1e9);
-        let ops_t = pairs * OPS_PER_PAIR_ESTIMATE / (rate("fma_rate") * 1e9 / 2.0);
+        let exp_t = pairs * EXPS_PER_PAIR / (rate("exp_rate") * 1e9);
         for v in c.variants.iter().filter(|v| !v.secs.is_nan()) {
             let bytes_read = c.bytes * v.reads;
+            let ops = MATH_OPS_PER_PAIR + v.reads.max(1.0) * decode_ops_per_pair(c.dtype);
+            let ops_t = pairs * ops / (rate("fma_rate") * 1e9 / 2.0);
             println!(
-                "| {} | {} | {:.1} GB/s | {:.1} % | {:.3} | {:.3} GB | {:.1} GB/s | {EXPS_PER_PAIR_ESTIMATE} | {OPS_PER_PAIR_ESTIMATE} | {} | {} |",
+                "| {} | {} | {:.1} GB/s | {:.1} % | {:.3} | {:.3} GB | {:.1} GB/s | {EXPS_PER_PAIR} | {ops:.0} | {} | {} |",
                 shown(v),
                 ms(v.secs),
                 c.bytes / v.secs / 1e9,

@@ -15,6 +15,10 @@ const BAD_SENTINEL: f32 = 3.0e38;
 const EMPTY_MAX: f32 = -1.0e30;
 // verl's clamp of the log-ratio before exp and in k1/k2/k3 (docs/FORMAT.md, log-ratio).
 const SAFETY_BOUND: f32 = 20.0;
+// log2(e) and ln(2): e^{z·it} is computed as exp2(z·(it·LOG2E)), the constant folded into the
+// scaling a loop already does (GPUs compute exp as exp2 of a product anyway).
+const LOG2E: f32 = 1.4426950408889634;
+const LN2: f32 = 0.6931471805599453;
 
 fn is_neg_inf(x: f32) -> bool {
     return x < -1.0e38;
@@ -38,6 +42,17 @@ fn k3_of(x: f32) -> f32 {
 fn k3_series(x: f32) -> f32 {
     return x * x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0
         + x * (1.0 / 720.0 + x * (1.0 / 5040.0 + x * (1.0 / 40320.0 + x * (1.0 / 362880.0))))))));
+}
+
+// w(u) = k3(−u) and w(−u) = k3(u) from one evaluation of k3's series (through u^9, for
+// |u| <= 0.5): k3(u) = E(u) + O(u) with E the even part u^2/2! + u^4/4! + ... and O the odd
+// part u^3/3! + u^5/5! + ..., both polynomials in u^2, so w(u) = E − O and w(−u) = E + O
+// (E ≥ |O| there: no cancellation). 12 operations instead of two series' 20.
+fn w_pair(u: f32) -> vec2<f32> {
+    let u2 = u * u;
+    let ev = u2 * (0.5 + u2 * (1.0 / 24.0 + u2 * (1.0 / 720.0 + u2 * (1.0 / 40320.0))));
+    let od = (u * u2) * (1.0 / 6.0 + u2 * (1.0 / 120.0 + u2 * (1.0 / 5040.0 + u2 * (1.0 / 362880.0))));
+    return vec2<f32>(ev - od, ev + od);
 }
 
 // expm1(x) with ~1 ulp relative error for every |x|.
