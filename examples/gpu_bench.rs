@@ -82,6 +82,43 @@ fn pair(rows: usize, vocab: usize) -> (Vec<u8>, Vec<u8>) {
     (a, b)
 }
 
+/// Peaked rows like an RL step's (bf16): a few tokens 15 to 19 nats over 2σ logits (the tail
+/// holds a few % of the mass), the rollout truncated to its top-p = 0.9 set (−inf elsewhere),
+/// the trainer full and 0.05 apart; the sampled ids inside the kept sets.
+fn peaked_pair(rows: usize, vocab: usize) -> (Vec<u8>, Vec<u8>, Vec<i64>) {
+    let (mut a, mut b, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut n1, mut n2) = (Vec::new(), Vec::new());
+    for r in 0..rows {
+        normals(1000 + 2 * r as u64, vocab, &mut n1);
+        normals(1001 + 2 * r as u64, vocab, &mut n2);
+        let z: Vec<f64> = (0..vocab)
+            .map(|i| {
+                let head = (i * 7919 + r) % 20_011 == 0;
+                2.0 * n1[i] + if head { 15.0 + n2[i].abs() * 2.0 } else { 0.0 }
+            })
+            .collect();
+        let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let total: f64 = z.iter().map(|x| (x - m).exp()).sum();
+        let mut order: Vec<usize> = (0..vocab).collect();
+        order.sort_by(|&i, &j| z[j].total_cmp(&z[i]));
+        let mut x = z.clone();
+        let mut kept = 0.0;
+        for &i in &order {
+            if kept >= 0.9 * total {
+                x[i] = f64::NEG_INFINITY;
+            }
+            kept += (z[i] - m).exp();
+        }
+        ids.push(order[r % 2] as i64);
+        for i in 0..vocab {
+            let y = z[i] + 0.05 * n2[(i + 1) % vocab];
+            a.extend_from_slice(&half::bf16::from_f64(x[i]).to_bits().to_le_bytes());
+            b.extend_from_slice(&half::bf16::from_f64(y).to_bits().to_le_bytes());
+        }
+    }
+    (a, b, ids)
+}
+
 fn device_buffer(ctx: &Context, bytes: &[u8]) -> wgpu::Buffer {
     let buf = ctx.device().create_buffer(&wgpu::BufferDescriptor {
         label: Some("bench logits"),
@@ -722,9 +759,18 @@ fn tolerance_ratio(g: &trmask::VocabStats, r: &trmask::VocabStats, mask: &[bool]
     worst
 }
 
+/// The configuration `--json` pins for its split-row data sets.
+const JSON_SPLIT: trmask::gpu::VocabVariant = trmask::gpu::VocabVariant {
+    workgroup: 256,
+    slice: 4096,
+    masked_first: true,
+};
+
 /// `--json`: the vocabulary kernel on host logits of the random pair (64 × 32,000 with
-/// `--quick`, else 256 × 151,936), `data/sample/real-small.safetensors` and
-/// `data/causal-sample/logits.safetensors` (run from the repository root): reads per logit of
+/// `--quick`, else 256 × 151,936), `data/sample/real-small.safetensors`,
+/// `data/causal-sample/logits.safetensors` (run from the repository root), and rows of
+/// V = 151,936 split into slices ([`JSON_SPLIT`]): `split-random` (the random pair) and
+/// `split-peaked` ([`peaked_pair`]), 8 rows each with `--quick`, else 32: reads per logit of
 /// each (`Context::last_vocab_passes`) and the worst tolerance ratio against the f64 CPU
 /// engine on the same inputs, as one JSON object on stdout.
 fn json_report(gpu: &GpuEngine, cpu: &dyn Engine, quick: bool) -> anyhow::Result<()> {
@@ -737,6 +783,7 @@ fn json_report(gpu: &GpuEngine, cpu: &dyn Engine, quick: bool) -> anyhow::Result
         Logits::from_bytes(b, DType::BF16, rows, vocab)?,
         Some(ids),
         vec![true; rows],
+        None,
     )];
     for (name, path) in [
         ("data/sample", "data/sample/real-small.safetensors"),
@@ -751,12 +798,26 @@ fn json_report(gpu: &GpuEngine, cpu: &dyn Engine, quick: bool) -> anyhow::Result
         let (Some(r), Some(o)) = (batch.rollout_logits, batch.old_logits) else {
             anyhow::bail!("{path}: no logits");
         };
-        sets.push((name.to_string(), r, o, batch.responses, mask));
+        sets.push((name.to_string(), r, o, batch.responses, mask, None));
+    }
+    let (rows, vocab) = (if quick { 8 } else { 32 }, 151_936);
+    let (a, b) = pair(rows, vocab);
+    let (pa, pb, pids) = peaked_pair(rows, vocab);
+    let ids: Vec<i64> = (0..rows).map(|r| ((r * 7919) % vocab) as i64).collect();
+    for (name, a, b, ids) in [("split-random", a, b, ids), ("split-peaked", pa, pb, pids)] {
+        sets.push((
+            name.to_string(),
+            Logits::from_bytes(a, DType::BF16, rows, vocab)?,
+            Logits::from_bytes(b, DType::BF16, rows, vocab)?,
+            Some(ids),
+            vec![true; rows],
+            Some(JSON_SPLIT),
+        ));
     }
     let (mut reads, mut ratios) = (Vec::new(), Vec::new());
     let ctx = gpu.context();
-    for (name, r, o, ids, mask) in &sets {
-        let g = gpu.vocab_divergence(r, o, ids.as_deref(), mask, 1.0)?;
+    for (name, r, o, ids, mask, pin) in &sets {
+        let g = trmask::gpu::vocab_divergence_with(ctx, r, o, ids.as_deref(), mask, 1.0, *pin)?;
         let p = ctx
             .last_vocab_passes()
             .ok_or_else(|| anyhow::anyhow!("{name}: no pass counts"))?;
@@ -770,8 +831,9 @@ fn json_report(gpu: &GpuEngine, cpu: &dyn Engine, quick: bool) -> anyhow::Result
         .map(|(n, r)| format!("\"{n}\": {r:.4}"))
         .collect();
     println!(
-        "{{\"adapter\": \"{}\", \"reads_per_logit\": {{{}}}, \"tolerance_ratio\": {{{}}}, \"worst_tolerance_ratio\": {worst:.4}}}",
+        "{{\"adapter\": \"{}\", \"split_variant\": \"{}\", \"reads_per_logit\": {{{}}}, \"tolerance_ratio\": {{{}}}, \"worst_tolerance_ratio\": {worst:.4}}}",
         gpu.name().replace('"', "'"),
+        JSON_SPLIT.label(),
         reads.join(", "),
         per.join(", ")
     );

@@ -1,6 +1,7 @@
 // Exact vocabulary divergences, one workgroup per row (token slot), or, with params.slices > 1,
-// rows split across workgroups: per slice pass 1, pass 2 and pass 3 in three dispatches, their
-// partial states merged by fixed trees, and a combine step per row (common/vocab_split.wgsl).
+// rows split across workgroups: each slice runs pass 1 and pass 2 (at its own constants) on
+// one read, the slices' sums merged in closed form by fixed trees, TV's slices read again only
+// where their certificate fails, and a combine step per row (common/vocab_split.wgsl).
 // Composed as: common/prelude.wgsl (WG, MAX_WG, tree_half) + common/math.wgsl (sentinels,
 // w_of, expm1_acc, log1p_acc, log1p_minus_x) + common/unpack.wgsl (decoders, `Oct`) +
 // common/reduce_slots_wg.wgsl (the three workgroup trees) + the loaders of bindings 1 and 2
@@ -25,7 +26,9 @@
 //   The same for KL(q‖p) with the roles swapped. TV = ½Σ|p−q| with p_i|expm1(−u_i − λ0)| is
 //   accumulated in the same pass together with its derivative in λ, and corrected to first
 //   order to the exact λ = log(1 + x) − log1p(−Q_out) found by pass 2. Rows with small λ0
-//   and moderate cross factors take a lean loop with the same sums (see `lean` below).
+//   and moderate cross factors take a lean loop with the same sums (see `lean` in
+//   `row_consts`). Every exponential of the loops is exp2 of a difference scaled by
+//   it·log2(e) (one multiply, which GPUs' exp would add).
 // Pass 3 (only rows where the first-order correction is not provably negligible, i.e. much
 //   p-mass sits within |λ − λ0| of TV's kink): TV again with the exact λ.
 // Pass 1's order: on CPU adapters the plain loop (no per-element masks) and, for rows holding a
@@ -42,6 +45,9 @@
 const RED_SLOTS: u32 = 13u;
 const T_EXT: f32 = 30.0; // u < −T_EXT: e^{−u} handled in log space
 const TAU_KINK: f32 = 1.0e-5; // |log(q/p)| window around TV's kink (see pass 3)
+// a wider window, whose p-mass split rows' slices also count (their TV certificate, see
+// common/vocab_split.wgsl)
+const NEAR_WIDE: f32 = 0.03125;
 const LEAN_LAMBDA: f32 = 0.25; // pass 2's lean loop: |λ0| at most this
 const LEAN_K: f32 = 40.0; // ... the cross factor |k| at most this (w_y·e^{k} ≤ e^{40}), and |δ| ≤ LEAN_LAMBDA
 
@@ -60,6 +66,8 @@ const F_PASS1_FULL: u32 = 1024u; // pass 1 ran again with masks (see pass 1 in m
 const F_ON_CHIP: u32 = 2048u; // the row was read once: every later loop ran on the copy kept on-chip
 const F_SPLIT: u32 = 4096u; // the row was cut into slices (common/vocab_split.wgsl)
 const F_MASKED_FIRST: u32 = 8192u; // pass 1 ran the masked loop from the start (GPUs)
+const F_SLICES_TWICE: u32 = 16384u; // split row: slices too long to keep on-chip, read twice
+const REREAD_SHIFT: u32 = 15u; // split row: how many slices TV read again, from this bit
 
 // Octets (eight elements of each row) a thread keeps on-chip: rows of V <= 8·WG·ONCHIP_OCTS
 // elements are read from memory once, by the plain pass 1, and every later loop (the masked
@@ -525,6 +533,7 @@ struct P2Sums {
     tv0: f32,
     g: f32,
     near: f32, // p-mass with |v| <= TAU_KINK (whose |·| may flip sign between λ0 and λ)
+    near_w: f32, // p-mass with |v| <= NEAR_WIDE (split rows only; dead code elsewhere)
     // (the lean loop sums tv0, g and near in units of p's weights, see `tv_unit`)
 }
 
@@ -596,6 +605,7 @@ fn lean_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row) {
     (*st).tv0 += abs(pm);
     (*st).g += sign(vv) * (wx + pm);
     (*st).near += select(0.0, wx, abs(vv) <= TAU_KINK);
+    (*st).near_w += select(0.0, wx, abs(vv) <= NEAR_WIDE);
 }
 
 // The general loop's element.
@@ -635,6 +645,9 @@ fn general_add(st: ptr<function, P2Sums>, e: P2Element, r: P2Row) {
         (*st).g += sign(vv) * (p_i + p_i * em);
         if (abs(vv) <= TAU_KINK) {
             (*st).near += p_i;
+        }
+        if (abs(vv) <= NEAR_WIDE) {
+            (*st).near_w += p_i;
         }
     } else {
         let q_i = wy * r.dq.inv_s;
@@ -956,9 +969,10 @@ fn row_consts(gp: Acc1, gq: Acc1, it: f32) -> RowC {
 }
 
 // Pass 2 over the thread's octets of `at` (from the on-chip copy when `chip`), the 13 sums
-// reduced into thread 0's row of `red_sh`.
-fn pass2(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, chip: bool) {
-    var sums = P2Sums(Dir2(0.0, 0.0, 0.0, 0.0, 0.0), Dir2(0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0);
+// reduced into thread 0's row of `red_sh`; the thread's own `near_w` back (split rows reduce
+// it; whole rows drop it, so their compilers remove its sum).
+fn pass2(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, chip: bool) -> f32 {
+    var sums = P2Sums(Dir2(0.0, 0.0, 0.0, 0.0, 0.0), Dir2(0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0, 0.0);
     if (chip) {
         if (rc.lean) {
             p2_loop(&sums, c, at, rc.c, true, true);
@@ -986,6 +1000,7 @@ fn pass2(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, chip: bool) {
     red_sh[11u * MAX_WG + t] = sums.g;
     red_sh[12u * MAX_WG + t] = sums.near;
     red_sum_slots(t, 13u);
+    return sums.near_w;
 }
 
 // Pass 3 over the thread's octets of `at` with the exact λ, its 3 sums reduced into thread 0's
@@ -1057,7 +1072,7 @@ fn whole_row(row: u32, t: u32) {
     }
     // ---- pass 2 ----
     let rc = row_consts(gp, gq, it);
-    pass2(t, &chip, at, rc, onchip);
+    _ = pass2(t, &chip, at, rc, onchip);
     // every thread reads the reduced sums (the barrier ending the tree orders the reads)
     var a = after_p2(rc.dp, rc.dq, it, rc.lam0, rc.lean);
     if (t == 0u) {

@@ -280,8 +280,9 @@ impl Corrections {
 /// TV correction is not provably negligible (or a common-support mass underflowed). Pass 2
 /// takes its lean loop (two exponentials per element) when the row is well conditioned. A row
 /// short enough for the workgroup to keep on-chip is read from memory once whatever passes
-/// ran; longer rows are read once per pass.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// ran; longer rows are read once per pass. A row split into slices keeps each slice on-chip
+/// for passes 1 and 2 and reads again only the slices whose TV certificate fails.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct VocabPasses {
     /// Valid rows (token slots) of the call.
     pub rows: u64,
@@ -299,9 +300,10 @@ pub struct VocabPasses {
     /// Rows whose pass 1 ran the masked loop from the start (no second read for a −∞).
     pub masked_first_rows: u64,
     /// Reads of rows from memory, summed over the rows: 1 for a row kept on-chip, else 2 plus
-    /// one for a masked pass 1 run again (for a split row: in any of its slices) and one for
-    /// a pass 3.
-    pub row_reads: u64,
+    /// one for a masked pass 1 run again and one for a pass 3; a split row 1 (its slices kept
+    /// on-chip; else 2, plus one for a masked pass 1 run again in any slice) plus the share
+    /// of its slices read again for TV.
+    pub row_reads: f64,
 }
 
 impl VocabPasses {
@@ -310,6 +312,6 @@ impl VocabPasses {
         if self.rows == 0 {
             return 0.0;
         }
-        self.row_reads as f64 / self.rows as f64
+        self.row_reads / self.rows as f64
     }
 }

@@ -1,8 +1,9 @@
 //! Exact vocabulary divergences on the GPU (`shaders/vocab_divergence.wgsl`); mirrors
 //! `cpu/vocab_divergence.rs` (same decomposition, f32 on the device, see the shader's header).
 //!
-//! One workgroup per row, or rows cut into slices, one workgroup per slice, in four dispatches
-//! whose last (the combine step) merges the slices' partial states in a fixed order
+//! One workgroup per row, or rows cut into slices, one workgroup per slice, in three dispatches
+//! (each slice's passes 1 and 2 on one read; TV's re-read of the slices whose certificate
+//! fails; the combine step, which merges the slices' partial states in a fixed order)
 //! ([`VocabVariant`], chosen by [`Context::vocab_variant`]). Logits travel as their raw bytes (u32 words, 16-bit types packed two
 //! per word, odd byte counts padded), never widened on the host. Rows are split into chunks
 //! whose bindings fit the device limit ([`plan_host`], `plan`); each binding is a window of its
@@ -104,9 +105,12 @@ const F_PASS1_FULL: u32 = 1024;
 const F_ON_CHIP: u32 = 2048;
 const F_SPLIT: u32 = 4096;
 const F_MASKED_FIRST: u32 = 8192;
+const F_SLICES_TWICE: u32 = 16384;
+/// The count of a split row's slices read again for TV starts at this bit of its flags.
+const REREAD_SHIFT: u32 = 15;
 
 /// f32 words of `part` per row and slice of the split kernel (`PART` in the shader).
-pub const PART_WORDS: u64 = 32;
+pub const PART_WORDS: u64 = 40;
 
 /// Octets (eight elements of each row) a thread of the kernel keeps on-chip
 /// (`ONCHIP_OCTS` in the shader): rows of at most `8 · workgroup · ONCHIP_OCTS` elements are
@@ -405,9 +409,10 @@ fn run_chunks(
             let grid = dispatch_grid(n, limits.max_workgroups_per_dim)?;
             passes.push(Pass::new(kernel.clone(), &params, bindings, grid));
         } else {
-            // four dispatches: pass 1, pass 2, pass 3 per slice, then the combine step per row
-            for phase in 1..=4u32 {
-                let wgs = if phase == 4 { n } else { n * u64::from(slices) };
+            // three dispatches: passes 1 and 2 per slice (one read), TV's re-read of the slices
+            // failing their certificate, then the combine step per row
+            for phase in 1..=3u32 {
+                let wgs = if phase == 3 { n } else { n * u64::from(slices) };
                 let grid = dispatch_grid(wgs, limits.max_workgroups_per_dim)?;
                 let p = VocabDivergenceParams { phase, ..params };
                 passes.push(Pass::new(kernel.clone(), &p, bindings.clone(), grid));
@@ -555,12 +560,15 @@ pub fn vocab_divergence_with(
     )?;
     let host =
         (rollout.on_device().is_none() && train.on_device().is_none()).then_some((rollout, train));
-    ctx.record_vocab_passes(vocab_passes(&raw, mask));
+    let share = f64::from(vv.slice_len(rollout.vocab() as u64)) / rollout.vocab() as f64;
+    ctx.record_vocab_passes(vocab_passes(&raw, mask, share));
     finish_vocab_stats(&raw, mask.len(), host)
 }
 
-/// How the kernel read the valid rows of one call (from the flags of its raw results).
-fn vocab_passes(raw: &[f32], mask: &[bool]) -> VocabPasses {
+/// How the kernel read the valid rows of one call (from the flags of its raw results);
+/// `slice_share`: a split row's slice length over its vocabulary (a slice read again for TV
+/// counts as that share of a read; the last, shorter slice as a whole one).
+fn vocab_passes(raw: &[f32], mask: &[bool], slice_share: f64) -> VocabPasses {
     let mut p = VocabPasses::default();
     for (o, _) in raw
         .chunks_exact(RESULTS_PER_ROW)
@@ -576,10 +584,14 @@ fn vocab_passes(raw: &[f32], mask: &[bool]) -> VocabPasses {
         p.on_chip_rows += u64::from(flags & F_ON_CHIP != 0);
         p.split_rows += u64::from(flags & F_SPLIT != 0);
         p.masked_first_rows += u64::from(flags & F_MASKED_FIRST != 0);
-        // a split row counts as read again when any of its slices was
-        p.row_reads += match flags & F_ON_CHIP != 0 {
-            true => 1,
-            false => 2 + u64::from(masked) + u64::from(third),
+        let (m, t) = (f64::from(u8::from(masked)), f64::from(u8::from(third)));
+        // split: one read (slices on-chip) or 2 + masked, plus the slices TV read again
+        let rereads = (f64::from(flags >> REREAD_SHIFT) * slice_share).min(1.0);
+        p.row_reads += match (flags & F_SPLIT != 0, flags & F_ON_CHIP != 0) {
+            (true, _) if flags & F_SLICES_TWICE != 0 => 2.0 + m + rereads,
+            (true, _) => 1.0 + rereads,
+            (false, true) => 1.0,
+            (false, false) => 2.0 + m + t,
         };
     }
     p

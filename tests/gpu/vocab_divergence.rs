@@ -902,7 +902,7 @@ fn check_reads(p: &trmask::gpu::VocabPasses) {
         0 => 2 * p.rows + p.masked_pass1_rows + p.third_pass_rows,
         n if n == p.rows => p.rows,
         _ => panic!("mixed paths in one call: {p:?}"),
-    };
+    } as f64;
     assert_eq!(p.row_reads, want, "{p:?}");
 }
 
