@@ -79,10 +79,38 @@ fn slice_at(t: u32, row: u32, s: u32) -> RowAt {
     return RowAt(t, n, abase, bbase, abase + n - 1u, bbase + n - 1u);
 }
 
+// Pass 1's masked loop from the start over a slice kept on-chip (GPUs: a slice holding a −inf,
+// as a truncated rollout row's do, is then summed once, not by the plain loop and again by the
+// masked one); its states and flags reduced into thread 0's row of `red_sh` as `pass1` does.
+// Only the split pipeline has this loop (whole rows kept on-chip take the plain loop first).
+fn pass1_masked_kept(t: u32, c: ptr<function, Chip>, at: RowAt, it: f32) {
+    let it2 = it * LOG2E;
+    var sp = acc1_empty();
+    var sq = acc1_empty();
+    var fl = F_MASKED_FIRST;
+    var k = 0u;
+    for (var i = 8u * at.t; i < at.v; i += 8u * WG) {
+        let xo = load8_a(at.abase + i, at.last_a);
+        let yo = load8_b(at.bbase + i, at.last_b);
+        (*c).x[k] = xo;
+        (*c).y[k] = yo;
+        k += 1u;
+        fl |= p1_block(&sp, &sq, xo, yo, i, at.v, it2);
+    }
+    acc1_store(0u, t, sp);
+    acc1_store(6u, t, sq);
+    red_set(12u, t, f32(fl));
+    red_merge_tree(t);
+}
+
 // Phase 1: pass 1 and pass 2 of slice `s` at its own constants, into its record.
 fn slice_phase1(row: u32, s: u32, t: u32, at: RowAt, it: f32, chip: ptr<function, Chip>) {
     let fits = at.v <= 8u * WG * ONCHIP_OCTS;
-    pass1(t, chip, at, it, fits, params.masked_first != 0u);
+    if (fits && params.masked_first != 0u) {
+        pass1_masked_kept(t, chip, at, it);
+    } else {
+        pass1(t, chip, at, it, fits, params.masked_first != 0u);
+    }
     let b = part_base(row, s);
     put_part(b, t, 13u);
     let gp = acc1_load(0u, 0u);
