@@ -13,15 +13,16 @@
 //      pass 3; where it does, pass 3 over the slice → 3 sums (26 .. 28);
 //   4: the combine step, one workgroup per row: the same trees (and pass 3's sums), then the
 //      row's results, exactly as a whole row's.
-// Every tree over slices is the workgroup tree with slice s in thread s (slices <= WG, threads
-// past the last slice holding empty states), so results are deterministic for a given slice
-// length and workgroup size; they differ in rounding from the whole-row kernel's.
+// Every tree over slices is the workgroup's tree (workgroup memory or subgroups) with slice s in
+// thread s (slices <= WG, threads past the last slice holding empty states), so results are
+// deterministic for a given slice length, workgroup size and flavour; they differ in rounding
+// from the whole-row kernel's.
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
 
-// Thread 0's row of `red_sh`, slots 0 .. n − 1, into `part` from word `at` (any WG).
+// The tree's total, slots 0 .. n − 1, into `part` from word `at` (any WG).
 fn put_part(at: u32, t: u32, n: u32) {
     for (var k = t; k < n; k += WG) {
-        part[at + k] = red_sh[k * MAX_WG];
+        part[at + k] = red_total(k);
     }
 }
 
@@ -43,9 +44,9 @@ fn slice_at(t: u32, row: u32, s: u32) -> RowAt {
     return RowAt(t, n, abase, bbase, abase + n - 1u, bbase + n - 1u);
 }
 
-// The row's pass-1 states merged by the workgroup tree (thread 0's row of `red_sh`).
+// The row's pass-1 states merged by the workgroup's tree (`red_total`).
 fn gather_p1(row: u32, t: u32) {
-    workgroupBarrier();
+    row_sync();
     if (t < params.slices) {
         let b = part_base(row, t);
         for (var k = 0u; k < 13u; k++) {
@@ -61,7 +62,7 @@ fn gather_p1(row: u32, t: u32) {
 
 // The row's `k` sums at word `off` of every slice's record, summed by the workgroup tree.
 fn gather_sums(row: u32, t: u32, off: u32, k: u32) {
-    workgroupBarrier();
+    row_sync();
     for (var j = 0u; j < k; j++) {
         var x = 0.0;
         if (t < params.slices) {
@@ -97,8 +98,8 @@ fn split_row(flat: u32, t: u32) {
         return;
     }
     gather_p1(row, t);
-    let gp = acc1_load(0u, 0u);
-    let gq = acc1_load(6u, 0u);
+    let gp = acc1_total(0u);
+    let gq = acc1_total(6u);
     var flags = publish_p1_flags(t, gp, gq);
     if ((flags & (F_A_BAD | F_B_BAD | F_A_EMPTY | F_B_EMPTY)) != 0u) {
         if (phase == 4u) {
@@ -114,10 +115,7 @@ fn split_row(flat: u32, t: u32) {
     }
     gather_sums(row, t, PART_P2, 13u);
     var a = after_p2(rc.dp, rc.dq, it, rc.lam0, rc.lean);
-    if (t == 0u) {
-        wg_active = select(0u, 1u, a.again);
-    }
-    let again = workgroupUniformLoad(&wg_active);
+    let again = row_publish(t, select(0u, 1u, a.again));
     if (phase == 3u) {
         if (again != 0u) {
             pass3(t, &chip, at, rc, a, false);
@@ -142,7 +140,7 @@ fn split_row(flat: u32, t: u32) {
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
+    ids: SlotIds,
 ) {
-    split_row(flat_workgroup(wid, nwg), t);
+    split_row(flat_workgroup(wid, nwg), red_init(ids).y);
 }
