@@ -347,6 +347,21 @@ fn acc1_total(base: u32) -> Acc1 {
         red_total(base + 4u), red_total(base + 5u), 0.0, 0.0);
 }
 
+// Thread t's state in slots base .. base + 5 (workgroup flavour: any thread's row).
+fn acc1_at(base: u32, t: u32) -> Acc1 {
+    return Acc1(red_get(base, t), red_get(base + 1u, t), red_get(base + 2u, t), red_get(base + 3u, t),
+        red_get(base + 4u, t), red_get(base + 5u, t), 0.0, 0.0);
+}
+
+// The pass-1 tree's merge in workgroup memory (reduce_slots_wg.wgsl): both directions' states
+// and the flags of thread o's row (later items) into thread t's.
+fn red_merge(t: u32, o: u32) {
+    let it = params.inv_temp;
+    acc1_store(0u, t, acc1_merge(acc1_at(0u, t), acc1_at(0u, o), it));
+    acc1_store(6u, t, acc1_merge(acc1_at(6u, t), acc1_at(6u, o), it));
+    red_set(12u, t, f32(u32(red_get(12u, t)) | u32(red_get(12u, o))));
+}
+
 fn acc1_of(r: RedRow, base: u32) -> Acc1 {
     return Acc1(r[base], r[base + 1u], r[base + 2u], r[base + 3u], r[base + 4u], r[base + 5u], 0.0, 0.0);
 }
@@ -361,8 +376,7 @@ fn acc1_put(r: ptr<function, RedRow>, base: u32, st_raw: Acc1) {
     (*r)[base + 5u] = st.su;
 }
 
-// The pass-1 tree's merge (every flavour's `red_merge_tree`): both directions' states and the
-// flags of row b (later items) into row a's.
+// The same merge on rows held as values (the subgroup flavours' `red_merge_tree`).
 fn red_merge_row(a: RedRow, b: RedRow) -> RedRow {
     let it = params.inv_temp;
     var r: RedRow;

@@ -8,7 +8,7 @@
 // by reduce_slots_sg.wgsl (a row per workgroup: the subgroups' partials through workgroup
 // memory) or reduce_slots_sg_rows.wgsl (one subgroup per row). Same names as
 // reduce_slots_wg.wgsl; the op defines `const RED_SLOTS: u32` and `fn red_merge_row(a: RedRow,
-// b: RedRow) -> RedRow` (b holds later items).
+// b: RedRow) -> RedRow` (b holds later items; it must merge as the op's `red_merge` does).
 
 alias RedRow = array<f32, RED_SLOTS>;
 
@@ -27,6 +27,12 @@ var<private> red_row: RedRow;
 // Slot k of the calling thread's row (`t` is the calling thread: rows are private).
 fn red_set(k: u32, t: u32, x: f32) {
     red_row[k] = x;
+}
+
+// Slot k of the calling thread's row (the op's `red_merge`, the workgroup flavour's in-place
+// merge, is never called here: rows are merged as values by `red_merge_row`).
+fn red_get(k: u32, t: u32) -> f32 {
+    return red_row[k];
 }
 
 // Slot k of the total, after a tree.

@@ -1,7 +1,9 @@
 // Workgroup-memory trees over per-thread rows of RED_SLOTS f32 values (for kernels that reduce
 // many quantities at once), one row reduced per workgroup. The op defines `const RED_SLOTS: u32`,
-// `var<workgroup> wg_active: u32` and, to use red_merge_tree, `fn red_merge_row(a: RedRow,
-// b: RedRow) -> RedRow` that merges row b (later items) into row a. Slot k of thread t is
+// `var<workgroup> wg_active: u32` and, to use red_merge_tree, `fn red_merge(t: u32, o: u32)`
+// that merges thread o's row (later items) into thread t's in place (with red_get / red_set;
+// the subgroup flavour calls the op's `red_merge_row` on rows held as values instead; per-slot
+// loops here would cost lavapipe's shader compiler and its loop budget). Slot k of thread t is
 // red_sh[k * MAX_WG + t]. Deterministic pairwise trees over WG <= MAX_WG threads (power of two
 // or not), no atomics. Every call must be reached by all threads of the workgroup (it contains
 // barriers); each starts with a barrier (so rows written just before are seen) and ends with
@@ -24,9 +26,13 @@ fn red_init(ids: SlotIds) -> vec2<u32> {
 
 var<workgroup> red_sh: array<f32, RED_SLOTS * MAX_WG>;
 
-// Slot k of thread t's row (t: the calling thread).
+// Slot k of thread t's row (t: the calling thread, or for red_merge any thread).
 fn red_set(k: u32, t: u32, x: f32) {
     red_sh[k * MAX_WG + t] = x;
+}
+
+fn red_get(k: u32, t: u32) -> f32 {
+    return red_sh[k * MAX_WG + t];
 }
 
 // Slot k of the total (thread 0's row), after a tree.
@@ -64,21 +70,7 @@ fn red_sum_slots(t: u32, k: u32) {
     }
 }
 
-// Thread o's row (later items) merged into thread t's with the op's red_merge_row.
-fn red_merge(t: u32, o: u32) {
-    var a: RedRow;
-    var b: RedRow;
-    for (var j = 0u; j < RED_SLOTS; j++) {
-        a[j] = red_sh[j * MAX_WG + t];
-        b[j] = red_sh[j * MAX_WG + o];
-    }
-    let r = red_merge_row(a, b);
-    for (var j = 0u; j < RED_SLOTS; j++) {
-        red_sh[j * MAX_WG + t] = r[j];
-    }
-}
-
-// Merges every row into thread 0's row with the op's red_merge_row.
+// Merges every row into thread 0's row with the op's red_merge.
 fn red_merge_tree(t: u32) {
     workgroupBarrier();
     var live_n = WG;

@@ -21,7 +21,7 @@ pub const TUNE_ROWS: u64 = 256;
 
 /// Logits per tensor the tuner's rows may hold when [`TUNE_ROWS`] rows hold fewer (short rows:
 /// enough workgroups that several rows per workgroup are timed on a full GPU).
-pub const TUNE_LOGITS: u64 = 1 << 22;
+pub const TUNE_LOGITS: u64 = 1 << 24;
 
 /// Runs of each candidate after its warm-up run; the fastest counts.
 pub const TUNE_REPEATS: usize = 3;
