@@ -764,6 +764,8 @@ const JSON_SPLIT: trmask::gpu::VocabVariant = trmask::gpu::VocabVariant {
     workgroup: 256,
     slice: 4096,
     masked_first: true,
+    subgroups: false,
+    rows: 1,
 };
 
 /// `--json`: the vocabulary kernel on host logits of the random pair (64 × 32,000 with

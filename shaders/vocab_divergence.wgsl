@@ -4,7 +4,9 @@
 // where their certificate fails, and a combine step per row (common/vocab_split.wgsl).
 // Composed as: common/prelude.wgsl (WG, MAX_WG, tree_half) + common/math.wgsl (sentinels,
 // w_of, expm1_acc, log1p_acc, log1p_minus_x) + common/unpack.wgsl (decoders, `Oct`) +
-// common/reduce_slots_wg.wgsl (the three workgroup trees) + the loaders of bindings 1 and 2
+// the row's trees (common/reduce_slots_wg.wgsl: workgroup memory; or the subgroup flavour,
+// common/reduce_slots_shuffle.wgsl + common/reduce_slots_sg.wgsl, or with one subgroup per
+// row and ROWS rows per workgroup + common/reduce_slots_sg_rows.wgsl) + the loaders of bindings 1 and 2
 // (`load_a` / `load_b`: one element; `load8_a` / `load8_b`: eight): in the WIDE variant
 // common/load_a_<rollout dtype>_wide.wgsl + common/load_b_<trainer dtype>_wide.wgsl (vec4<u32>
 // words), else common/load_a_<rollout dtype>.wgsl + common/load_b_<trainer dtype>.wgsl +
@@ -39,9 +41,9 @@
 //   same order (the same bits as reading the row again).
 // Raw logit differences are formed before scaling by `it`, so temperature costs no accuracy.
 
-// Slots per thread of the workgroup trees (pass 1: two 6-float states and the flags; pass 2: 13
-// sums): 13 × 256 f32 plus `wg_active` is 13,316 bytes of workgroup memory, within WebGPU's
-// 16,384.
+// Slots per thread of the trees (pass 1: two 6-float states and the flags; pass 2: 13 sums):
+// in the workgroup flavour 13 × 256 f32 plus `wg_active` is 13,316 bytes of workgroup memory,
+// within WebGPU's 16,384.
 const RED_SLOTS: u32 = 13u;
 const T_EXT: f32 = 30.0; // u < −T_EXT: e^{−u} handled in log space
 const TAU_KINK: f32 = 1.0e-5; // |log(q/p)| window around TV's kink (see pass 3)
@@ -342,35 +344,60 @@ fn acc1_merge(p: Acc1, q: Acc1, it2: f32) -> Acc1 {
     return r;
 }
 
+// A state into slots base .. base + 5 of thread t's row of the tree (its compensations folded).
 fn acc1_store(base: u32, t: u32, st_raw: Acc1) {
     let st = acc1_folded(st_raw);
-    red_sh[(base + 0u) * MAX_WG + t] = st.m;
-    red_sh[(base + 1u) * MAX_WG + t] = st.s_in;
-    red_sh[(base + 2u) * MAX_WG + t] = st.s_out;
-    red_sh[(base + 3u) * MAX_WG + t] = st.h;
-    red_sh[(base + 4u) * MAX_WG + t] = st.mc;
-    red_sh[(base + 5u) * MAX_WG + t] = st.su;
+    red_set(base + 0u, t, st.m);
+    red_set(base + 1u, t, st.s_in);
+    red_set(base + 2u, t, st.s_out);
+    red_set(base + 3u, t, st.h);
+    red_set(base + 4u, t, st.mc);
+    red_set(base + 5u, t, st.su);
 }
 
-fn acc1_load(base: u32, t: u32) -> Acc1 {
-    return Acc1(
-        red_sh[(base + 0u) * MAX_WG + t],
-        red_sh[(base + 1u) * MAX_WG + t],
-        red_sh[(base + 2u) * MAX_WG + t],
-        red_sh[(base + 3u) * MAX_WG + t],
-        red_sh[(base + 4u) * MAX_WG + t],
-        red_sh[(base + 5u) * MAX_WG + t],
-        0.0,
-        0.0,
-    );
+// The merged state in slots base .. base + 5 of the tree's total.
+fn acc1_total(base: u32) -> Acc1 {
+    return Acc1(red_total(base), red_total(base + 1u), red_total(base + 2u), red_total(base + 3u),
+        red_total(base + 4u), red_total(base + 5u), 0.0, 0.0);
 }
 
-// The pass-1 tree's merge (reduce_slots_wg.wgsl): both directions' states and the flags.
+// Thread t's state in slots base .. base + 5 (workgroup flavour: any thread's row).
+fn acc1_at(base: u32, t: u32) -> Acc1 {
+    return Acc1(red_get(base, t), red_get(base + 1u, t), red_get(base + 2u, t), red_get(base + 3u, t),
+        red_get(base + 4u, t), red_get(base + 5u, t), 0.0, 0.0);
+}
+
+// The pass-1 tree's merge in workgroup memory (reduce_slots_wg.wgsl): both directions' states
+// and the flags of thread o's row (later items) into thread t's.
 fn red_merge(t: u32, o: u32) {
     let it2 = params.inv_temp * LOG2E;
-    acc1_store(0u, t, acc1_merge(acc1_load(0u, t), acc1_load(0u, o), it2));
-    acc1_store(6u, t, acc1_merge(acc1_load(6u, t), acc1_load(6u, o), it2));
+    acc1_store(0u, t, acc1_merge(acc1_at(0u, t), acc1_at(0u, o), it2));
+    acc1_store(6u, t, acc1_merge(acc1_at(6u, t), acc1_at(6u, o), it2));
     red_set(12u, t, f32(u32(red_get(12u, t)) | u32(red_get(12u, o))));
+}
+
+fn acc1_of(r: RedRow, base: u32) -> Acc1 {
+    return Acc1(r[base], r[base + 1u], r[base + 2u], r[base + 3u], r[base + 4u], r[base + 5u], 0.0, 0.0);
+}
+
+fn acc1_put(r: ptr<function, RedRow>, base: u32, st_raw: Acc1) {
+    let st = acc1_folded(st_raw);
+    (*r)[base + 0u] = st.m;
+    (*r)[base + 1u] = st.s_in;
+    (*r)[base + 2u] = st.s_out;
+    (*r)[base + 3u] = st.h;
+    (*r)[base + 4u] = st.mc;
+    (*r)[base + 5u] = st.su;
+}
+
+// The same merge on rows held as values (the subgroup flavours' `red_merge_tree`).
+fn red_merge_row(a: RedRow, b: RedRow) -> RedRow {
+    let it2 = params.inv_temp * LOG2E;
+    var r: RedRow;
+    acc1_put(&r, 0u, acc1_merge(acc1_of(a, 0u), acc1_of(b, 0u), it2));
+    acc1_put(&r, 6u, acc1_merge(acc1_of(a, 6u), acc1_of(b, 6u), it2));
+    r[12] = f32(u32(a[12]) | u32(b[12]));
+    return r;
 }
 
 // ---- pass 2 state --------------------------------------------------------------------
@@ -754,7 +781,7 @@ fn p3_loop(st: ptr<function, vec3<f32>>, c: ptr<function, Chip>, at: RowAt, r: P
     }
 }
 
-// What pass 2's reduced sums (thread 0's row of `red_sh` after `red_sum_slots(t, 13u)`) give:
+// What pass 2's reduced sums (`red_total` after `red_sum_slots(t, 13u)`) give:
 // both directions' KL parts, TV corrected to first order to the exact λ, and whether pass 3
 // must recompute TV (or the common-support masses). The same value in every thread.
 struct After2 {
@@ -769,15 +796,15 @@ struct After2 {
 
 fn after_p2(dp: Dir, dq: Dir, it: f32, lam0: f32, lean: bool) -> After2 {
     let rp = finish_dir(
-        Dir2(red_sh[0u], red_sh[MAX_WG], red_sh[4u * MAX_WG], red_sh[2u * MAX_WG], red_sh[3u * MAX_WG]), dp, dq, it);
+        Dir2(red_total(0u), red_total(1u), red_total(4u), red_total(2u), red_total(3u)), dp, dq, it);
     let rq = finish_dir(
-        Dir2(red_sh[5u * MAX_WG], red_sh[6u * MAX_WG], red_sh[9u * MAX_WG], red_sh[7u * MAX_WG], red_sh[8u * MAX_WG]),
+        Dir2(red_total(5u), red_total(6u), red_total(9u), red_total(7u), red_total(8u)),
         dq, dp, it);
     // the lean loop summed TV's terms in units of p's weights
     let tv_unit = select(1.0, dp.inv_s, lean);
-    var tv = red_sh[10u * MAX_WG] * tv_unit;
-    let gg = red_sh[11u * MAX_WG] * tv_unit;
-    let near_mass = red_sh[12u * MAX_WG] * tv_unit;
+    var tv = red_total(10u) * tv_unit;
+    let gg = red_total(11u) * tv_unit;
+    let near_mass = red_total(12u) * tv_unit;
     let nq = neg_log_in(dq);
     let np = neg_log_in(dp);
     var lam = lam0;
@@ -804,14 +831,14 @@ fn after_p2(dp: Dir, dq: Dir, it: f32, lam0: f32, lean: bool) -> After2 {
     return r;
 }
 
-// Pass 3's reduced sums (thread 0's row after `red_sum_slots(t, 3u)`) into `a`.
+// Pass 3's reduced sums (`red_total` after `red_sum_slots(t, 3u)`) into `a`.
 fn after_p3(a: ptr<function, After2>, dp: Dir, dq: Dir, it: f32) {
-    (*a).tv = red_sh[0];
+    (*a).tv = red_total(0u);
     if (!(*a).nq.ok) {
-        (*a).nq.v = dq.log_s - ((dq.mc - dq.m) * it + log(red_sh[MAX_WG]));
+        (*a).nq.v = dq.log_s - ((dq.mc - dq.m) * it + log(red_total(1u)));
     }
     if (!(*a).np.ok) {
-        (*a).np.v = dp.log_s - ((dp.mc - dp.m) * it + log(red_sh[2u * MAX_WG]));
+        (*a).np.v = dp.log_s - ((dp.mc - dp.m) * it + log(red_total(2u)));
     }
 }
 
@@ -861,26 +888,23 @@ fn write_flags_only(ob: u32, t: u32, flags: u32) {
     }
 }
 
-// Thread 0's pass-1 flags after the tree (`red_sh` slot 12) with the empty-side flags of the
-// merged states `gp` / `gq` added, published to the workgroup (reads `wg_active` after a
-// barrier: every thread has read it before thread 0 writes it again).
+// The pass-1 flags after the tree (slot 12 of the total) with the empty-side flags of the
+// merged states `gp` / `gq` added, published to the row's threads (after a barrier: every
+// thread has read `wg_active` before thread 0 writes it again).
 fn publish_p1_flags(t: u32, gp: Acc1, gq: Acc1) -> u32 {
-    workgroupBarrier();
-    if (t == 0u) {
-        var f = u32(red_sh[12u * MAX_WG]);
-        if (gp.m <= EMPTY_MAX) {
-            f |= F_A_EMPTY;
-        }
-        if (gq.m <= EMPTY_MAX) {
-            f |= F_B_EMPTY;
-        }
-        wg_active = f;
+    row_sync();
+    var f = u32(red_total(12u));
+    if (gp.m <= EMPTY_MAX) {
+        f |= F_A_EMPTY;
     }
-    return workgroupUniformLoad(&wg_active);
+    if (gq.m <= EMPTY_MAX) {
+        f |= F_B_EMPTY;
+    }
+    return row_publish(t, f);
 }
 
 // Pass 1 over the thread's octets of `at` (a whole row or a slice), both states reduced by the
-// workgroup tree into thread 0's row of `red_sh` (slots 0 .. 11: p's state, q's; slot 12 the
+// row's tree into its total (slots 0 .. 11: p's state, q's; slot 12 the
 // flags). `masked_first` (GPUs): the masked loop from the start, so rows holding a −inf are
 // read once (flag F_MASKED_FIRST); else the plain loop first, which needs no per-element masks
 // (they cost llvmpipe a fifth of the kernel), and when the row's minima or maxima show a −inf,
@@ -908,10 +932,7 @@ fn pass1(t: u32, c: ptr<function, Chip>, at: RowAt, it: f32, keep: bool, masked_
         acc1_store(6u, t, sq);
         red_set(12u, t, select(f32(F_PASS1_FULL), 0.0, plain_ok));
         red_merge_tree(t);
-        if (t == 0u) {
-            wg_active = u32(red_sh[12u * MAX_WG]);
-        }
-        flags = workgroupUniformLoad(&wg_active);
+        flags = row_publish(t, u32(red_total(12u)));
     }
     if (flags != 0u) {
         sp = acc1_empty();
@@ -969,7 +990,7 @@ fn row_consts(gp: Acc1, gq: Acc1, it: f32) -> RowC {
 }
 
 // Pass 2 over the thread's octets of `at` (from the on-chip copy when `chip`), the 13 sums
-// reduced into thread 0's row of `red_sh`; the thread's own `near_w` back (split rows reduce
+// reduced by the row's tree (`red_total`); the thread's own `near_w` back (split rows reduce
 // it; whole rows drop it, so their compilers remove its sum).
 fn pass2(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, chip: bool) -> f32 {
     var sums = P2Sums(Dir2(0.0, 0.0, 0.0, 0.0, 0.0), Dir2(0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 0.0, 0.0, 0.0);
@@ -986,25 +1007,25 @@ fn pass2(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, chip: bool) -> f32
     }
     let fp = sums.fp;
     let fq = sums.fq;
-    red_sh[0u * MAX_WG + t] = fp.u;
-    red_sh[1u * MAX_WG + t] = fp.w;
-    red_sh[2u * MAX_WG + t] = fp.pe;
-    red_sh[3u * MAX_WG + t] = fp.ee;
-    red_sh[4u * MAX_WG + t] = fp.ue;
-    red_sh[5u * MAX_WG + t] = fq.u;
-    red_sh[6u * MAX_WG + t] = fq.w;
-    red_sh[7u * MAX_WG + t] = fq.pe;
-    red_sh[8u * MAX_WG + t] = fq.ee;
-    red_sh[9u * MAX_WG + t] = fq.ue;
-    red_sh[10u * MAX_WG + t] = sums.tv0;
-    red_sh[11u * MAX_WG + t] = sums.g;
-    red_sh[12u * MAX_WG + t] = sums.near;
+    red_set(0u, t, fp.u);
+    red_set(1u, t, fp.w);
+    red_set(2u, t, fp.pe);
+    red_set(3u, t, fp.ee);
+    red_set(4u, t, fp.ue);
+    red_set(5u, t, fq.u);
+    red_set(6u, t, fq.w);
+    red_set(7u, t, fq.pe);
+    red_set(8u, t, fq.ee);
+    red_set(9u, t, fq.ue);
+    red_set(10u, t, sums.tv0);
+    red_set(11u, t, sums.g);
+    red_set(12u, t, sums.near);
     red_sum_slots(t, 13u);
     return sums.near_w;
 }
 
 // Pass 3 over the thread's octets of `at` with the exact λ, its 3 sums reduced into thread 0's
-// row of `red_sh` (called after a barrier that follows every read of `after_p2`'s slots).
+// total (called after a barrier that follows every read of `after_p2`'s slots).
 fn pass3(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, a: After2, chip: bool) {
     let r3 = P3Row(rc.dp, rc.dq, rc.c.it, rc.c.it2, a.lam, !a.nq.ok, !a.np.ok);
     var s3 = vec3<f32>(0.0);
@@ -1013,19 +1034,16 @@ fn pass3(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, a: After2, chip: b
     } else {
         p3_loop(&s3, c, at, r3, false);
     }
-    red_sh[t] = s3.x;
-    red_sh[MAX_WG + t] = s3.y;
-    red_sh[2u * MAX_WG + t] = s3.z;
+    red_set(0u, t, s3.x);
+    red_set(1u, t, s3.y);
+    red_set(2u, t, s3.z);
     red_sum_slots(t, 3u);
 }
 
 // Whether the workgroup's row is valid (published to every thread); a masked row's results
 // are zeroed by threads 0 .. 7 when `write`.
 fn row_valid(t: u32, ob: u32, info: u32, write: bool) -> bool {
-    if (t == 0u) {
-        wg_active = select(1u, 0u, info == ROW_MASKED);
-    }
-    let row_on = workgroupUniformLoad(&wg_active);
+    let row_on = row_publish(t, select(1u, 0u, info == ROW_MASKED));
     if (row_on == 0u && write) {
         for (var k = t; k < 8u; k += WG) {
             results[ob + k] = 0.0;
@@ -1063,8 +1081,8 @@ fn whole_row(row: u32, t: u32) {
     // one call of each pass (their trees compiled once); only the loops inside branch on
     // `onchip`
     pass1(t, &chip, at, it, onchip, mf);
-    let gp = acc1_load(0u, 0u);
-    let gq = acc1_load(6u, 0u);
+    let gp = acc1_total(0u);
+    let gq = acc1_total(6u);
     var flags = publish_p1_flags(t, gp, gq);
     if ((flags & (F_A_BAD | F_B_BAD | F_A_EMPTY | F_B_EMPTY)) != 0u) {
         write_flags_only(ob, t, flags);
@@ -1075,10 +1093,7 @@ fn whole_row(row: u32, t: u32) {
     _ = pass2(t, &chip, at, rc, onchip);
     // every thread reads the reduced sums (the barrier ending the tree orders the reads)
     var a = after_p2(rc.dp, rc.dq, it, rc.lam0, rc.lean);
-    if (t == 0u) {
-        wg_active = select(0u, 1u, a.again);
-    }
-    let again = workgroupUniformLoad(&wg_active);
+    let again = row_publish(t, select(0u, 1u, a.again));
     if (again != 0u) {
         // ---- pass 3 (only rows that need it) ----
         pass3(t, &chip, at, rc, a, onchip);

@@ -12,7 +12,7 @@ use std::io::Read;
 use std::sync::Arc;
 use std::time::Instant;
 use trmask::gpu::pipeline::{all_kernel_keys, Flavour, KernelKey, Op};
-use trmask::gpu::{Context, ContextOptions, GpuEngine};
+use trmask::gpu::{Context, ContextOptions, GpuEngine, VocabVariant, SLICE_LENGTHS};
 use trmask::{DType, Engine, Logits, VocabStats};
 
 /// Scalar ops and exponentials per logit pair of the vocabulary kernel, counted in the
@@ -99,19 +99,35 @@ fn registry_variants(dtype: DType) -> Vec<KernelKey> {
 }
 
 /// Engines forcing a variant's workgroup size and flavour, sharing the suite's device (one per
-/// pair, kept across cells so each kernel is built once).
+/// pair, kept across cells so each kernel is built once); the vocabulary kernel's subgroup
+/// trees, rows per workgroup and split are part of its configuration, pinned ([`pinned`]).
 struct Engines {
     ctx: Arc<Context>,
-    by: HashMap<(u32, Flavour), GpuEngine>,
+    by: HashMap<(u32, Flavour, u32, bool), GpuEngine>,
+}
+
+/// The configuration a subgroup-flavour key of the vocabulary kernel asks for (`None` for the
+/// workgroup flavour: the engine's own choice at the forced workgroup size).
+fn pinned(ctx: &Context, key: &KernelKey) -> Option<VocabVariant> {
+    (key.flavour == Flavour::Subgroup).then(|| VocabVariant {
+        workgroup: key.workgroup,
+        slice: if key.split { SLICE_LENGTHS[0] } else { 0 },
+        masked_first: !ctx.capabilities().is_cpu(),
+        subgroups: true,
+        rows: key.rows,
+    })
 }
 
 impl Engines {
-    fn get(&mut self, wg: u32, flavour: Flavour) -> &GpuEngine {
+    fn get(&mut self, key: &KernelKey) -> &GpuEngine {
         let ctx = &self.ctx;
-        self.by.entry((wg, flavour)).or_insert_with(|| {
+        let sg = key.flavour == Flavour::Subgroup;
+        let id = (key.workgroup, key.flavour, key.rows, sg && key.split);
+        self.by.entry(id).or_insert_with(|| {
             let options = ContextOptions {
-                workgroup_size: Some(wg),
-                flavour: Some(flavour),
+                workgroup_size: Some(key.workgroup),
+                flavour: Some(key.flavour),
+                vocab_kernel: pinned(ctx, key),
                 ..Default::default()
             };
             GpuEngine::from_context(Arc::new(Context::from_wgpu_with(
@@ -221,16 +237,16 @@ fn cell(
     let caps = ctx.capabilities();
     for key in registry_variants(dtype) {
         let asked = key.label();
-        let unusable = if key.workgroup
+        let unusable = if key.workgroup * key.rows
             > caps
                 .max_workgroup_invocations
                 .min(caps.max_workgroup_size_x)
         {
-            Some("workgroup larger than the adapter allows")
-        } else if key.flavour == Flavour::Subgroup && !caps.subgroups {
-            Some("the adapter has no subgroups")
+            Some("workgroup larger than the adapter allows".to_string())
+        } else if let Some(Err(e)) = pinned(ctx, &key).map(|v| v.check_device(caps)) {
+            Some(e.to_string())
         } else if key.variant && !vocab.is_multiple_of(8) {
-            Some("wide loads need V a multiple of 8")
+            Some("wide loads need V a multiple of 8".to_string())
         } else {
             None
         };
@@ -242,8 +258,11 @@ fn cell(
         // the narrow load path on rows that could take wide loads: the same buffers bound one
         // element in, so rows are not 16-byte aligned (a sliced tensor's layout)
         let offset = if key.variant { 0 } else { size };
-        let g = engines.get(key.workgroup, key.flavour);
-        let same = |k: &KernelKey| k.workgroup == key.workgroup && k.variant == key.variant;
+        let g = engines.get(&key);
+        let same = |k: &KernelKey| {
+            (k.workgroup, k.variant, k.flavour, k.rows)
+                == (key.workgroup, key.variant, key.flavour, key.rows)
+        };
         c.variants.push(data.measure(g, offset, asked, &same));
     }
     c
@@ -768,9 +787,10 @@ pub fn run(gpu: &GpuEngine, cpu: &dyn Engine, opts: &Options) -> anyhow::Result<
     }
     println!(
         "\n## Tuner\n\nPer ladder cell: every configuration `Context::vocab_variants` lists \
-         (threads per workgroup, slice length, pass 1's order), timed by `Context::tune_vocab` \
-         on up to 256 device-resident rows of the cell's shape, the tuner's pick, and the engine's \
-         own kernel (the `default` rows above):\n"
+         (threads per row, slice length, pass 1's order, `/sg` subgroup trees, `/rowsN` rows \
+         per workgroup), timed by `Context::tune_vocab` on up to 256 device-resident rows of the \
+         cell's shape (more for short rows), the tuner's pick, and the engine's own kernel (the \
+         `default` rows above):\n"
     );
     for c in cells.iter().filter(|c| c.skipped.is_none()) {
         let default = c

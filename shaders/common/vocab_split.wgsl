@@ -19,9 +19,10 @@
 //      32 .. 34); word 35 says which it did.
 //   3: the combine step, one workgroup per row: the same merges, TV from each slice's linear
 //      term or, where word 35 says so, its re-read sum; the row's results.
-// Every tree over slices is the workgroup tree with slice s in thread s (slices <= WG, threads
-// past the last slice contributing nothing), so results are deterministic for a given slice
-// length and workgroup size; they differ in rounding from the whole-row kernel's.
+// Every tree over slices is the workgroup's tree (workgroup memory or subgroups) with slice s
+// in thread s (slices <= WG, threads past the last slice contributing nothing), so results are
+// deterministic for a given slice length, workgroup size and flavour; they differ in rounding
+// from the whole-row kernel's.
 //
 // The merge (closed form, second order). One direction, slice s: weights w_s = e^{(x−m_s)it},
 // centred log-ratios u_s = (d − c_s)·it, over its normal elements (u_s >= −T_EXT, or all on a
@@ -52,10 +53,10 @@
 // common-support mass underflowed in pass 1, are read again.
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
 
-// Thread 0's row of `red_sh`, slots 0 .. n − 1, into `part` from word `at` (any WG).
+// The tree's total, slots 0 .. n − 1, into `part` from word `at` (any WG).
 fn put_part(at: u32, t: u32, n: u32) {
     for (var k = t; k < n; k += WG) {
-        part[at + k] = red_sh[k * MAX_WG];
+        part[at + k] = red_total(k);
     }
 }
 
@@ -81,7 +82,7 @@ fn slice_at(t: u32, row: u32, s: u32) -> RowAt {
 
 // Pass 1's masked loop from the start over a slice kept on-chip (GPUs: a slice holding a −inf,
 // as a truncated rollout row's do, is then summed once, not by the plain loop and again by the
-// masked one); its states and flags reduced into thread 0's row of `red_sh` as `pass1` does.
+// masked one); its states and flags merged by the row's tree as `pass1` does.
 // Only the split pipeline has this loop (whole rows kept on-chip take the plain loop first).
 fn pass1_masked_kept(t: u32, c: ptr<function, Chip>, at: RowAt, it: f32) {
     let it2 = it * LOG2E;
@@ -113,16 +114,12 @@ fn slice_phase1(row: u32, s: u32, t: u32, at: RowAt, it: f32, chip: ptr<function
     }
     let b = part_base(row, s);
     put_part(b, t, 13u);
-    let gp = acc1_load(0u, 0u);
-    let gq = acc1_load(6u, 0u);
-    // pass 2 where the slice holds common support and no bad value (every thread has read the
-    // states before pass 2 overwrites `red_sh`)
-    workgroupBarrier();
-    if (t == 0u) {
-        let f = u32(red_sh[12u * MAX_WG]);
-        wg_active = select(0u, 1u, (f & (F_A_BAD | F_B_BAD)) == 0u && gp.mc > EMPTY_MAX);
-    }
-    let go = workgroupUniformLoad(&wg_active);
+    let gp = acc1_total(0u);
+    let gq = acc1_total(6u);
+    // pass 2 where the slice holds common support and no bad value (the publish is a barrier:
+    // every thread has read the totals before pass 2 writes its slots)
+    let f = u32(red_total(12u));
+    let go = row_publish(t, select(0u, 1u, (f & (F_A_BAD | F_B_BAD)) == 0u && gp.mc > EMPTY_MAX));
     let twice = select(1.0, 0.0, fits);
     if (go == 0u) {
         for (var k = PART_P2 + t; k < PART_P3; k += WG) {
@@ -135,9 +132,9 @@ fn slice_phase1(row: u32, s: u32, t: u32, at: RowAt, it: f32, chip: ptr<function
     // TV's sums in the slice's weight units (the general loop summed probabilities)
     let unit = select(rc.dp.s, 1.0, rc.lean);
     for (var k = t; k < 13u; k += WG) {
-        part[b + PART_P2 + k] = red_sh[k * MAX_WG] * select(1.0, unit, k >= 10u);
+        part[b + PART_P2 + k] = red_total(k) * select(1.0, unit, k >= 10u);
     }
-    workgroupBarrier();
+    row_sync();
     red_set(0u, t, nw);
     red_sum_slots(t, 1u);
     if (t == 0u) {
@@ -145,14 +142,14 @@ fn slice_phase1(row: u32, s: u32, t: u32, at: RowAt, it: f32, chip: ptr<function
         part[b + PART_K + 1u] = rc.dp.c;
         part[b + PART_K + 2u] = rc.dq.c;
         part[b + PART_K + 3u] = select(0.0, 1.0, rc.lean);
-        part[b + PART_K + 4u] = red_sh[0] * unit;
+        part[b + PART_K + 4u] = red_total(0u) * unit;
         part[b + PART_K + 5u] = twice;
     }
 }
 
-// The row's pass-1 states merged by the workgroup tree (thread 0's row of `red_sh`).
+// The row's pass-1 states merged by the workgroup's tree (`red_total`).
 fn gather_p1(row: u32, t: u32) {
-    workgroupBarrier();
+    row_sync();
     if (t < params.slices) {
         let b = part_base(row, t);
         for (var k = 0u; k < 13u; k++) {
@@ -196,7 +193,7 @@ fn dir_to_row(o: u32, m_s: f32, s_in: f32, c_s: f32, t_s: f32, d: Dir, t_row: f3
     return r;
 }
 
-// Slice t's pass-2 sums at the row's constants into slots 0 .. 9 of thread t's row of `red_sh`
+// Slice t's pass-2 sums at the row's constants into slots 0 .. 9 of thread t's row
 // (p's u, w, pe, ee, ue, then q's, as pass 2 stores them), zeros for a slice without common
 // support or past the last slice; then the tree.
 fn merge_p2(row: u32, t: u32, rc: RowC, it: f32) {
@@ -209,7 +206,7 @@ fn merge_p2(row: u32, t: u32, rc: RowC, it: f32) {
             fq = dir_to_row(b + PART_P2 + 5u, part[b + 6u], part[b + 7u], part[b + PART_K + 2u], part[b + 4u], rc.dq, rc.dp.mc, it);
         }
     }
-    workgroupBarrier();
+    row_sync();
     red_set(0u, t, fp.u);
     red_set(1u, t, fp.w);
     red_set(2u, t, fp.pe);
@@ -223,14 +220,14 @@ fn merge_p2(row: u32, t: u32, rc: RowC, it: f32) {
     red_sum_slots(t, 10u);
 }
 
-// What the merged sums (thread 0's row after `merge_p2`) give: both directions' KL parts and
+// What the merged sums (the tree's total after `merge_p2`) give: both directions' KL parts and
 // the exact λ (TV is filled in later). The same value in every thread.
 fn after_merge(rc: RowC, it: f32) -> After2 {
     var r: After2;
     r.rp = finish_dir(
-        Dir2(red_sh[0u], red_sh[MAX_WG], red_sh[4u * MAX_WG], red_sh[2u * MAX_WG], red_sh[3u * MAX_WG]), rc.dp, rc.dq, it);
+        Dir2(red_total(0u), red_total(1u), red_total(4u), red_total(2u), red_total(3u)), rc.dp, rc.dq, it);
     r.rq = finish_dir(
-        Dir2(red_sh[5u * MAX_WG], red_sh[6u * MAX_WG], red_sh[9u * MAX_WG], red_sh[7u * MAX_WG], red_sh[8u * MAX_WG]),
+        Dir2(red_total(5u), red_total(6u), red_total(9u), red_total(7u), red_total(8u)),
         rc.dq, rc.dp, it);
     r.nq = neg_log_in(rc.dq);
     r.np = neg_log_in(rc.dp);
@@ -309,8 +306,8 @@ fn split_row(flat: u32, t: u32) {
         return;
     }
     gather_p1(row, t);
-    let gp = acc1_load(0u, 0u);
-    let gq = acc1_load(6u, 0u);
+    let gp = acc1_total(0u);
+    let gq = acc1_total(6u);
     var flags = publish_p1_flags(t, gp, gq);
     if ((flags & (F_A_BAD | F_B_BAD | F_A_EMPTY | F_B_EMPTY)) != 0u) {
         if (phase == 3u) {
@@ -323,14 +320,15 @@ fn split_row(flat: u32, t: u32) {
     var a = after_merge(rc, it);
     // TV's estimate from every slice's linear term, then thread t's certificate
     let tl = slice_tv(row, t, a.lam, rc, it);
-    workgroupBarrier();
+    row_sync();
     red_set(0u, t, tl.x);
     red_sum_slots(t, 1u);
-    let tv_est = red_sh[0] + rc.dp.out_frac + rc.dq.out_frac;
+    let tv_est = red_total(0u) + rc.dp.out_frac + rc.dq.out_frac;
     let share = 0.5 * (tl.z + 1.0 / f32(params.slices));
     let passes = a.nq.ok && a.np.ok && tl.y <= (1.0e-4 * tv_est + 1.0e-10) * share;
     if (phase == 2u) {
-        // slice s's verdict is thread s's
+        // slice s's verdict is thread s's (published through `wg_active`: split rows run one
+        // row per workgroup in either flavour)
         workgroupBarrier();
         if (t == s) {
             wg_active = select(1u, 0u, passes);
@@ -355,19 +353,19 @@ fn split_row(flat: u32, t: u32) {
             v = vec4<f32>(part[b + PART_P3], 1.0, part[b + PART_P3 + 1u], part[b + PART_P3 + 2u]);
         }
     }
-    workgroupBarrier();
+    row_sync();
     red_set(0u, t, v.x);
     red_set(1u, t, v.y);
     red_set(2u, t, v.z);
     red_set(3u, t, v.w);
     red_sum_slots(t, 4u);
-    a.tv = red_sh[0];
-    let rereads = u32(red_sh[MAX_WG]);
+    a.tv = red_total(0u);
+    let rereads = u32(red_total(1u));
     if (!a.nq.ok) {
-        a.nq.v = rc.dq.log_s - ((rc.dq.mc - rc.dq.m) * it + log(red_sh[2u * MAX_WG]));
+        a.nq.v = rc.dq.log_s - ((rc.dq.mc - rc.dq.m) * it + log(red_total(2u)));
     }
     if (!a.np.ok) {
-        a.np.v = rc.dp.log_s - ((rc.dp.mc - rc.dp.m) * it + log(red_sh[3u * MAX_WG]));
+        a.np.v = rc.dp.log_s - ((rc.dp.mc - rc.dp.m) * it + log(red_total(3u)));
     }
     if (t != 0u) {
         return;
@@ -384,7 +382,7 @@ fn split_row(flat: u32, t: u32) {
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
+    ids: SlotIds,
 ) {
-    split_row(flat_workgroup(wid, nwg), t);
+    split_row(flat_workgroup(wid, nwg), red_init(ids).y);
 }

@@ -5,10 +5,13 @@ use super::capabilities::check_loops;
 use super::chunking::{ChunkLimits, MAX_WORKGROUPS_PER_DIM};
 use super::context::Context;
 use super::pipeline::{
-    all_kernel_keys, Flavour, Kernel, KernelKey, Op, SERIAL_MEAN, SERIAL_OVERRIDE, SERIAL_WORKGROUP,
+    all_kernel_keys, Flavour, Kernel, KernelKey, Op, MAX_WORKGROUP, SERIAL_MEAN, SERIAL_OVERRIDE,
+    SERIAL_WORKGROUP,
 };
-use super::vocab_variant::{VocabVariant, FILL_WORKGROUPS, SLICE_LENGTHS, VOCAB_KERNEL_ENV};
-use crate::error::Result;
+use super::vocab_variant::{
+    VocabVariant, FILL_WORKGROUPS, ROWS_MAX_VOCAB, SLICE_LENGTHS, VOCAB_KERNEL_ENV,
+};
+use crate::error::{Error, Result};
 use crate::logits::DType;
 use std::sync::Arc;
 
@@ -38,7 +41,8 @@ impl Context {
     /// The reduction flavour used for `op` on this device: [`Flavour::Subgroup`] when the op
     /// has that variant, the device has `SUBGROUP` with one fixed subgroup size (never assumed:
     /// 8 on lavapipe, 32 or 64 on GPUs) that divides the op's workgroup size, and the options
-    /// do not force [`Flavour::Workgroup`]; the workgroup tree otherwise.
+    /// do not force [`Flavour::Workgroup`]; the workgroup tree otherwise. The vocabulary
+    /// kernel's flavour is part of its configuration ([`VocabVariant::subgroups`]), not this.
     pub fn flavour(&self, op: Op) -> Flavour {
         self.flavour_at(op, self.workgroup_size(op))
     }
@@ -50,7 +54,8 @@ impl Context {
             && lo == hi
             && lo > 0
             && wg.is_multiple_of(lo)
-            && op.spec().flavours.contains(&Flavour::Subgroup);
+            && op.spec().flavours.contains(&Flavour::Subgroup)
+            && !matches!(op, Op::VocabDivergence(_));
         match self.flavour {
             Some(Flavour::Workgroup) => Flavour::Workgroup,
             _ if usable => Flavour::Subgroup,
@@ -72,6 +77,7 @@ impl Context {
             workgroup: self.workgroup_size(op),
             variant: false,
             split: false,
+            rows: 1,
         }
     }
 
@@ -120,6 +126,7 @@ impl Context {
             workgroup,
             variant: serial,
             split: false,
+            rows: 1,
         }
     }
 
@@ -183,6 +190,7 @@ impl Context {
             workgroup,
             variant: false,
             split: false,
+            rows: 1,
         })
     }
 
@@ -227,8 +235,39 @@ impl Context {
     /// builds of one analysis overlap instead of queueing (measured on lavapipe: 0.07–0.13 s for
     /// the vocabulary kernel, 0.03–0.04 s for the masks). The first error, after all ended.
     pub fn build_kernels(&self, keys: &[KernelKey]) -> Result<()> {
+        let built = self.pipelines.built();
+        let mut todo: Vec<KernelKey> = Vec::new();
+        for k in keys {
+            if !built.contains(k) && !todo.contains(k) {
+                todo.push(*k);
+            }
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let work = || -> Result<()> {
+            let mut first = Ok(());
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&key) = todo.get(i) else {
+                    return first;
+                };
+                if let Err(e) = self.kernel_for(key) {
+                    first = first.and(Err(e));
+                }
+            }
+        };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        self.pipelines.build_all(&self.device, keys, cores)
+        let threads = cores.clamp(1, todo.len().max(1));
+        std::thread::scope(|s| {
+            let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+            let mut first = work();
+            for h in helpers {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::Gpu("a kernel build panicked".into())));
+                first = first.and(r);
+            }
+            first
+        })
     }
 
     /// The kernels built on this context so far (by [`Self::build_kernels`], a warm-up or
@@ -302,14 +341,29 @@ impl Context {
             workgroup,
             slice,
             masked_first: !cpu,
+            subgroups: false,
+            rows: 1,
         }
     }
 
-    /// Every configuration a tuner may pick on rows of `vocab` elements (`train` the trainer
-    /// logits' dtype), the default first: workgroups of 64, 128 and 256 threads (only the
-    /// size set in [`super::ContextOptions::workgroup_size`] when one is, and within the
+    /// The subgroup size the vocabulary kernel's subgroup trees use here (`None`: none fixed of
+    /// at least 8 lanes, or the options force [`Flavour::Workgroup`]).
+    pub fn vocab_subgroup_lanes(&self) -> Option<u32> {
+        match self.flavour {
+            Some(Flavour::Workgroup) => None,
+            _ => super::vocab_variant::subgroup_lanes(&self.caps),
+        }
+    }
+
+    /// Every configuration a tuner may pick on `rows` rows of `vocab` elements (`train` the
+    /// trainer logits' dtype), the default first: workgroups of 64, 128 and 256 threads (only
+    /// the size set in [`super::ContextOptions::workgroup_size`] when one is, and within the
     /// device's limits), each with whole rows and with each of [`SLICE_LENGTHS`] that cuts the
-    /// row into 2 ..= workgroup slices; pass 1 masked first on GPUs, plain first on CPU
+    /// row into 2 ..= workgroup slices, each with workgroup-memory trees and, where
+    /// [`Self::vocab_subgroup_lanes`] divides the workgroup, subgroup trees; on rows of at most
+    /// [`ROWS_MAX_VOCAB`] elements one subgroup per row, as many rows per workgroup as 256
+    /// threads hold (on GPUs at most `rows / FILL_WORKGROUPS`, so the batch still launches
+    /// [`FILL_WORKGROUPS`] workgroups); pass 1 masked first on GPUs, plain first on CPU
     /// adapters. The gpu_bench suite times each with [`super::vocab_divergence_with`].
     pub fn vocab_variants(&self, train: DType, rows: u64, vocab: u64) -> Vec<VocabVariant> {
         let first = self.vocab_default(train, rows, vocab);
@@ -318,12 +372,13 @@ impl Context {
             Some(_) => vec![cap],
             None => [64, 128, 256].into_iter().filter(|&w| w <= cap).collect(),
         };
+        let lanes = self.vocab_subgroup_lanes();
         let mut out = vec![first];
         for workgroup in sizes {
             let whole = VocabVariant {
                 workgroup,
                 slice: 0,
-                masked_first: first.masked_first,
+                ..first
             };
             let cuts = SLICE_LENGTHS
                 .iter()
@@ -331,9 +386,31 @@ impl Context {
             for v in std::iter::once(whole).chain(cuts) {
                 let n = v.slices(vocab);
                 let fits = v.slice == 0 || (n >= 2 && v.slice_len(vocab) == v.slice);
-                if fits && !out.contains(&v) {
-                    out.push(v);
+                let sg = lanes.is_some_and(|l| workgroup.is_multiple_of(l));
+                let sg = sg.then_some(VocabVariant {
+                    subgroups: true,
+                    ..v
+                });
+                for v in std::iter::once(v).chain(sg) {
+                    if fits && !out.contains(&v) {
+                        out.push(v);
+                    }
                 }
+            }
+        }
+        if let Some(lanes) = lanes.filter(|_| vocab <= ROWS_MAX_VOCAB) {
+            let mut most = u64::from(MAX_WORKGROUP / lanes);
+            if !self.caps.is_cpu() {
+                most = most.min(rows / FILL_WORKGROUPS);
+            }
+            if most >= 2 {
+                out.push(VocabVariant {
+                    workgroup: lanes,
+                    slice: 0,
+                    masked_first: first.masked_first,
+                    subgroups: true,
+                    rows: 1 << most.ilog2(),
+                });
             }
         }
         out

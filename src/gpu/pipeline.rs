@@ -21,7 +21,8 @@ use super::wgsl::{
     TOPK_DIVERGENCE, VOCAB_DIVERGENCE, VOCAB_ROW_MAIN, VOCAB_SPLIT,
 };
 pub use super::wgsl::{
-    MATH, PRELUDE, REDUCE_ACC_WG, REDUCE_SG, REDUCE_SLOTS_WG, REDUCE_WG, SEGMENTS, TWO_SUM, UNPACK,
+    MATH, PRELUDE, REDUCE_ACC_WG, REDUCE_SG, REDUCE_SLOTS_SG, REDUCE_SLOTS_SG_ROWS,
+    REDUCE_SLOTS_SHUFFLE, REDUCE_SLOTS_WG, REDUCE_WG, SEGMENTS, TWO_SUM, UNPACK,
 };
 
 /// Entry point of every kernel.
@@ -29,6 +30,9 @@ pub const ENTRY_POINT: &str = "main";
 
 /// Name of the workgroup-size override constant in every kernel.
 pub const WORKGROUP_OVERRIDE: &str = "WG";
+
+/// Name of the vocabulary kernel's rows-per-workgroup override (set when [`KernelKey::rows`] > 1).
+pub const ROWS_OVERRIDE: &str = "ROWS";
 
 /// Largest workgroup size any kernel accepts (`MAX_WG` in the prelude).
 pub const MAX_WORKGROUP: u32 = 256;
@@ -112,14 +116,18 @@ pub struct KernelKey {
     pub variant: bool,
     /// The vocabulary kernel's split rows (`common/vocab_split.wgsl`); false elsewhere.
     pub split: bool,
+    /// Rows per workgroup: the vocabulary kernel's whole rows with one subgroup per row
+    /// (`ROWS`, `workgroup` threads per row; subgroup flavour) when above 1; 1 elsewhere.
+    pub rows: u32,
 }
 
 impl KernelKey {
     /// A short label such as `token_stats/F32/Workgroup/wg256` (`…/wide`, `…/serial` for the
-    /// second variant, `…/split` for the vocabulary kernel's split variant).
+    /// second variant, `…/split` for the vocabulary kernel's split variant, `…/rows8` for
+    /// several rows per workgroup).
     pub fn label(&self) -> String {
         format!(
-            "{}/{}/{:?}/wg{}{}{}",
+            "{}/{}/{:?}/wg{}{}{}{}",
             self.op.spec().name,
             self.dtype.name(),
             self.flavour,
@@ -128,7 +136,11 @@ impl KernelKey {
                 (true, Some(name)) => format!("/{}", name.to_lowercase()),
                 _ => String::new(),
             },
-            if self.split { "/split" } else { "" }
+            if self.split { "/split" } else { "" },
+            match self.rows {
+                1 => String::new(),
+                r => format!("/rows{r}"),
+            }
         )
     }
 }
@@ -241,6 +253,11 @@ static TOPK_DIVERGENCE_SPEC: OpSpec = OpSpec {
 /// f32 results per row of the vocabulary kernel.
 pub const VOCAB_RESULTS_PER_ROW: u64 = 8;
 
+const RO16: BindingKind = BindingKind::ReadOnly { min_bytes: 16 };
+const VOCAB_RESULTS: BindingKind = BindingKind::ReadWrite {
+    min_bytes: VOCAB_RESULTS_PER_ROW * 4,
+};
+
 /// One variant per (rollout dtype = `key.dtype`, trainer dtype = the op's) pair.
 static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
     name: "vocab_divergence",
@@ -250,51 +267,26 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
             Op::VocabDivergence(d) => d,
             _ => DType::F32,
         };
+        let trees: &[&str] = match (k.flavour, k.rows > 1) {
+            (Flavour::Workgroup, _) => &[REDUCE_SLOTS_WG],
+            (Flavour::Subgroup, false) => &[REDUCE_SLOTS_SHUFFLE, REDUCE_SLOTS_SG],
+            (Flavour::Subgroup, true) => &[REDUCE_SLOTS_SHUFFLE, REDUCE_SLOTS_SG_ROWS],
+        };
+        let loads = match k.variant {
+            true => vec![load_a_wide(k.dtype), load_b_wide(train)],
+            false => vec![load_a(k.dtype), load_b(train), LOAD8_NARROW],
+        };
         let main = if k.split { VOCAB_SPLIT } else { VOCAB_ROW_MAIN };
-        match k.variant {
-            true => vec![
-                TWO_SUM,
-                UNPACK,
-                REDUCE_SLOTS_WG,
-                load_a_wide(k.dtype),
-                load_b_wide(train),
-                main,
-            ],
-            false => vec![
-                TWO_SUM,
-                UNPACK,
-                REDUCE_SLOTS_WG,
-                load_a(k.dtype),
-                load_b(train),
-                LOAD8_NARROW,
-                main,
-            ],
-        }
+        [&[TWO_SUM, UNPACK][..], trees, &loads, &[main]].concat()
     },
     params_struct: "VocabDivergenceParams",
     params_size: 48,
-    bindings: &[
-        RO4,
-        RO4,
-        RO4,
-        BindingKind::ReadWrite {
-            min_bytes: VOCAB_RESULTS_PER_ROW * 4,
-        },
-        RW4,
-    ],
+    bindings: &[RO4, RO4, RO4, VOCAB_RESULTS, RW4],
     dtypes: &[DType::F32, DType::F16, DType::BF16],
-    flavours: &[Flavour::Workgroup],
+    flavours: &[Flavour::Workgroup, Flavour::Subgroup],
     default_workgroup: 256,
     variant: Some("WIDE"),
-    variant_bindings: Some(&[
-        BindingKind::ReadOnly { min_bytes: 16 },
-        BindingKind::ReadOnly { min_bytes: 16 },
-        RO4,
-        BindingKind::ReadWrite {
-            min_bytes: VOCAB_RESULTS_PER_ROW * 4,
-        },
-        RW4,
-    ]),
+    variant_bindings: Some(&[RO16, RO16, RO4, VOCAB_RESULTS, RW4]),
 };
 
 static MASKS_SPEC: OpSpec = OpSpec {
@@ -328,31 +320,47 @@ pub const SERIAL_WORKGROUP: u32 = 64;
 pub const WORKGROUP_SIZES: &[u32] = &[64, 192, 256];
 
 /// Every kernel variant the cache can build (op × dtype × flavour × workgroup size × the
-/// second variant where the op has one × the vocabulary kernel's whole or split rows).
+/// second variant where the op has one × the vocabulary kernel's whole or split rows), the
+/// vocabulary kernel's subgroup flavour for equal dtype pairs only (its trees never meet the
+/// loaders), with one subgroup per row of 8 and of 32 lanes besides.
 pub fn all_kernel_keys() -> Vec<KernelKey> {
     let mut keys = Vec::new();
     for &op in Op::ALL {
         let spec = op.spec();
+        let vocab = match op {
+            Op::VocabDivergence(d) => Some(d),
+            _ => None,
+        };
         for &dtype in spec.dtypes {
             for &flavour in spec.flavours {
-                for &workgroup in WORKGROUP_SIZES {
-                    let splits = [false, matches!(op, Op::VocabDivergence(_))];
+                if flavour == Flavour::Subgroup && vocab.is_some_and(|d| d != dtype) {
+                    continue;
+                }
+                let mut shapes: Vec<(u32, u32)> = WORKGROUP_SIZES.iter().map(|&w| (w, 1)).collect();
+                if flavour == Flavour::Subgroup && vocab.is_some() {
+                    shapes.extend([(8, 32), (32, 8)]);
+                }
+                for (workgroup, rows) in shapes {
+                    let splits = [false, vocab.is_some() && rows == 1];
                     let pairs = [false, spec.variant.is_some()].map(|v| splits.map(|s| (v, s)));
                     for (variant, split) in pairs.into_iter().flatten() {
-                        keys.push(KernelKey {
+                        let key = KernelKey {
                             op,
                             dtype,
                             flavour,
                             workgroup,
                             variant,
                             split,
-                        });
+                            rows,
+                        };
+                        if !keys.contains(&key) {
+                            keys.push(key);
+                        }
                     }
                 }
             }
         }
     }
-    keys.dedup(); // ops without a second variant or split rows repeat (false, false)
     keys
 }
 
@@ -431,50 +439,6 @@ impl PipelineCache {
         Ok(map.entry(key).or_insert(built).clone())
     }
 
-    /// Builds the kernels of `keys` not built yet, several at once: one thread per kernel,
-    /// at most `threads` (a driver compiles a pipeline on the calling thread; on lavapipe the
-    /// vocabulary kernel alone takes ~0.1 s). Returns the first error, after every build ended.
-    pub fn build_all(
-        &self,
-        device: &wgpu::Device,
-        keys: &[KernelKey],
-        threads: usize,
-    ) -> Result<()> {
-        let mut todo: Vec<KernelKey> = Vec::new();
-        if let Ok(map) = self.kernels.read() {
-            for k in keys {
-                if !map.contains_key(k) && !todo.contains(k) {
-                    todo.push(*k);
-                }
-            }
-        }
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let work = || -> Result<()> {
-            let mut first = Ok(());
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(&key) = todo.get(i) else {
-                    return first;
-                };
-                if let Err(e) = self.get(device, key) {
-                    first = first.and(Err(e));
-                }
-            }
-        };
-        let threads = threads.clamp(1, todo.len().max(1));
-        std::thread::scope(|s| {
-            let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
-            let mut first = work();
-            for h in helpers {
-                let r = h
-                    .join()
-                    .unwrap_or_else(|_| Err(Error::Gpu("a kernel build panicked".into())));
-                first = first.and(r);
-            }
-            first
-        })
-    }
-
     /// The keys of the kernels built so far, ordered by label.
     pub fn built(&self) -> Vec<KernelKey> {
         let mut keys: Vec<KernelKey> = self
@@ -515,10 +479,11 @@ impl PipelineCache {
     }
 
     fn build(&self, device: &wgpu::Device, key: KernelKey) -> Result<Kernel> {
-        if key.workgroup == 0 || key.workgroup > MAX_WORKGROUP {
+        let threads = key.workgroup.saturating_mul(key.rows);
+        if key.workgroup == 0 || key.rows == 0 || threads > MAX_WORKGROUP {
             return Err(Error::Gpu(format!(
                 "workgroup size {} outside 1..={MAX_WORKGROUP}",
-                key.workgroup
+                threads
             )));
         }
         if key.variant && key.op.spec().variant.is_none() {
@@ -567,6 +532,9 @@ impl PipelineCache {
             immediate_size: 0,
         });
         let mut constants = vec![(WORKGROUP_OVERRIDE, f64::from(key.workgroup))];
+        if key.rows > 1 {
+            constants.push((ROWS_OVERRIDE, f64::from(key.rows)));
+        }
         if let Some(name) = spec.variant {
             constants.push((name, f64::from(u8::from(key.variant))));
         }
@@ -608,6 +576,7 @@ pub(crate) fn assert_params_layout(op: Op, rust_size: usize, fields: &[(&str, us
         workgroup: 64,
         variant: false,
         split: false,
+        rows: 1,
     };
     let module = naga::front::wgsl::parse_str(&shader_source(&key)).unwrap();
     let (members, span) = module

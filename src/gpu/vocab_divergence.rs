@@ -25,7 +25,7 @@ use super::capabilities::check_loops;
 use super::chunking::{dispatch_grid, plan_rows, window, ChunkLimits, OFFSET_ALIGN};
 use super::context::{result_words, Context};
 use super::pass::{Bind, Pass};
-use super::pipeline::{Flavour, KernelKey, Op, MAX_WORKGROUP, VOCAB_RESULTS_PER_ROW};
+use super::pipeline::{Flavour, KernelKey, Op, VOCAB_RESULTS_PER_ROW};
 use super::slots::{SlotRing, VOCAB_UPLOAD_SLOTS};
 use super::vocab_variant::VocabVariant;
 use crate::cpu::{check_vocab_inputs, first_bad_logit};
@@ -187,21 +187,7 @@ fn variant(
 ) -> Result<KernelKey> {
     let vocab = rollout.vocab() as u64;
     let op = Op::VocabDivergence(train.dtype());
-    let caps = ctx.capabilities();
-    let device_cap = caps
-        .max_workgroup_invocations
-        .min(caps.max_workgroup_size_x)
-        .clamp(1, MAX_WORKGROUP);
-    if vv.workgroup > device_cap {
-        return Err(Error::config(
-            "vocab_kernel",
-            format!(
-                "{}: workgroups of {} threads exceed this device's {device_cap}",
-                vv.label(),
-                vv.workgroup
-            ),
-        ));
-    }
+    vv.check_device(ctx.capabilities())?;
     let workgroup = vv.workgroup.max(1);
     let len = match vv.slice_len(vocab) {
         0 => vocab,
@@ -213,13 +199,18 @@ fn variant(
         &|| format!("rollout_logits: a row of {vocab} logits"),
         3 * len.div_ceil(u64::from(workgroup)),
     )?;
+    let split = vv.slices(vocab) > 1;
     Ok(KernelKey {
         op,
         dtype: rollout.dtype(),
-        flavour: Flavour::Workgroup,
+        flavour: match vv.subgroups {
+            true => Flavour::Subgroup,
+            false => Flavour::Workgroup,
+        },
         workgroup,
         variant: wide,
-        split: vv.slices(vocab) > 1,
+        split,
+        rows: if split { 1 } else { vv.rows },
     })
 }
 
@@ -406,7 +397,11 @@ fn run_chunks(
         ];
         let n = ch.len() as u64;
         if slices == 1 {
-            let grid = dispatch_grid(n, limits.max_workgroups_per_dim)?;
+            // ROWS rows per workgroup (one subgroup each) when the key has several
+            let grid = dispatch_grid(
+                n.div_ceil(u64::from(kernel.key.rows)),
+                limits.max_workgroups_per_dim,
+            )?;
             passes.push(Pass::new(kernel.clone(), &params, bindings, grid));
         } else {
             // three dispatches: passes 1 and 2 per slice (one read), TV's re-read of the slices

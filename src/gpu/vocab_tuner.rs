@@ -15,8 +15,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Rows the tuner times each candidate on (at most; fewer when the batch's bucket is smaller).
+/// Rows the tuner times each candidate on (at most; fewer when the batch's bucket is smaller),
+/// more on short rows: up to [`TUNE_LOGITS`] logits per tensor.
 pub const TUNE_ROWS: u64 = 256;
+
+/// Logits per tensor the tuner's rows may hold when [`TUNE_ROWS`] rows hold fewer (short rows:
+/// enough workgroups that several rows per workgroup are timed on a full GPU).
+pub const TUNE_LOGITS: u64 = 1 << 24;
 
 /// Runs of each candidate after its warm-up run; the fastest counts.
 pub const TUNE_REPEATS: usize = 3;
@@ -132,17 +137,18 @@ fn synthetic(dtype: DType, rows: u64, vocab: u64, seed: u64) -> Vec<u8> {
 }
 
 impl Context {
-    /// Times every candidate of [`Self::vocab_variants`] for rows of `vocab` logits of dtypes
-    /// `da` (rollout) / `db` (trainer) in `rows`'s bucket, on at most [`TUNE_ROWS`] rows of
-    /// device-resident logits, and returns the fastest with every timing. Runs on any adapter
-    /// (lavapipe included); [`Self::vocab_variant`] calls it only on GPUs.
+    /// Times every candidate of [`Self::vocab_variants`] for `rows` rows of `vocab` logits of
+    /// dtypes `da` (rollout) / `db` (trainer), on at most `rows`'s bucket of rows of
+    /// device-resident logits ([`TUNE_ROWS`], or [`TUNE_LOGITS`] logits where that is more
+    /// rows), and returns the fastest with every timing. Runs on any adapter (lavapipe
+    /// included); [`Self::vocab_variant`] calls it only on GPUs.
     pub fn tune_vocab(
         &self,
         (da, db): (DType, DType),
         rows: u64,
         vocab: u64,
     ) -> Result<VocabTuning> {
-        let n = row_bucket(rows).min(TUNE_ROWS);
+        let n = row_bucket(rows).min(TUNE_ROWS.max(TUNE_LOGITS / vocab.max(1)));
         let a = self.upload(&synthetic(da, n, vocab, 1))?;
         let b = self.upload(&synthetic(db, n, vocab, 2))?;
         let (ra, rb) = (n as usize, vocab as usize);
@@ -152,7 +158,7 @@ impl Context {
         let ids: Vec<i64> = (0..n).map(|r| (r * 7919 % vocab) as i64).collect();
         let mut timings = Vec::new();
         let mut device_timed = true;
-        for v in self.vocab_variants(db, n, vocab) {
+        for v in self.vocab_variants(db, rows, vocab) {
             // the first run builds the pipeline
             vocab_divergence_with(self, &la, &lb, Some(&ids), &mask, 1.0, Some(v))?;
             let mut best = f64::INFINITY;
@@ -243,7 +249,8 @@ mod tests {
         let v = VocabVariant {
             workgroup: 128,
             slice: 16384,
-            masked_first: true,
+            subgroups: true,
+            ..VocabVariant::default()
         };
         store_cache(&path, "a|b|f32/bf16|v262144|r64", v).unwrap();
         let w = VocabVariant { slice: 0, ..v };

@@ -20,6 +20,14 @@ pub const REDUCE_ACC_WG: &str = include_str!("../../shaders/common/reduce_acc_wg
 pub const REDUCE_SG: &str = include_str!("../../shaders/common/reduce_sg.wgsl");
 /// `shaders/common/reduce_slots_wg.wgsl`: trees over many values per thread.
 pub const REDUCE_SLOTS_WG: &str = include_str!("../../shaders/common/reduce_slots_wg.wgsl");
+/// `shaders/common/reduce_slots_shuffle.wgsl`: those trees' subgroup flavour (shuffles).
+pub const REDUCE_SLOTS_SHUFFLE: &str =
+    include_str!("../../shaders/common/reduce_slots_shuffle.wgsl");
+/// `shaders/common/reduce_slots_sg.wgsl`: a row per workgroup, the subgroups' partials merged.
+pub const REDUCE_SLOTS_SG: &str = include_str!("../../shaders/common/reduce_slots_sg.wgsl");
+/// `shaders/common/reduce_slots_sg_rows.wgsl`: one subgroup per row, several rows per workgroup.
+pub const REDUCE_SLOTS_SG_ROWS: &str =
+    include_str!("../../shaders/common/reduce_slots_sg_rows.wgsl");
 /// `shaders/common/segments.wgsl`: a segmented kernel's walk over a sequence or piece.
 pub const SEGMENTS: &str = include_str!("../../shaders/common/segments.wgsl");
 /// `shaders/common/unpack.wgsl`: f32 / f16 / bf16 decoders of packed words.

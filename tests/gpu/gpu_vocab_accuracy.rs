@@ -187,11 +187,26 @@ fn every_kernel_configuration_meets_the_accuracy_rule_on_real_logits() {
             workgroup,
             slice,
             masked_first: false,
+            ..VocabVariant::default()
+        });
+        // subgroup trees, and one subgroup per row (several rows per workgroup), where usable
+        let lanes = ctx.vocab_subgroup_lanes();
+        let sg = lanes.into_iter().flat_map(|l| {
+            [(64.max(l), 1024, 1), (l, 0, 1), (l, 0, 256 / l)].map(|(workgroup, slice, rows)| {
+                VocabVariant {
+                    workgroup,
+                    slice,
+                    subgroups: true,
+                    rows,
+                    ..VocabVariant::default()
+                }
+            })
         });
         for v in ctx
             .vocab_variants(s.train.dtype(), rows, vocab)
             .into_iter()
             .chain(short)
+            .chain(sg)
         {
             for masked_first in [false, true] {
                 let v = VocabVariant { masked_first, ..v };

@@ -4,7 +4,8 @@
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use trmask::gpu::pipeline::{
-    all_kernel_keys, shader_source, Flavour, KernelKey, ENTRY_POINT, MATH, WORKGROUP_OVERRIDE,
+    all_kernel_keys, shader_source, Flavour, KernelKey, ENTRY_POINT, MATH, ROWS_OVERRIDE,
+    WORKGROUP_OVERRIDE,
 };
 
 fn parse(key: &KernelKey) -> naga::Module {
@@ -49,6 +50,9 @@ fn every_variant_validates_and_translates() {
             .unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(&shader_source(key))));
         let mut constants = naga::back::PipelineConstants::default();
         constants.insert(WORKGROUP_OVERRIDE.to_string(), f64::from(key.workgroup));
+        if key.rows > 1 {
+            constants.insert(ROWS_OVERRIDE.to_string(), f64::from(key.rows));
+        }
         let (module, info) = naga::back::pipeline_constants::process_overrides(
             &module,
             &info,
@@ -61,7 +65,11 @@ fn every_variant_validates_and_translates() {
             .iter()
             .find(|e| e.name == ENTRY_POINT)
             .unwrap_or_else(|| panic!("{label}: no entry point"));
-        assert_eq!(ep.workgroup_size, [key.workgroup, 1, 1], "{label}");
+        assert_eq!(
+            ep.workgroup_size,
+            [key.workgroup * key.rows, 1, 1],
+            "{label}"
+        );
 
         spv::write_vec(
             &module,

@@ -1,14 +1,17 @@
 //! Every configuration of the vocabulary kernel (`Context::vocab_variants`: workgroup sizes,
 //! whole rows or rows split across workgroups with the combine step, pass 1 plain or masked
-//! first), plus split configurations with many short slices, against the float64 reference on
-//! random and nasty rows (−inf, NaN padding, one-hot, logits of ±1e4, T = 0.7, V from 1 to
-//! 262,144); a pinned configuration gives the same bits run to run and engine to engine.
+//! first, workgroup-memory or subgroup trees, one subgroup per row with several rows per
+//! workgroup), plus split configurations with many short slices, against the float64
+//! reference on random and nasty rows (−inf, NaN padding, one-hot, logits of ±1e4, T = 0.7, V
+//! from 1 to 262,144); a pinned configuration gives the same bits run to run and engine to
+//! engine.
 
 use crate::common;
 use crate::vocab_divergence::{case, compare, encode, normal, Case};
 use common::vocab_bits as bits;
 use std::sync::{Arc, Mutex, OnceLock};
 use trmask::cpu::CpuEngine;
+use trmask::gpu::pipeline::{Flavour, Op};
 use trmask::gpu::{vocab_divergence_with, Context, ContextOptions, GpuEngine, VocabVariant};
 use trmask::{DType, Engine, VocabStats};
 
@@ -105,8 +108,47 @@ fn nasty(seed: u64, vocab: usize, da: DType, db: DType) -> Case {
     }
 }
 
+/// The subgroup size of the subgroup configurations; lavapipe has one (8 lanes), so they are
+/// exercised here whenever the tests run there.
+fn lanes(ctx: &Context) -> Option<u32> {
+    let lanes = ctx.vocab_subgroup_lanes();
+    if ctx.capabilities().adapter_name.contains("llvmpipe") {
+        assert_eq!(lanes, Some(8), "lavapipe's fixed subgroups of 8");
+    }
+    lanes
+}
+
+/// The subgroup configurations checked besides the candidates: short slices with subgroup
+/// trees, and one subgroup per row with 2 and with as many rows per workgroup as 256 threads
+/// hold (the latter on rows whose loops fit a loop budget, see `rows_ok`).
+fn subgroup_variants(ctx: &Context, vocab: usize) -> Vec<VocabVariant> {
+    let Some(l) = lanes(ctx) else {
+        return Vec::new();
+    };
+    let sg = |workgroup, slice, rows| VocabVariant {
+        workgroup,
+        slice,
+        masked_first: false,
+        subgroups: true,
+        rows,
+    };
+    let mut out = vec![sg(64.max(l), 8, 1), sg(l, 0, 1), sg(256, 4096, 1)];
+    if rows_ok(ctx, vocab, l) {
+        out.extend([sg(l, 0, 2), sg(l, 0, 256 / l)]);
+    }
+    out
+}
+
+/// Whether rows of `vocab` fit the driver's loop budget with `lanes` threads per row.
+fn rows_ok(ctx: &Context, vocab: usize, lanes: u32) -> bool {
+    let loops = 3 * (vocab as u64).div_ceil(u64::from(lanes)) + 1024;
+    ctx.capabilities()
+        .loop_iterations
+        .is_none_or(|max| loops <= max)
+}
+
 /// The configurations checked on rows of `vocab`: every candidate of the context with both
-/// pass-1 orders, and split ones with short slices (many slices per row).
+/// pass-1 orders, split ones with short slices (many slices per row) and the subgroup ones.
 fn variants(ctx: &Context, rows: usize, vocab: usize, all: bool) -> Vec<VocabVariant> {
     let mut out = Vec::new();
     let mut add = |v: VocabVariant| {
@@ -128,8 +170,10 @@ fn variants(ctx: &Context, rows: usize, vocab: usize, all: bool) -> Vec<VocabVar
             workgroup,
             slice,
             masked_first: false,
+            ..VocabVariant::default()
         });
     }
+    subgroup_variants(ctx, vocab).into_iter().for_each(&mut add);
     out
 }
 
@@ -236,11 +280,44 @@ fn split_rows_match_the_reference_on_large_vocabularies() {
         for (workgroup, slice, masked_first) in
             [(64, 4096, true), (256, 16384, false), (128, 0, true)]
         {
-            vs.push(VocabVariant {
+            let v = VocabVariant {
                 workgroup,
                 slice,
                 masked_first,
-            });
+                ..VocabVariant::default()
+            };
+            vs.push(v);
+            if lanes(ctx).is_some() {
+                vs.push(VocabVariant {
+                    subgroups: true,
+                    ..v
+                });
+            }
+        }
+        if let Some(l) = lanes(ctx) {
+            // one subgroup per row: within the loop budget it runs, past it it is refused
+            let v = VocabVariant {
+                workgroup: l,
+                masked_first: false,
+                subgroups: true,
+                rows: 2,
+                ..VocabVariant::default()
+            };
+            if rows_ok(ctx, vocab, l) {
+                vs.push(v);
+            } else {
+                let e = vocab_divergence_with(
+                    ctx,
+                    &c.rollout,
+                    &c.train,
+                    Some(&c.responses),
+                    &c.mask,
+                    0.7,
+                    Some(v),
+                )
+                .unwrap_err();
+                assert!(e.is_user_error() && e.to_string().contains("loop"), "{e}");
+            }
         }
         for v in vs {
             let got = run(ctx, &c, 0.7, v);
@@ -259,18 +336,34 @@ fn a_pinned_variant_gives_the_same_bits_run_to_run_and_engine_to_engine() {
     let Some(gpu) = common::gpu() else { return };
     let seed = common::seed(0x5eed_0032);
     let c = case(seed, 9, 5000, DType::BF16, DType::F32, 3.0, 0.2, 0.02);
-    for v in [
+    let mut pinned = vec![
         VocabVariant {
             workgroup: 64,
             slice: 512,
-            masked_first: true,
+            ..VocabVariant::default()
         },
         VocabVariant {
             workgroup: 32,
-            slice: 0,
             masked_first: false,
+            ..VocabVariant::default()
         },
-    ] {
+    ];
+    let lanes = lanes(gpu.context());
+    if let Some(l) = lanes {
+        let sg = |workgroup, slice, rows| VocabVariant {
+            workgroup,
+            slice,
+            masked_first: true,
+            subgroups: true,
+            rows,
+        };
+        pinned.extend([
+            sg(64.max(l), 512, 1),
+            sg(64.max(l), 0, 1),
+            sg(l, 0, 256 / l),
+        ]);
+    }
+    for v in pinned {
         let first = bits(&run(gpu.context(), &c, 1.0, v));
         assert_eq!(
             first,
@@ -289,6 +382,37 @@ fn a_pinned_variant_gives_the_same_bits_run_to_run_and_engine_to_engine() {
             .vocab_divergence(&c.rollout, &c.train, Some(&c.responses), &c.mask, 1.0)
             .unwrap();
         assert_eq!(first, bits(&got), "{} pinned by the options", v.label());
+        // the configuration ran the kernel it names: its trees' flavour and rows per workgroup
+        let flavour = match v.subgroups {
+            true => Flavour::Subgroup,
+            false => Flavour::Workgroup,
+        };
+        assert!(
+            other.context().built_kernels().iter().any(|k| {
+                matches!(k.op, Op::VocabDivergence(_))
+                    && (k.flavour, k.workgroup, k.rows, k.split)
+                        == (flavour, v.workgroup, v.rows, v.slice > 0)
+            }),
+            "{}: {:?}",
+            v.label(),
+            other.context().built_kernels()
+        );
+    }
+    if lanes.is_some() {
+        // subgroup trees round differently from the workgroup tree, yet both meet the reference
+        let v = VocabVariant {
+            workgroup: 64,
+            ..VocabVariant::default()
+        };
+        let sg = VocabVariant {
+            subgroups: true,
+            ..v
+        };
+        assert_ne!(
+            bits(&run(gpu.context(), &c, 1.0, v)),
+            bits(&run(gpu.context(), &c, 1.0, sg)),
+            "the subgroup trees ran"
+        );
     }
 }
 
@@ -296,11 +420,25 @@ fn a_pinned_variant_gives_the_same_bits_run_to_run_and_engine_to_engine() {
 fn a_pinned_variant_the_device_cannot_run_is_an_error() {
     let Some(gpu) = common::gpu() else { return };
     let c = case(1, 2, 64, DType::F32, DType::F32, 1.0, 0.1, 0.0);
-    for (workgroup, slice) in [(0u32, 0u32), (512, 0), (64, 12)] {
+    let lanes = gpu.context().vocab_subgroup_lanes().unwrap_or(8);
+    for (workgroup, slice, subgroups, rows) in [
+        (0u32, 0u32, false, 1u32),
+        (512, 0, false, 1),
+        (64, 12, false, 1),
+        // several rows per workgroup: subgroups, whole rows, one subgroup per row
+        (lanes, 0, false, 2),
+        (lanes, 64, true, 2),
+        (2 * lanes, 0, true, 2),
+        (lanes, 0, true, 0),
+        // subgroup trees need subgroups dividing the row's threads
+        (lanes + lanes / 2, 0, true, 1),
+    ] {
         let v = VocabVariant {
             workgroup,
             slice,
             masked_first: true,
+            subgroups,
+            rows,
         };
         let e = vocab_divergence_with(
             gpu.context(),
@@ -415,12 +553,27 @@ fn split_rows_read_once_where_the_tv_certificate_holds() {
     for (k, peaked) in [(0u64, true), (1, false)] {
         let c = rl_rows(seed + k, 4, vocab, peaked);
         let want = reference(&c, 1.0);
-        for (workgroup, slice) in [(256, 4096), (256, 16384), (64, 4096)] {
-            let v = VocabVariant {
+        let mut variants: Vec<VocabVariant> = [(256, 4096), (256, 16384), (64, 4096)]
+            .into_iter()
+            .map(|(workgroup, slice)| VocabVariant {
                 workgroup,
                 slice,
                 masked_first: true,
-            };
+                ..VocabVariant::default()
+            })
+            .collect();
+        if lanes(ctx).is_some() {
+            // the same flow on subgroup trees
+            variants.push(VocabVariant {
+                workgroup: 256,
+                slice: 4096,
+                masked_first: true,
+                subgroups: true,
+                rows: 1,
+            });
+        }
+        for v in variants {
+            let slice = v.slice;
             let what = format!("peaked {peaked} V {vocab} seed {} {}", seed + k, v.label());
             let (got, p) = {
                 let _one = PASSES.lock().unwrap_or_else(|e| e.into_inner());
