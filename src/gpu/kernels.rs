@@ -311,7 +311,11 @@ impl Context {
             v.check()?;
             return Ok(v);
         }
-        if let Ok(text) = std::env::var(VOCAB_KERNEL_ENV) {
+        // set and not blank (an empty value is the same as none)
+        if let Some(text) = std::env::var(VOCAB_KERNEL_ENV)
+            .ok()
+            .filter(|t| !t.trim().is_empty())
+        {
             return VocabVariant::parse(&text, VOCAB_KERNEL_ENV);
         }
         if let Some(v) = self.tuned_vocab(dtypes, rows, vocab) {

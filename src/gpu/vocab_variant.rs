@@ -12,7 +12,7 @@ use super::pipeline::MAX_WORKGROUP;
 use crate::error::{Error, Result};
 
 /// Environment variable pinning the vocabulary kernel's configuration, in the form
-/// [`VocabVariant::parse`] reads (`wg=256,slice=16384,masked_first=1,sg=1`).
+/// [`VocabVariant::parse`] reads (`wg=256,slice=16384,masked_first=1,sg=1`); empty: no pin.
 pub const VOCAB_KERNEL_ENV: &str = "TRMASK_VOCAB_KERNEL";
 
 /// Slice lengths (elements) the candidates cut rows into, besides whole rows.

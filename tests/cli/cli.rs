@@ -258,6 +258,36 @@ fn analyze_gpu_matches_cpu_through_the_binary() {
     matches_cpu_through_the_binary("gpu");
 }
 
+/// `TRMASK_VOCAB_KERNEL` set but empty is no pin (the default runs); a value that does not parse
+/// is a one-line error naming the variable (exit 2).
+#[test]
+fn an_empty_vocab_kernel_pin_is_no_pin() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let with = |v: &str| {
+        let out = common::trmask_bin()
+            .env("TRMASK_VOCAB_KERNEL", v)
+            .args([
+                "analyze",
+                "data/sample/real-small.safetensors",
+                "--backend",
+                "gpu",
+            ])
+            .output()
+            .expect("run trmask");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code().unwrap_or(-1), err)
+    };
+    for empty in ["", "  "] {
+        let (code, err) = with(empty);
+        assert_eq!(code, 0, "{empty:?}: {err}");
+    }
+    let (code, err) = with("wg=0");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("TRMASK_VOCAB_KERNEL"), "{err}");
+}
+
 #[test]
 fn analyze_cpu_fast_matches_cpu_through_the_binary() {
     matches_cpu_through_the_binary("cpu-fast");
