@@ -412,6 +412,27 @@ struct Dir2 {
     ee: f32,
 }
 
+// Both directions' pass-2 sums into slots 0 .. 9 of thread t's row: p's u, w, pe, ee, ue, then
+// q's (the order the trees and the split rows' records keep).
+fn dirs_set(t: u32, fp: Dir2, fq: Dir2) {
+    red_set(0u, t, fp.u);
+    red_set(1u, t, fp.w);
+    red_set(2u, t, fp.pe);
+    red_set(3u, t, fp.ee);
+    red_set(4u, t, fp.ue);
+    red_set(5u, t, fq.u);
+    red_set(6u, t, fq.w);
+    red_set(7u, t, fq.pe);
+    red_set(8u, t, fq.ee);
+    red_set(9u, t, fq.ue);
+}
+
+// Direction `k` (0: p, 1: q) of the tree's total, as `dirs_set` stored it.
+fn dir_total(k: u32) -> Dir2 {
+    let o = 5u * k;
+    return Dir2(red_total(o), red_total(o + 1u), red_total(o + 4u), red_total(o + 2u), red_total(o + 3u));
+}
+
 // `yr`: the other side's raw logit minus its common-support maximum (≤ 0); `it2` = it·log2(e).
 fn dir2_push(st: ptr<function, Dir2>, u: f32, wx: f32, yr: f32, it2: f32) {
     if (u >= -T_EXT) {
@@ -794,40 +815,38 @@ struct After2 {
     again: bool,
 }
 
+// Both directions' KL parts and the exact λ from their merged pass-2 sums (the tree's total, as
+// `dirs_set` stored them); TV left for the caller. The same value in every thread.
+fn after_kl(dp: Dir, dq: Dir, it: f32, lam0: f32) -> After2 {
+    var r: After2;
+    r.rp = finish_dir(dir_total(0u), dp, dq, it);
+    r.rq = finish_dir(dir_total(1u), dq, dp, it);
+    r.nq = neg_log_in(dq);
+    r.np = neg_log_in(dp);
+    r.lam = lam0;
+    if (r.rp.ok) {
+        r.lam = r.rp.lam + r.nq.v;
+    }
+    r.tv = 0.0;
+    r.again = false;
+    return r;
+}
+
 fn after_p2(dp: Dir, dq: Dir, it: f32, lam0: f32, lean: bool) -> After2 {
-    let rp = finish_dir(
-        Dir2(red_total(0u), red_total(1u), red_total(4u), red_total(2u), red_total(3u)), dp, dq, it);
-    let rq = finish_dir(
-        Dir2(red_total(5u), red_total(6u), red_total(9u), red_total(7u), red_total(8u)),
-        dq, dp, it);
+    var r = after_kl(dp, dq, it, lam0);
     // the lean loop summed TV's terms in units of p's weights
     let tv_unit = select(1.0, dp.inv_s, lean);
-    var tv = red_total(10u) * tv_unit;
     let gg = red_total(11u) * tv_unit;
     let near_mass = red_total(12u) * tv_unit;
-    let nq = neg_log_in(dq);
-    let np = neg_log_in(dp);
-    var lam = lam0;
-    if (rp.ok) {
-        lam = rp.lam + nq.v;
-    }
     // TV(λ) ≈ TV(λ0) − (λ − λ0)·Σ sign(q−p)·q, exact but for elements whose log-ratio lies
     // within |λ − λ0| of 0 (error ≤ 2|λ − λ0|·their mass). When that bound is not negligible
     // (near-identical or near-one-hot rows), pass 3 recomputes TV with the exact λ; it also
     // recomputes the common-support masses when they underflowed in pass 1.
-    let dl = lam - lam0;
-    tv = tv - dl * gg;
+    let dl = r.lam - lam0;
+    r.tv = red_total(10u) * tv_unit - dl * gg;
     let bound = 2.0 * abs(dl) * near_mass;
-    let again = (rp.ok && (abs(dl) > TAU_KINK || bound > 1.0e-4 * abs(tv) + 1.0e-10))
-        || !nq.ok || !np.ok;
-    var r: After2;
-    r.rp = rp;
-    r.rq = rq;
-    r.tv = tv;
-    r.nq = nq;
-    r.np = np;
-    r.lam = lam;
-    r.again = again;
+    r.again = (r.rp.ok && (abs(dl) > TAU_KINK || bound > 1.0e-4 * abs(r.tv) + 1.0e-10))
+        || !r.nq.ok || !r.np.ok;
     return r;
 }
 
@@ -1005,18 +1024,7 @@ fn pass2(t: u32, c: ptr<function, Chip>, at: RowAt, rc: RowC, chip: bool) -> f32
     } else {
         p2_loop(&sums, c, at, rc.c, false, false);
     }
-    let fp = sums.fp;
-    let fq = sums.fq;
-    red_set(0u, t, fp.u);
-    red_set(1u, t, fp.w);
-    red_set(2u, t, fp.pe);
-    red_set(3u, t, fp.ee);
-    red_set(4u, t, fp.ue);
-    red_set(5u, t, fq.u);
-    red_set(6u, t, fq.w);
-    red_set(7u, t, fq.pe);
-    red_set(8u, t, fq.ee);
-    red_set(9u, t, fq.ue);
+    dirs_set(t, sums.fp, sums.fq);
     red_set(10u, t, sums.tv0);
     red_set(11u, t, sums.g);
     red_set(12u, t, sums.near);

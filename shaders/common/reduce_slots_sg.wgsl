@@ -18,17 +18,6 @@ fn red_init(ids: SlotIds) -> vec2<u32> {
     return vec2<u32>(0u, ids.lid);
 }
 
-fn row_sync() {
-    workgroupBarrier();
-}
-
-fn row_publish(t: u32, x: u32) -> u32 {
-    if (t == 0u) {
-        wg_active = x;
-    }
-    return workgroupUniformLoad(&wg_active);
-}
-
 fn red_tree(k: u32, merge: bool) {
     let n = red_lanes();
     let part = red_sg_tree(red_row, n, k, merge);

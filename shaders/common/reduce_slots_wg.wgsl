@@ -40,20 +40,6 @@ fn red_total(k: u32) -> f32 {
     return red_sh[k * MAX_WG];
 }
 
-// A barrier between the row's threads.
-fn row_sync() {
-    workgroupBarrier();
-}
-
-// Thread 0's `x`, returned to every thread of the row (uniform for the workgroup). Must be
-// reached by all threads; `wg_active` may be written again only after a barrier.
-fn row_publish(t: u32, x: u32) -> u32 {
-    if (t == 0u) {
-        wg_active = x;
-    }
-    return workgroupUniformLoad(&wg_active);
-}
-
 // Sums slots 0..k of every row into thread 0's row.
 fn red_sum_slots(t: u32, k: u32) {
     workgroupBarrier();

@@ -194,8 +194,7 @@ fn dir_to_row(o: u32, m_s: f32, s_in: f32, c_s: f32, t_s: f32, d: Dir, t_row: f3
 }
 
 // Slice t's pass-2 sums at the row's constants into slots 0 .. 9 of thread t's row
-// (p's u, w, pe, ee, ue, then q's, as pass 2 stores them), zeros for a slice without common
-// support or past the last slice; then the tree.
+// (`dirs_set`), zeros for a slice without common support or past the last slice; then the tree.
 fn merge_p2(row: u32, t: u32, rc: RowC, it: f32) {
     var fp = Dir2(0.0, 0.0, 0.0, 0.0, 0.0);
     var fq = Dir2(0.0, 0.0, 0.0, 0.0, 0.0);
@@ -207,37 +206,8 @@ fn merge_p2(row: u32, t: u32, rc: RowC, it: f32) {
         }
     }
     row_sync();
-    red_set(0u, t, fp.u);
-    red_set(1u, t, fp.w);
-    red_set(2u, t, fp.pe);
-    red_set(3u, t, fp.ee);
-    red_set(4u, t, fp.ue);
-    red_set(5u, t, fq.u);
-    red_set(6u, t, fq.w);
-    red_set(7u, t, fq.pe);
-    red_set(8u, t, fq.ee);
-    red_set(9u, t, fq.ue);
+    dirs_set(t, fp, fq);
     red_sum_slots(t, 10u);
-}
-
-// What the merged sums (the tree's total after `merge_p2`) give: both directions' KL parts and
-// the exact λ (TV is filled in later). The same value in every thread.
-fn after_merge(rc: RowC, it: f32) -> After2 {
-    var r: After2;
-    r.rp = finish_dir(
-        Dir2(red_total(0u), red_total(1u), red_total(4u), red_total(2u), red_total(3u)), rc.dp, rc.dq, it);
-    r.rq = finish_dir(
-        Dir2(red_total(5u), red_total(6u), red_total(9u), red_total(7u), red_total(8u)),
-        rc.dq, rc.dp, it);
-    r.nq = neg_log_in(rc.dq);
-    r.np = neg_log_in(rc.dp);
-    r.lam = rc.lam0;
-    if (r.rp.ok) {
-        r.lam = r.rp.lam + r.nq.v;
-    }
-    r.tv = 0.0;
-    r.again = false;
-    return r;
 }
 
 // Slice t's TV at the row's exact λ `lam` by its linear term (row units), the bound on that
@@ -317,7 +287,7 @@ fn split_row(flat: u32, t: u32) {
     }
     let rc = row_consts(gp, gq, it);
     merge_p2(row, t, rc, it);
-    var a = after_merge(rc, it);
+    var a = after_kl(rc.dp, rc.dq, it, rc.lam0);
     // TV's estimate from every slice's linear term, then thread t's certificate
     let tl = slice_tv(row, t, a.lam, rc, it);
     row_sync();

@@ -21,8 +21,9 @@ use super::wgsl::{
     TOPK_DIVERGENCE, VOCAB_DIVERGENCE, VOCAB_ROW_MAIN, VOCAB_SPLIT,
 };
 pub use super::wgsl::{
-    MATH, PRELUDE, REDUCE_ACC_WG, REDUCE_SG, REDUCE_SLOTS_SG, REDUCE_SLOTS_SG_ROWS,
-    REDUCE_SLOTS_SHUFFLE, REDUCE_SLOTS_WG, REDUCE_WG, SEGMENTS, TWO_SUM, UNPACK,
+    MATH, PRELUDE, REDUCE_ACC_WG, REDUCE_SG, REDUCE_SLOTS_ROW, REDUCE_SLOTS_SG,
+    REDUCE_SLOTS_SG_ROWS, REDUCE_SLOTS_SHUFFLE, REDUCE_SLOTS_WG, REDUCE_WG, SEGMENTS, TWO_SUM,
+    UNPACK,
 };
 
 /// Entry point of every kernel.
@@ -268,8 +269,10 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
             _ => DType::F32,
         };
         let trees: &[&str] = match (k.flavour, k.rows > 1) {
-            (Flavour::Workgroup, _) => &[REDUCE_SLOTS_WG],
-            (Flavour::Subgroup, false) => &[REDUCE_SLOTS_SHUFFLE, REDUCE_SLOTS_SG],
+            (Flavour::Workgroup, _) => &[REDUCE_SLOTS_WG, REDUCE_SLOTS_ROW],
+            (Flavour::Subgroup, false) => {
+                &[REDUCE_SLOTS_SHUFFLE, REDUCE_SLOTS_SG, REDUCE_SLOTS_ROW]
+            }
             (Flavour::Subgroup, true) => &[REDUCE_SLOTS_SHUFFLE, REDUCE_SLOTS_SG_ROWS],
         };
         let loads = match k.variant {

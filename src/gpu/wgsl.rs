@@ -20,6 +20,8 @@ pub const REDUCE_ACC_WG: &str = include_str!("../../shaders/common/reduce_acc_wg
 pub const REDUCE_SG: &str = include_str!("../../shaders/common/reduce_sg.wgsl");
 /// `shaders/common/reduce_slots_wg.wgsl`: trees over many values per thread.
 pub const REDUCE_SLOTS_WG: &str = include_str!("../../shaders/common/reduce_slots_wg.wgsl");
+/// `shaders/common/reduce_slots_row.wgsl`: `row_sync` / `row_publish` for one row per workgroup.
+pub const REDUCE_SLOTS_ROW: &str = include_str!("../../shaders/common/reduce_slots_row.wgsl");
 /// `shaders/common/reduce_slots_shuffle.wgsl`: those trees' subgroup flavour (shuffles).
 pub const REDUCE_SLOTS_SHUFFLE: &str =
     include_str!("../../shaders/common/reduce_slots_shuffle.wgsl");

@@ -272,8 +272,8 @@ fn kernel_body(
     let nc = plan.criteria.len();
     let token_is = plan.is.filter(|is| is.level == IsLevel::Token);
     let mut recs = Vec::with_capacity(t.seqs.len());
-    // the slot whose tile's mask `cols.m_next` holds
-    let mut have_next: Option<usize> = None;
+    // the first slot of the tile whose mask `cols.m_next` holds, and that tile's used length
+    let mut have_next: Option<(usize, usize)> = None;
     // slots before the first sequence / between sequences: padding of nobody
     let mut cursor = t.start;
     for s in t.seqs.clone() {
@@ -302,40 +302,48 @@ fn kernel_body(
                     .then(|| ranges[s + 1])
                     .map(|(a2, e2)| (a2, TILE.min(e2 - a2)))
             };
-            if let Some(mv) = &inp.mask {
-                if have_next == Some(k) {
-                    std::mem::swap(&mut cols.m, &mut cols.m_next);
-                } else {
-                    mv.load(k, &mut cols.m[..len]);
-                }
-                have_next = None;
-                if let Some((k2, len2)) = next.filter(|&(_, l)| l > 0) {
-                    mv.prefetch(k2 + len2, k2 + len2 + TILE);
-                    mv.load(k2, &mut cols.m_next[..len2]);
-                    have_next = Some(k2);
-                    let m2 = &cols.m_next[..len2];
-                    if let Some(last) = last_nonzero(m2) {
-                        prefetch_tile(inp, t, token_is.is_some(), k2, last + 1);
-                    }
-                }
-                // a tile of padding only (0 everywhere, no bad value): nothing to read or add
-                if last_nonzero(&cols.m[..len]).is_none() {
-                    t.mask.clear(off, len);
-                    if let (Some(wo), Some(_), false) = (t.weights.as_mut(), &token_is, deferred) {
-                        wo.fill(off, len, 0.0);
-                    }
-                    k += len;
-                    continue;
-                }
-            } else if let Some((k2, len2)) = next {
-                prefetch_tile(inp, t, token_is.is_some(), k2, len2);
-            }
             // the tile up to its last valid (or bad) slot; right padding after it is only
             // cleared (a sum skipping it has the same bits: its terms are 0)
             let used = match &inp.mask {
-                Some(_) => last_nonzero(&cols.m[..len]).map_or(0, |j| j + 1),
-                None => len,
+                Some(mv) => {
+                    let used = match have_next {
+                        Some((k2, used2)) if k2 == k => {
+                            std::mem::swap(&mut cols.m, &mut cols.m_next);
+                            used2
+                        }
+                        _ => {
+                            mv.load(k, &mut cols.m[..len]);
+                            last_nonzero(&cols.m[..len]).map_or(0, |j| j + 1)
+                        }
+                    };
+                    have_next = None;
+                    if let Some((k2, len2)) = next.filter(|&(_, l)| l > 0) {
+                        mv.prefetch(k2 + len2, k2 + len2 + TILE);
+                        mv.load(k2, &mut cols.m_next[..len2]);
+                        let used2 = last_nonzero(&cols.m_next[..len2]).map_or(0, |j| j + 1);
+                        if used2 > 0 {
+                            prefetch_tile(inp, t, token_is.is_some(), k2, used2);
+                        }
+                        have_next = Some((k2, used2));
+                    }
+                    used
+                }
+                None => {
+                    if let Some((k2, len2)) = next {
+                        prefetch_tile(inp, t, token_is.is_some(), k2, len2);
+                    }
+                    len
+                }
             };
+            // a tile of padding only (0 everywhere, no bad value): nothing to read or add
+            if used == 0 {
+                t.mask.clear(off, len);
+                if let (Some(wo), Some(_), false) = (t.weights.as_mut(), &token_is, deferred) {
+                    wo.fill(off, len, 0.0);
+                }
+                k += len;
+                continue;
+            }
             inp.roll.load(k, &mut cols.r[..used]);
             inp.train.load(k, &mut cols.o[..used]);
             // whole octets: the slots up to the next multiple of LANES count as padding (their
