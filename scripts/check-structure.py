@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Structure check for trmask's src/: the file-level import graph has no cycle, no source file
+"""Structure check for trmask's src/: at most six .rs files at the root, the file-level import
+graph has no cycle (a folder's `pub use` re-exports followed to the defining file), no source file
 is over 600 lines before its test module, `wgpu::` appears in at most five files (the
 device layer: adapter, context, pipeline, buffers; and logits.rs' device-buffer variant), and `anyhow`
 is not a library dependency. Prints the graph's layers and exits 1 on any violation."""
@@ -12,6 +13,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 MAX_LINES = 600
 MAX_WGPU_FILES = 5
+# src/ root holds the crate root and the few foundations every layer uses; the rest lives in
+# folders by domain (input, sampling, engine, correction, metrics, partial, bounds, analysis, …)
+MAX_ROOT_FILES = 6
 
 
 def module_path(f):
@@ -24,18 +28,63 @@ def module_path(f):
     return tuple(parts)
 
 
+def reexports(mods):
+    """For each directory module (mod.rs), the names it re-exports from its children: `pub use
+    child::{A, b as C}` maps A and C to the child, `pub use child::*` makes the child the
+    fallback. A path through a folder's re-export then points at the file that defines it, so
+    a folder declaring its children is not a dependency of everything that names the folder."""
+    out = {}
+    for mp, f in mods.items():
+        if f.name != "mod.rs":
+            continue
+        names, glob = {}, []
+        text = re.sub(r"//[^\n]*", "", f.read_text())
+        for m in re.finditer(r"pub(?:\([^)]*\))?\s+use\s+(\w+)::([^;]+);", text):
+            child = tuple(mp) + (m.group(1),)
+            if child not in mods:
+                continue
+            body = m.group(2).strip()
+            if body == "*":
+                glob.append(child)
+                continue
+            body = body.strip("{}")
+            for item in body.split(","):
+                item = item.strip()
+                if not item:
+                    continue
+                name = item.split(" as ")[-1].strip().split("::")[-1]
+                first = item.split(" as ")[0].strip().split("::")
+                target = child + (first[0],) if child + (first[0],) in mods else child
+                names[name] = target
+        out[mp] = (names, glob)
+    return out
+
+
+REEXPORTS = {}
+
+
 def resolve(mods, base, segs):
-    """Longest prefix of base+segs that names a module file."""
+    """Longest prefix of base+segs that names a module file, following a folder's
+    re-exports to the child file that defines the name."""
     full = tuple(base) + tuple(segs)
     for n in range(len(full), 0, -1):
         if full[:n] in mods:
-            return full[:n]
+            hit = full[:n]
+            if n < len(full) and hit in REEXPORTS:
+                names, glob = REEXPORTS[hit]
+                if full[n] in names:
+                    return names[full[n]]
+                if len(glob) == 1:
+                    return glob[0]
+            return hit
     return None
 
 
 def refs(text):
     """Yield module paths (as tuples of segments, rooted at crate or relative via super/self)."""
     text = re.sub(r"//[^\n]*", "", text)
+    # a visibility (`pub(in crate::gpu)`) names a scope, not a dependency
+    text = re.sub(r"pub\(in [^)]*\)", "pub", text)
     # expand `use crate::{a, b::{c}}` groups shallowly by scanning every path token
     for m in re.finditer(r"\b((?:crate|super|self)(?:::(?:super|\w+))+|(?:crate|super|self)(?=::\{))(::\{([^;]*?)\})?", text):
         head = m.group(1).split("::")
@@ -54,6 +103,7 @@ def main():
         mp = module_path(f)
         if mp is not None:
             mods[mp] = f
+    REEXPORTS.update(reexports(mods))
     edges = {mp: set() for mp in mods}
     for mp, f in mods.items():
         is_mod_file = f.name in ("mod.rs", "lib.rs")
@@ -158,6 +208,10 @@ def main():
     wgpu_files = [str(f.relative_to(ROOT)) for f in files if "wgpu::" in re.sub(r"//[^\n]*", "", f.read_text())]
     print(f"  files naming wgpu:: ({len(wgpu_files)}, limit {MAX_WGPU_FILES}): {', '.join(wgpu_files)}")
     if len(wgpu_files) > MAX_WGPU_FILES:
+        ok = False
+    root = sorted(f.name for f in SRC.glob("*.rs"))
+    print(f"  src/ root: {len(root)} .rs files (limit {MAX_ROOT_FILES}): {', '.join(root)}")
+    if len(root) > MAX_ROOT_FILES:
         ok = False
     cargo = tomllib.loads((ROOT / "Cargo.toml").read_text())
     lib_deps = cargo.get("dependencies", {})

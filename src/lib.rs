@@ -31,62 +31,50 @@
 //! # Ok::<(), trmask::Error>(())
 //! ```
 
-// Layer 0: no internal dependency but `error`.
+// Foundations: no internal dependency but `error`.
 mod error;
 mod lenient_json;
 mod math;
-pub mod plan;
 mod stats;
-pub mod tensors;
-mod values;
-// Layer 0–1: inputs and their validation.
-mod batch;
-pub mod kept_mass;
-pub mod kept_set;
-mod logits;
-mod support;
-// Layer 1: configuration.
+// Inputs and their validation; truncated sampling's kept sets.
+pub mod input;
+pub mod sampling;
+// Configuration.
 pub mod config;
-// Layer 2: the engine trait and the passes composed from it.
-mod engine;
-#[doc(hidden)]
-pub mod passes;
-// Layer 3: the engines.
+// The engine trait, the plan and the backend choice; the engines.
 pub mod cpu;
+pub mod engine;
 pub mod gpu;
-// Layer 4: corrections, metrics, certificate and bounds.
+// Corrections, metrics, mergeable partials, certificate and bounds.
 pub mod bounds;
-pub mod bounds_inverse;
-mod bounds_sums;
-pub mod calibrate;
-mod certificate;
-pub mod compare;
 pub mod correction;
-mod lean;
 mod metrics;
 pub mod partial;
-// Layer 5: what the CLI and bindings call.
+// What the CLI and bindings call; what the CLI prints and renders.
 pub mod analysis;
-pub mod backend;
-mod corrector;
-#[cfg(feature = "mpi")]
-pub mod distributed;
 pub mod io;
-// Layer 6: what the CLI prints and renders.
 pub mod report;
-pub mod sweep;
-pub mod trend;
 
-pub use batch::{Batch, Layout, Segments};
-pub use certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};
+// Public paths kept from the flat layout.
+pub use analysis::{calibrate, compare, sweep, trend};
+pub use bounds::inverse as bounds_inverse;
+#[doc(hidden)]
+pub use engine::passes;
+pub use engine::{backend, plan};
+pub use input::tensors;
+#[cfg(feature = "mpi")]
+pub use partial::distributed;
+pub use sampling::{kept_mass, kept_set};
+
+pub use bounds::certificate::{Certificate, CAVEAT as CERTIFICATE_CAVEAT};
 pub use config::CorrectionConfig;
-pub use corrector::{
+pub use correction::corrector::{
     Corrector, IntoEngine, MaskOut, MaskValues, Outputs, Step, Values, WeightsOut,
 };
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use gpu::GpuEngine;
-pub use logits::{DType, Logits};
+pub use input::{Batch, DType, Layout, Logits, Segments};
 pub use stats::{
     Corrections, CriterionResult, SegmentStats, StatTable, TokenStats, TopkStats, VocabStats,
     SAFETY_BOUND,
@@ -103,11 +91,11 @@ pub mod topk {
     pub use crate::config::DppoConfig;
     pub use crate::correction::dppo::dppo_mask;
     pub use crate::cpu::topk_divergence_batch as topk_divergence;
-    pub use crate::stats::{DppoDirection, TopkDivergence, TopkStats, TopkSupport};
-    pub use crate::support::{
+    pub use crate::input::support::{
         prepare_support, PreparedSupport, TrainerSupportLogProbs, TrainerTopk,
         SUPPORT_MASS_TOLERANCE, TAIL_FLOOR,
     };
+    pub use crate::stats::{DppoDirection, TopkDivergence, TopkStats, TopkSupport};
 }
 
 /// The wgpu version trmask is built on, so callers name the same types

@@ -24,7 +24,7 @@ mkdir -p "$dir/src" "$dir/tests"
 # logits.rs names wgpu::Buffer for device-resident logits: a shim stands in for wgpu (those
 # logits are refused by every CPU entry point)
 logits_with_wgpu_shim() {
-    sed 's/^use std::sync::Arc;$/use std::sync::Arc;\nuse crate::wgpu;/' "$root/src/logits.rs" >"$dir/src/logits.rs"
+    sed 's/^use std::sync::Arc;$/use std::sync::Arc;\nuse crate::wgpu;/' "$root/src/input/logits.rs" >"$dir/src/logits.rs"
     cat >>"$dir/src/lib.rs" <<'RS'
 pub mod wgpu {
     #[derive(Clone, Debug)]
@@ -161,10 +161,13 @@ bounds_sums | bounds)
     # named trmask so that tests/conformance/bounds.rs compiles unchanged
     manifest trmask "$(printf '[dependencies]\nserde = { version = "1", features = ["derive"] }\n\n[dev-dependencies]\nserde_json = { version = "1", features = ["float_roundtrip"] }\n')"
     cp "$root/Cargo.lock" "$dir/Cargo.lock"
-    cp "$root/src/bounds.rs" "$root/src/bounds_sums.rs" "$root/src/error.rs" "$dir/src/"
+    mkdir -p "$dir/src/bounds"
+    cp "$root/src/bounds/formulas.rs" "$root/src/bounds/sums.rs" "$dir/src/bounds/"
+    cp "$root/src/error.rs" "$dir/src/"
     cp "$root/tests/conformance/bounds.rs" "$dir/tests/"
-    printf 'pub mod bounds;\nmod bounds_sums;\npub mod error;\npub use error::{Error, Result};\n' >"$dir/src/lib.rs"
-    args=(--file "src/$name.rs" -- --lib --test conformance bounds::)
+    printf 'pub mod bounds {\n    mod formulas;\n    pub use formulas::*;\n    pub(crate) mod sums;\n}\npub mod error;\npub use error::{Error, Result};\n' >"$dir/src/lib.rs"
+    file=formulas; [ "$name" = bounds_sums ] && file=sums
+    args=(--file "src/bounds/$file.rs" -- --lib --test conformance bounds::)
     ;;
 topk)
     # named trmask so that the CPU half of tests/conformance/topk.rs compiles unchanged but for its `use`s

@@ -78,7 +78,7 @@ pub struct CorrectionConfig {
     pub rollout_token_veto_threshold: Option<f64>,
     /// The rollout engine's truncation (`top_p`, `top_k`, `min_p`): with the raw rollout
     /// top-K it gives the kept mass `log S_t` of every token (`trmask::kept_mass`).
-    pub sampling: crate::kept_mass::Truncation,
+    pub sampling: crate::sampling::kept_mass::Truncation,
     /// `sampling_replay: true`: every estimator, mask and weight uses the trainer log-prob
     /// renormalised over the kept set, `old_log_prob − log S_t` (`old_log_prob_kept`).
     pub sampling_replay: bool,

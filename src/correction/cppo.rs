@@ -16,9 +16,9 @@
 //! The decisions are computed on the host in f64 and applied by either engine's corrections
 //! pass as a drop column.
 
-use crate::batch::Batch;
 use crate::config::Cppo;
 use crate::error::{Error, Result};
+use crate::input::batch::Batch;
 use crate::metrics::ctx::Ctx;
 use crate::partial::{Acc, Empty, FracMode, Partial};
 use crate::stats::StatTable;

@@ -1,10 +1,10 @@
 //! The DPPO / PDM token mask (docs/FORMAT.md, DPPO) and its `trmask/*` metrics.
 
-use crate::batch::Batch;
 use crate::config::DppoConfig;
+use crate::engine::passes::topk_missing_input;
 use crate::error::{Error, Result};
+use crate::input::batch::Batch;
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
-use crate::passes::topk_missing_input;
 use crate::stats::{DppoDirection, StatTable, TopkStats};
 use std::collections::BTreeMap;
 

@@ -6,17 +6,17 @@ use super::cppo::CppoColumns;
 use super::dppo::dppo_keep;
 use super::m2po::M2poColumns;
 use super::opsm::OpsmColumns;
-use crate::batch::{Batch, Layout};
 use crate::bounds::lntrm_weight;
 use crate::config::{Agg, Criterion, IsLevel, Resolved, Stat};
+use crate::engine::plan::{CorrectionsRaw, MaskAgg, MaskCriterion, MaskIs, MaskPlan, MaskSource};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::input::batch::{Batch, Layout};
 use crate::metrics::ctx::{vmax, vmin, Ctx};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
 use crate::metrics::trmask::trmask_metrics;
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
 use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial, SingleProcess};
-use crate::plan::{CorrectionsRaw, MaskAgg, MaskCriterion, MaskIs, MaskPlan, MaskSource};
 use crate::stats::{Corrections, CriterionResult, SegmentStats, StatTable, SAFETY_BOUND};
 
 /// Computes weights, masks and metrics for `batch` from its per-token statistics.

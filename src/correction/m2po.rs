@@ -13,8 +13,8 @@
 //! [`Exchange`], 8 bytes per active token) and runs the same computation on the same vector, so
 //! each rank's mask is its rows of the one-process mask bit for bit.
 
-use crate::batch::Batch;
 use crate::error::{Error, Result};
+use crate::input::batch::Batch;
 use crate::metrics::ctx::Ctx;
 use crate::partial::{Acc, Empty, Exchange, FracMode, Partial};
 use crate::stats::StatTable;

@@ -1,7 +1,7 @@
 //! What a trainer consumes each step: importance weights, the modified response mask, per-sequence
 //! decisions and statistics, and the metrics (verl's `rollout_corr/*` plus trmask's `trmask/*`).
 //!
-//! Weights and masks come from one `Engine::corrections_pass` call (a [`MaskPlan`](crate::plan::MaskPlan) built from the
+//! Weights and masks come from one `Engine::corrections_pass` call (a [`MaskPlan`](crate::engine::plan::MaskPlan) built from the
 //! config): token statistics, the per-sequence reduction of every criterion's statistic, the
 //! per-criterion keep decisions, the modified mask and the IS weights before batch
 //! normalisation. On the GPU that is one submission (`shaders/masks.wgsl`); on the CPU it is the
@@ -49,9 +49,11 @@
 //! DPPO mask itself. The `topk_kl` / `topk_tv` statistics (TRM on the reduced support) are
 //! ordinary `<agg>_<stat>` criteria and behave like any other sequence criterion.
 
+pub(crate) mod corrector;
 mod cppo;
 pub(crate) mod dppo;
 mod head;
+pub(crate) mod lean;
 mod legacy;
 mod m2po;
 mod opsm;
@@ -60,12 +62,12 @@ pub use crate::stats::{Corrections, CriterionResult};
 pub use head::compute;
 pub(crate) use head::{check_valid_tokens, compute_partial as compute_shard};
 
-use crate::batch::Batch;
 use crate::config::CorrectionConfig;
+use crate::engine::passes::token_table_config;
 use crate::engine::Engine;
 use crate::error::Result;
+use crate::input::batch::Batch;
 use crate::partial::{exchange, Exchange};
-use crate::passes::token_table_config;
 
 /// The once-per-step entry point for a trainer: batch in, [`Corrections`] out.
 ///

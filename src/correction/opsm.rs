@@ -5,8 +5,8 @@
 //! elsewhere) and the weight column 1 there (0 elsewhere), so a sequence with a non-negative
 //! advantage aggregates to 0, which every δ > 0 keeps.
 
-use crate::batch::Batch;
 use crate::error::{Error, Result};
+use crate::input::batch::Batch;
 use crate::metrics::ctx::Ctx;
 
 /// OPSM's two per-slot columns (value, weight), or empty ones when no criterion is `opsm`.

@@ -1,6 +1,6 @@
 //! The reference path: f64 accumulation everywhere, multi-threaded over rows where it pays.
 //! It mirrors `gpu/` file for file; the corrections pass is the shared f64 composition in
-//! [`crate::passes`]. Every entry point checks its shapes and returns an `Err`, never panics.
+//! [`crate::engine::passes`]. Every entry point checks its shapes and returns an `Err`, never panics.
 
 mod segment_reduce;
 mod token_stats;
@@ -26,13 +26,13 @@ pub(crate) use vocab_divergence::{
 #[doc(hidden)]
 pub use vocab_divergence::{vocab_divergence, vocab_divergence_f32};
 
-use crate::batch::{Batch, Segments};
+use crate::engine::plan::{CorrectionsRaw, MaskPlan};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::logits::Logits;
-use crate::plan::{CorrectionsRaw, MaskPlan};
+use crate::input::batch::{Batch, Segments};
+use crate::input::logits::Logits;
+use crate::input::support::TrainerTopk;
 use crate::stats::{SegmentStats, TokenStats, TopkStats, TopkSupport, VocabStats};
-use crate::support::TrainerTopk;
 
 /// The CPU engine: the f64 reference, or the `cpu-fast` precision (vocabulary divergences in
 /// f32, the GPU engine's tolerance; everything else in f64 as in the reference).
@@ -47,7 +47,7 @@ impl CpuEngine {
         CpuEngine { fast: false }
     }
 
-    /// The `cpu-fast` engine ([`crate::backend::Backend::CpuFast`]).
+    /// The `cpu-fast` engine ([`crate::engine::backend::Backend::CpuFast`]).
     pub fn fast() -> Self {
         CpuEngine { fast: true }
     }
@@ -101,7 +101,7 @@ impl Engine for CpuEngine {
         segments: &Segments,
         plan: &MaskPlan,
     ) -> Result<CorrectionsRaw> {
-        crate::passes::corrections_pass(self, lr, segments, plan)
+        crate::engine::passes::corrections_pass(self, lr, segments, plan)
     }
 
     fn vocab_divergence(

@@ -1,6 +1,6 @@
 //! Segmented per-sequence reductions, f64.
 
-use crate::batch::Segments;
+use crate::input::batch::Segments;
 use crate::math::LaneSum;
 use crate::stats::SegmentStats;
 

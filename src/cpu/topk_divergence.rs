@@ -8,12 +8,12 @@
 //! the mismatch: nothing cancels at first order, so KLs of 1e-15 survive. Differences of
 //! probabilities are `π_i − μ_i = μ_i expm1(d_i)`.
 
-use crate::batch::Batch;
 use crate::error::{Error, Result};
-use crate::logits::Logits;
+use crate::input::batch::Batch;
+use crate::input::logits::Logits;
+use crate::input::support::{prepare_support, PreparedSupport, TrainerTopk, TAIL_FLOOR};
 use crate::math::{k3_from_log_ratio, log_sum_exp, neumaier_sum};
 use crate::stats::{TopkStats, TopkSupport};
-use crate::support::{prepare_support, PreparedSupport, TrainerTopk, TAIL_FLOOR};
 use rayon::prelude::*;
 
 /// One row's results.

@@ -29,9 +29,9 @@ use super::vocab_f32::{row_fast32, Scratch32};
 use super::vocab_fast::row_fast;
 use super::vocab_general::{decode_scaled, row_general, row_general_src, Row, RowSrc, Scratch};
 use crate::error::{Error, Result};
-use crate::logits::Logits;
+use crate::input::logits::Logits;
+use crate::input::tensors;
 use crate::stats::VocabStats;
-use crate::tensors;
 use rayon::prelude::*;
 
 /// Checks the temperature, the shapes and the sampled ids shared by the CPU and GPU paths.
@@ -81,7 +81,7 @@ pub(crate) fn check_inputs(
                 ),
             ));
         }
-        if let Some(r) = crate::logits::impossible_sample(rollout, ids, mask) {
+        if let Some(r) = crate::input::logits::impossible_sample(rollout, ids, mask) {
             return Err(Error::input(
                 "responses",
                 format!(

@@ -10,7 +10,7 @@
 
 use super::vocab_fast::min_max;
 use super::vocab_general::{Dir, Row, Sums};
-use crate::logits::{DType, Logits};
+use crate::input::logits::{DType, Logits};
 use crate::math::INV_FACT;
 
 /// Lanes of the sums (two AVX2 registers, one AVX-512 register).

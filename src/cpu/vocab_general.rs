@@ -2,7 +2,7 @@
 //! streaming passes, log-space extremes and log-sum-exp fallbacks; plus the per-thread row
 //! buffers and the decoding both paths share.
 
-use crate::logits::{DType, Logits};
+use crate::input::logits::{DType, Logits};
 use crate::math::{log1p_minus_x, w_of};
 
 /// One row's results: `(kl, kl_rev, tv, h_p, h_q, logp_y, logq_y)`.

@@ -19,7 +19,7 @@
 //! |lr|. Segment sums are compensated (TwoSum) and finished in f64. Results match the CPU
 //! reference within `2e-5·|ref| + 2e-6` (tests/gpu/gpu_vs_cpu.rs).
 //!
-//! Reductions across threads come in two flavours ([`pipeline::Flavour`]): subgroup shuffles
+//! Reductions across threads come in two flavours ([`device::pipeline::Flavour`]): subgroup shuffles
 //! where the device has `SUBGROUP` with one fixed subgroup size dividing the workgroup size
 //! (lavapipe: 8), else a workgroup-memory tree (any size); [`ContextOptions::flavour`] forces
 //! one. Both are fixed trees without atomics: the same input gives the same bits every run.
@@ -28,45 +28,32 @@
 //! [`Context::run`] (e.g. `gpu.context().last_device_ns()` after an op), for benches that report
 //! device time apart from wall time.
 
-mod adapter;
-mod buffers;
-mod capabilities;
-mod chunking;
-mod context;
-mod kernels;
+pub(crate) mod device;
+pub(crate) mod ops;
+
 #[doc(hidden)]
-pub mod masks;
-mod pass;
+pub use device::pipeline;
 #[doc(hidden)]
-pub mod pipeline;
-#[doc(hidden)]
-pub mod segment_reduce;
-mod slots;
-mod token_stats;
-mod topk_divergence;
-mod vocab_divergence;
-mod vocab_tuner;
-mod vocab_variant;
-mod wgsl;
+pub use ops::{masks, segment_reduce};
 
 pub use crate::stats::VocabPasses;
-pub use capabilities::Capabilities;
+pub use device::capabilities::Capabilities;
 #[doc(hidden)]
-pub use context::Submission;
-pub use context::{list_adapters, Context, ContextOptions};
+pub use device::context::Submission;
+pub use device::context::{list_adapters, Context, ContextOptions};
 #[doc(hidden)]
-pub use pass::{Bind, Pass};
-pub use vocab_divergence::vocab_divergence_with;
-pub use vocab_tuner::{VocabTuning, TUNE_CACHE_ENV};
-pub use vocab_variant::{VocabVariant, SLICE_LENGTHS, VOCAB_KERNEL_ENV};
+pub use device::pass::{Bind, Pass};
+pub use ops::vocab_divergence::vocab_divergence_with;
+pub use ops::vocab_tuner::{VocabTuning, TUNE_CACHE_ENV};
+pub use ops::vocab_variant::{VocabVariant, SLICE_LENGTHS, VOCAB_KERNEL_ENV};
 
-use crate::batch::{Batch, Segments};
+use crate::engine::plan::{CorrectionsRaw, MaskPlan};
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::logits::Logits;
-use crate::plan::{CorrectionsRaw, MaskPlan};
+use crate::input::batch::{Batch, Segments};
+use crate::input::logits::Logits;
+use crate::input::support::TrainerTopk;
 use crate::stats::{SegmentStats, TokenStats, TopkStats, TopkSupport, VocabStats};
-use crate::support::TrainerTopk;
 use std::sync::Arc;
 
 /// The GPU engine: every [`Engine`] op as wgpu compute kernels on one device.
@@ -126,17 +113,20 @@ impl Engine for GpuEngine {
 
     fn prepare(&self, batch: &Batch) {
         let ctx = &self.ctx;
-        let mean = segment_reduce::mean_valid(batch.segments());
+        let mean = ops::segment_reduce::mean_valid(batch.segments());
         let mut keys = Vec::with_capacity(4);
         // the longest build first: the others share the remaining cores meanwhile
         if let (Some(r), Some(o)) = (&batch.rollout_logits, &batch.old_logits) {
-            if let Ok(key) = vocab_divergence::kernel_key(ctx, r, o) {
+            if let Ok(key) = ops::vocab_divergence::kernel_key(ctx, r, o) {
                 keys.push(key);
             }
         }
-        keys.push(masks::kernel_key(ctx, mean));
-        keys.push(segment_reduce::kernel_key(ctx, mean));
-        keys.push(ctx.kernel_key(pipeline::Op::TokenStats, crate::logits::DType::F32));
+        keys.push(ops::masks::kernel_key(ctx, mean));
+        keys.push(ops::segment_reduce::kernel_key(ctx, mean));
+        keys.push(ctx.kernel_key(
+            device::pipeline::Op::TokenStats,
+            crate::input::logits::DType::F32,
+        ));
         // errors resurface where the kernel is used (see the trait)
         let _ = ctx.build_kernels(&keys);
     }
@@ -147,11 +137,11 @@ impl Engine for GpuEngine {
         train_log_prob: &[f64],
         mask: &[bool],
     ) -> Result<TokenStats> {
-        token_stats::token_stats(&self.ctx, rollout_log_prob, train_log_prob, mask)
+        ops::token_stats::token_stats(&self.ctx, rollout_log_prob, train_log_prob, mask)
     }
 
     fn segment_reduce(&self, values: &[&[f64]], segments: &Segments) -> Result<Vec<SegmentStats>> {
-        segment_reduce::segment_reduce(&self.ctx, values, segments)
+        ops::segment_reduce::segment_reduce(&self.ctx, values, segments)
     }
 
     fn corrections_pass(
@@ -160,11 +150,11 @@ impl Engine for GpuEngine {
         segments: &Segments,
         plan: &MaskPlan,
     ) -> Result<CorrectionsRaw> {
-        match masks::corrections_pass(&self.ctx, lr, segments, plan)? {
+        match ops::masks::corrections_pass(&self.ctx, lr, segments, plan)? {
             Some(r) => Ok(r),
             // a sequence longer than one binding: token_stats + one segment_reduce on the GPU,
             // decisions on the host
-            None => crate::passes::corrections_pass(self, lr, segments, plan),
+            None => crate::engine::passes::corrections_pass(self, lr, segments, plan),
         }
     }
 
@@ -176,7 +166,14 @@ impl Engine for GpuEngine {
         mask: &[bool],
         temperature: f64,
     ) -> Result<VocabStats> {
-        vocab_divergence::vocab_divergence(&self.ctx, rollout, train, responses, mask, temperature)
+        ops::vocab_divergence::vocab_divergence(
+            &self.ctx,
+            rollout,
+            train,
+            responses,
+            mask,
+            temperature,
+        )
     }
 
     fn topk_divergence(
@@ -185,6 +182,6 @@ impl Engine for GpuEngine {
         support: TopkSupport,
         trainer: TrainerTopk<'_>,
     ) -> Result<TopkStats> {
-        topk_divergence::topk_divergence(&self.ctx, batch, support, trainer)
+        ops::topk_divergence::topk_divergence(&self.ctx, batch, support, trainer)
     }
 }

@@ -2,7 +2,7 @@
 //! per-sequence outputs and metrics.
 //!
 //! Tensor names are trmask's or a framework's (verl, TRL, prime-rl, SkyRL, slime), both from
-//! the one tensor table, [`crate::tensors::TENSORS`]. Other tensors are ignored.
+//! the one tensor table, [`crate::input::tensors::TENSORS`]. Other tensors are ignored.
 //!
 //! Layout rules — never guessed: with `cu_seqlens` the batch is packed (`[N]` tensors, `[N, V]`
 //! logits); with `response_mask` it is padded (`[B, T]`). With neither, reading fails naming
@@ -25,10 +25,10 @@ pub use write::{
     token_output, write_metrics, write_outputs, Output,
 };
 
-use crate::batch::Batch;
 use crate::error::{Error, Result};
-use crate::logits::Logits;
-use crate::tensors;
+use crate::input::batch::Batch;
+use crate::input::logits::Logits;
+use crate::input::tensors;
 use raw::{Dense, LogitsSource, Raw};
 use std::path::Path;
 
@@ -447,7 +447,10 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
         }
         (None, None) => {}
     }
-    let (ids_name, off_name) = (crate::kept_set::IDS, crate::kept_set::OFFSETS);
+    let (ids_name, off_name) = (
+        crate::sampling::kept_set::IDS,
+        crate::sampling::kept_set::OFFSETS,
+    );
     match (raw.dense.remove(ids_name), raw.dense.remove(off_name)) {
         (Some(ids), Some(off)) => {
             for (name, d) in [(ids_name, &ids), (off_name, &off)] {

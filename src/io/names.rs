@@ -1,13 +1,13 @@
 //! Framework tensor names → trmask names.
 //!
 //! A dump written straight from a trainer's batch carries that framework's keys. The renames
-//! come from the tensor table ([`crate::tensors::TENSORS`]: each tensor lists the framework
+//! come from the tensor table ([`crate::input::tensors::TENSORS`]: each tensor lists the framework
 //! keys that hold it, with the framework source they were read in). AReaL is deliberately
 //! absent: its `old_logprobs` is the *rollout* (behaviour) log-prob, the opposite of verl's and
 //! TRL's "old", so it is only ever suggested, never mapped.
 
 use crate::error::{Error, Result};
-use crate::tensors::{self, Alias};
+use crate::input::tensors::{self, Alias};
 use std::collections::BTreeMap;
 
 /// The alias `source` and the trmask name it maps to.

@@ -4,8 +4,8 @@
 
 use super::names::{self, Renames};
 use crate::error::{Error, Result};
-use crate::logits::DType;
-use crate::tensors::{self, Role, Shape};
+use crate::input::logits::DType;
+use crate::input::tensors::{self, Role, Shape};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -42,12 +42,12 @@ pub(super) struct Raw {
 
 /// Every tensor name a file may hold (after the framework renames), from the tensor table.
 pub(super) fn known() -> Vec<&'static str> {
-    crate::tensors::batch_names().collect()
+    crate::input::tensors::batch_names().collect()
 }
 
 /// The tensors read as logits (mapped in place, never widened).
 pub(super) fn is_logits(name: &str) -> bool {
-    crate::tensors::spec(name).is_some_and(|t| t.role == Role::Logits)
+    crate::input::tensors::spec(name).is_some_and(|t| t.role == Role::Logits)
 }
 
 /// `trmask name → name in the file` for the keys of a file, after the framework map.

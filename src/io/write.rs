@@ -1,8 +1,8 @@
 //! Writing per-token / per-sequence outputs and metrics (JSON or safetensors).
 
 use super::files::Commit;
-use crate::batch::Batch;
 use crate::error::{Error, Result};
+use crate::input::batch::Batch;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -123,12 +123,12 @@ pub fn seq_output(name: &str, data: Vec<f64>) -> Output {
     }
 }
 
-impl crate::batch::Layout {
+impl crate::input::batch::Layout {
     /// Number of sequences of this layout (`B` or `S`).
     pub fn num_seqs(&self) -> usize {
         match self {
-            crate::batch::Layout::Padded { batch, .. } => *batch,
-            crate::batch::Layout::Packed { cu_seqlens } => cu_seqlens.len() - 1,
+            crate::input::batch::Layout::Padded { batch, .. } => *batch,
+            crate::input::batch::Layout::Packed { cu_seqlens } => cu_seqlens.len() - 1,
         }
     }
 }

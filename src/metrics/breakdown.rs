@@ -15,7 +15,7 @@
 //! Every key is written on every rank (a bucket with no token finishes to nothing), so data-
 //! parallel ranks merge to the single process's numbers.
 
-use crate::batch::Batch;
+use crate::input::batch::Batch;
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use crate::stats::{Corrections, StatTable};
 

@@ -1,8 +1,8 @@
 //! Per-shard context for metric partials: segments, mask, lengths, and verl's masked means as
 //! mergeable accumulators ([`crate::partial`]).
 
-use crate::batch::Segments;
 use crate::error::Result;
+use crate::input::batch::Segments;
 use crate::partial::{Acc, Empty, Sum};
 use crate::stats::SegmentStats;
 

@@ -3,7 +3,7 @@
 //! correlation of length with each criterion's sequence statistic, and what rejection leaves
 //! of each prompt's group.
 
-use crate::batch::Segments;
+use crate::input::batch::Segments;
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use crate::stats::CriterionResult;
 use std::collections::BTreeMap;

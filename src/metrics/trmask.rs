@@ -3,7 +3,7 @@
 
 use super::ctx::Ctx;
 use super::diagnostics::position_means;
-use crate::batch::Segments;
+use crate::input::batch::Segments;
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use crate::stats::CriterionResult;
 

@@ -10,6 +10,8 @@
 //! first, then each rank finishes its own weights).
 
 mod acc;
+#[cfg(feature = "mpi")]
+pub mod distributed;
 mod exchange;
 mod set;
 mod wire;

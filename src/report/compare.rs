@@ -3,7 +3,7 @@
 
 use super::subject::num;
 use super::svg::{esc, Axis, Frame};
-use crate::compare::Comparison;
+use crate::analysis::compare::Comparison;
 use std::fmt::Write as _;
 
 fn ecdf(v: &[f64]) -> Vec<(f64, f64)> {

@@ -276,7 +276,7 @@ fn certificate(s: &Subject) -> String {
     let _ = write!(
         html,
         "</table><p class=\"note\">{}</p>",
-        esc(crate::certificate::CAVEAT)
+        esc(crate::bounds::certificate::CAVEAT)
     );
     html
 }

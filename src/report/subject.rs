@@ -2,8 +2,8 @@
 //! formatting, the ranking of sequences by the first criterion and the config in words.
 
 use crate::analysis::Analysis;
-use crate::batch::Batch;
 use crate::config::{Agg, CorrectionConfig, Stat};
+use crate::input::batch::Batch;
 
 /// One analysed input and how it was analysed.
 pub struct Subject<'a> {

@@ -44,7 +44,7 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
         .collect();
     out.push(format!(
         "input: {} {:?}, {} sequences, {} valid tokens of {} slots",
-        if matches!(b.layout(), crate::batch::Layout::Padded { .. }) {
+        if matches!(b.layout(), crate::input::batch::Layout::Padded { .. }) {
             "padded"
         } else {
             "packed"

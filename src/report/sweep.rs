@@ -3,7 +3,7 @@
 
 use super::subject::num;
 use super::svg::{esc, Axis, Frame};
-use crate::sweep::Sweep;
+use crate::analysis::sweep::Sweep;
 use std::fmt::Write as _;
 
 fn pct(x: f64) -> String {

@@ -3,7 +3,7 @@
 
 use super::subject::num;
 use super::svg::{esc, Axis, Frame};
-use crate::trend::{jumps, Step, JUMP_Z, WINDOW};
+use crate::analysis::trend::{jumps, Step, JUMP_Z, WINDOW};
 use std::fmt::Write as _;
 
 const COLORS: [&str; 4] = ["#1f6fb4", "#d1741f", "#2e9e4f", "#8e44ad"];

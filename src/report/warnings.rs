@@ -3,8 +3,8 @@
 
 use super::subject::{num, output};
 use crate::analysis::Analysis;
-use crate::batch::Batch;
 use crate::config::{Agg, CorrectionConfig, Stat};
+use crate::input::batch::Batch;
 
 /// Fewer valid tokens than this and the data-driven warnings stay silent.
 pub const MIN_TOKENS: usize = 32;
@@ -63,7 +63,7 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
     if valid < MIN_TOKENS {
         return out;
     }
-    for name in crate::tensors::log_prob_names() {
+    for name in crate::input::tensors::log_prob_names() {
         let Some(v) = b.values(name) else { continue };
         let pos: Vec<usize> = (0..v.len()).filter(|&i| mask[i] && v[i] > 0.0).collect();
         if let Some(&top) = pos.iter().max_by(|&&x, &&y| v[x].total_cmp(&v[y])) {
@@ -80,7 +80,7 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
     // quantisation noise floor of k3: each rounded log-prob carries an error of variance
     // ulp²/12, so lr has variance (ulp_r² + ulp_o²)/12 and E[k3] ≈ E[lr²]/2 ≥ that / 2.
     let roll = b.rollout_log_prob.as_ref();
-    let train = crate::passes::training_log_prob(b);
+    let train = crate::engine::passes::training_log_prob(b);
     let mut floor = None;
     if let (Some(r), Some(t)) = (roll, train) {
         let qr = quantised(r, mask);

@@ -1,4 +1,4 @@
-//! The tensor table (`src/tensors.rs`) is the only list of tensor names in `src/` and
+//! The tensor table (`src/input/tensors.rs`) is the only list of tensor names in `src/` and
 //! `python/`: no other source holds two tensor-name string literals as neighbours of one list
 //! (`["old_log_prob", "rollout_log_prob"]`, `[("responses", ..), ("uid", ..)]`,
 //! `x in ("a", "b")`). Single names (an error naming its tensor, a lookup) are fine.
@@ -85,7 +85,7 @@ fn the_tensor_table_is_the_only_list_of_tensor_names() {
     sources(&root.join("src"), &mut files);
     sources(&root.join("python"), &mut files);
     assert!(files.len() > 50, "found only {} sources", files.len());
-    let table = root.join("src").join("tensors.rs");
+    let table = root.join("src").join("input").join("tensors.rs");
     let mut bad = Vec::new();
     for f in files.iter().filter(|f| **f != table) {
         for (line, a, b) in lists(&code(f), &names) {

@@ -1,0 +1,10 @@
+//! What the CLI and the bindings compute over whole batches and runs: one batch's analysis,
+//! threshold sweeps and calibration, two-batch comparison, and the trend over a run.
+
+pub mod calibrate;
+pub mod compare;
+pub mod sweep;
+pub mod trend;
+
+mod analyze;
+pub use analyze::*;

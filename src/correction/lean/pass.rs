@@ -1,0 +1,622 @@
+//! The per-sequence kernel of the lean pass and its parallel driver.
+
+use super::finish::{chunk_partial, details, SeqRec};
+use super::plan::{is_weight, LAgg, LeanPlan};
+use super::tile::{Cols, SeqLanes, TILE};
+use crate::config::{IsLevel, IsSpec};
+use crate::error::Result;
+use crate::input::values::{MaskOut, MaskValues, Outputs, Values, WeightsOut};
+use crate::math::{exp_bounded, LANES};
+use crate::partial::{exchange, Acc, Exchange, Partial};
+use crate::stats::{Corrections, SAFETY_BOUND};
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Fewest slots a parallel task covers (two tasks for a 64 × 1024 step).
+const TASK_SLOTS: usize = 1 << 13;
+
+/// How the lean pass's slots form sequences.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum LeanLayout<'a> {
+    Padded { batch: usize, seq_len: usize },
+    Packed(&'a [i64]),
+}
+
+/// The borrowed inputs of one lean call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeanInputs<'a> {
+    pub(crate) layout: LeanLayout<'a>,
+    pub(crate) mask: Option<MaskValues<'a>>,
+    pub(crate) roll: Values<'a>,
+    pub(crate) train: Values<'a>,
+}
+
+impl LeanInputs<'_> {
+    /// The sequences' slot ranges, `None` when the layout or a length does not fit (the full
+    /// path names the problem).
+    fn ranges(&self) -> Option<Vec<(usize, usize)>> {
+        let (slots, ranges): (usize, Vec<(usize, usize)>) = match self.layout {
+            LeanLayout::Padded { batch, seq_len } => {
+                let n = batch.checked_mul(seq_len)?;
+                if self.mask?.len() != n {
+                    return None;
+                }
+                (
+                    n,
+                    (0..batch)
+                        .map(|b| (b * seq_len, (b + 1) * seq_len))
+                        .collect(),
+                )
+            }
+            LeanLayout::Packed(cu) => {
+                if self.mask.is_some() || cu.first() != Some(&0) {
+                    return None;
+                }
+                if cu.windows(2).any(|w| w[1] < w[0]) {
+                    return None;
+                }
+                let n = usize::try_from(*cu.last()?).ok()?;
+                (
+                    n,
+                    cu.windows(2)
+                        .map(|w| (w[0] as usize, w[1] as usize))
+                        .collect(),
+                )
+            }
+        };
+        (self.roll.len() == slots && self.train.len() == slots).then_some(ranges)
+    }
+}
+
+/// One task's sequences and its disjoint views of the output buffers.
+struct Task<'o> {
+    seqs: std::ops::Range<usize>,
+    start: usize,
+    weights: Option<WeightsOut<'o>>,
+    mask: MaskOut<'o>,
+}
+
+/// Runs the lean pass: this shard's decisions (metrics left empty) and its metric partial
+/// (to be exchanged and finished by the caller), or `Ok(None)` when it steps aside (the caller
+/// runs the full path, which overwrites every output slot). `ex` carries the batch-norm
+/// factor's partial between data-parallel ranks.
+pub(crate) fn run(
+    plan: &LeanPlan,
+    inp: &LeanInputs<'_>,
+    out: &mut Outputs<'_>,
+    ex: &mut dyn Exchange,
+) -> Result<Option<(Corrections, Partial)>> {
+    let Some(ranges) = inp.ranges() else {
+        return Ok(None);
+    };
+    let slots = ranges.last().map_or(0, |r| r.1);
+    let slots = match inp.layout {
+        LeanLayout::Padded { .. } => inp.mask.map_or(slots, |m| m.len()),
+        LeanLayout::Packed(_) => slots,
+    };
+    if out.mask.len() != slots || out.weights.as_ref().map(|w| w.len()) != plan.is.map(|_| slots) {
+        return Ok(None);
+    }
+    let deferred = plan.is.is_some_and(|is| is.batch_normalize);
+    let tasks = split_tasks(&ranges, slots, out);
+    let chunks = run_tasks(tasks, |mut t| kernel(plan, inp, &ranges, &mut t, deferred));
+    let mut recs = Vec::with_capacity(ranges.len());
+    for c in chunks {
+        let Some(Some(r)) = c else {
+            return Ok(None);
+        };
+        recs.extend(r);
+    }
+    // this shard's metrics: one partial of every sequence's record, in order
+    let mut merged = chunk_partial(plan, &recs);
+    let n_tok: u64 = recs.iter().map(|r| r.n).sum();
+    if n_tok == 0 && ex.size() <= 1 {
+        return Ok(None); // the full path's "no valid token" error
+    }
+    if let (Some(is), true) = (plan.is, deferred) {
+        let wmean = batch_norm_factor(&mut merged, is, ex)?;
+        let tasks = split_tasks(&ranges, slots, out);
+        tasks
+            .into_par_iter()
+            .for_each(|mut t| write_normalised(plan, inp, &ranges, &recs, &mut t, wmean));
+    }
+    Ok(Some((details(plan, &recs), merged)))
+}
+
+/// `f` of every task, in order: the calling thread and `current_num_threads − 1` of rayon's
+/// workers claim tasks from a shared counter until none is left, so the call starts at once
+/// (no waiting for a sleeping worker to wake) and a worker slowed by other work is made up
+/// for by the others. `None` for a task that was not run (never, short of a poisoned lock).
+fn run_tasks<T: Send, R: Send>(tasks: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<Option<R>> {
+    let n = tasks.len();
+    let helpers = rayon::current_num_threads()
+        .saturating_sub(1)
+        .min(n.saturating_sub(1));
+    if helpers == 0 {
+        return tasks.into_iter().map(|t| Some(f(t))).collect();
+    }
+    let todo: Vec<Mutex<Option<T>>> = tasks.into_iter().map(|t| Mutex::new(Some(t))).collect();
+    let done: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= n {
+            break;
+        }
+        if let Some(t) = todo[i].lock().ok().and_then(|mut g| g.take()) {
+            let r = f(t);
+            if let Ok(mut g) = done[i].lock() {
+                *g = Some(r);
+            }
+        }
+    };
+    rayon::in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| work());
+        }
+        work();
+    });
+    done.into_iter()
+        .map(|m| m.into_inner().ok().flatten())
+        .collect()
+}
+
+/// The output buffers cut into tasks of whole sequences, each at least [`TASK_SLOTS`] slots
+/// (the last takes the rest, trailing slots no sequence owns included).
+fn split_tasks<'o>(
+    ranges: &[(usize, usize)],
+    slots: usize,
+    out: &'o mut Outputs<'_>,
+) -> Vec<Task<'o>> {
+    let mut weights = out.weights.as_mut().map(|w| w.reborrow());
+    let mut mask = out.mask.reborrow();
+    let mut tasks = Vec::new();
+    let (mut first, mut start) = (0, 0);
+    for s in 0..ranges.len() {
+        let end = ranges[s].1;
+        let last = s + 1 == ranges.len();
+        if end - start < TASK_SLOTS && !last {
+            continue;
+        }
+        let end = if last { slots } else { end };
+        let (m, rest) = mask.split_at(end - start);
+        mask = rest;
+        let w = weights.take().map(|w| {
+            let (a, b) = w.split_at(end - start);
+            weights = Some(b);
+            a
+        });
+        tasks.push(Task {
+            seqs: first..s + 1,
+            start,
+            weights: w,
+            mask: m,
+        });
+        (first, start) = (s + 1, end);
+    }
+    if ranges.is_empty() {
+        tasks.push(Task {
+            seqs: 0..0,
+            start: 0,
+            weights,
+            mask,
+        });
+    }
+    tasks
+}
+
+/// One task: every sequence's record, its weights (unless `deferred`) and mask written;
+/// `None` on an input the pass does not vouch for. On x86-64 CPUs with AVX2 the same code runs
+/// compiled for it (wider vectors, no FMA: the same bits as without).
+fn kernel(
+    plan: &LeanPlan,
+    inp: &LeanInputs<'_>,
+    ranges: &[(usize, usize)],
+    t: &mut Task<'_>,
+    deferred: bool,
+) -> Option<Vec<SeqRec>> {
+    let mut cols = Cols::take();
+    let c = &mut cols;
+    let recs = 'run: {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F (checked just above).
+                break 'run unsafe { kernel_avx512(plan, inp, ranges, t, deferred, c) };
+            }
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked just above).
+                break 'run unsafe { kernel_avx2(plan, inp, ranges, t, deferred, c) };
+            }
+        }
+        kernel_body(plan, inp, ranges, t, deferred, c)
+    };
+    Cols::give(cols);
+    recs
+}
+
+/// [`kernel_body`] compiled for a CPU feature (callers check that the CPU has it).
+macro_rules! kernel_for {
+    ($name:ident, $feature:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feature)]
+        unsafe fn $name(
+            plan: &LeanPlan,
+            inp: &LeanInputs<'_>,
+            ranges: &[(usize, usize)],
+            t: &mut Task<'_>,
+            deferred: bool,
+            cols: &mut Cols,
+        ) -> Option<Vec<SeqRec>> {
+            kernel_body(plan, inp, ranges, t, deferred, cols)
+        }
+    };
+}
+kernel_for!(kernel_avx512, "avx512f");
+kernel_for!(kernel_avx2, "avx2");
+
+#[inline(always)]
+fn kernel_body(
+    plan: &LeanPlan,
+    inp: &LeanInputs<'_>,
+    ranges: &[(usize, usize)],
+    t: &mut Task<'_>,
+    deferred: bool,
+    cols: &mut Cols,
+) -> Option<Vec<SeqRec>> {
+    if inp.mask.is_none() {
+        cols.m.fill(1); // every slot valid (the columns may hold an earlier call's mask)
+    }
+    let mut lanes = SeqLanes::default();
+    let nc = plan.criteria.len();
+    let token_is = plan.is.filter(|is| is.level == IsLevel::Token);
+    let mut recs = Vec::with_capacity(t.seqs.len());
+    // the first slot of the tile whose mask `cols.m_next` holds, and that tile's used length
+    let mut have_next: Option<(usize, usize)> = None;
+    // slots before the first sequence / between sequences: padding of nobody
+    let mut cursor = t.start;
+    for s in t.seqs.clone() {
+        let (a, e) = ranges[s];
+        if a > cursor {
+            t.mask.clear(cursor - t.start, a - cursor);
+            if let Some(wo) = t.weights.as_mut() {
+                wo.fill(cursor - t.start, a - cursor, 0.0);
+            }
+        }
+        let mut rec = SeqRec::default();
+        lanes.start(plan, &mut rec);
+        let mut k = a;
+        while k < e {
+            let len = TILE.min(e - k);
+            let off = k - t.start;
+            // the next tile (this sequence's, or the next sequence's first): its mask read
+            // now, its log-probs and outputs prefetched only when it holds a valid slot (a
+            // padding-only tile is never read), the mask of the tile after it prefetched
+            let next = if k + len < e {
+                Some((k + len, TILE.min(e - k - len)))
+            } else {
+                t.seqs
+                    .end
+                    .gt(&(s + 1))
+                    .then(|| ranges[s + 1])
+                    .map(|(a2, e2)| (a2, TILE.min(e2 - a2)))
+            };
+            // the tile up to its last valid (or bad) slot; right padding after it is only
+            // cleared (a sum skipping it has the same bits: its terms are 0)
+            let used = match &inp.mask {
+                Some(mv) => {
+                    let used = match have_next {
+                        Some((k2, used2)) if k2 == k => {
+                            std::mem::swap(&mut cols.m, &mut cols.m_next);
+                            used2
+                        }
+                        _ => {
+                            mv.load(k, &mut cols.m[..len]);
+                            last_nonzero(&cols.m[..len]).map_or(0, |j| j + 1)
+                        }
+                    };
+                    have_next = None;
+                    if let Some((k2, len2)) = next.filter(|&(_, l)| l > 0) {
+                        mv.prefetch(k2 + len2, k2 + len2 + TILE);
+                        mv.load(k2, &mut cols.m_next[..len2]);
+                        let used2 = last_nonzero(&cols.m_next[..len2]).map_or(0, |j| j + 1);
+                        if used2 > 0 {
+                            prefetch_tile(inp, t, token_is.is_some(), k2, used2);
+                        }
+                        have_next = Some((k2, used2));
+                    }
+                    used
+                }
+                None => {
+                    if let Some((k2, len2)) = next {
+                        prefetch_tile(inp, t, token_is.is_some(), k2, len2);
+                    }
+                    len
+                }
+            };
+            // a tile of padding only (0 everywhere, no bad value): nothing to read or add
+            if used == 0 {
+                t.mask.clear(off, len);
+                if let (Some(wo), Some(_), false) = (t.weights.as_mut(), &token_is, deferred) {
+                    wo.fill(off, len, 0.0);
+                }
+                k += len;
+                continue;
+            }
+            inp.roll.load(k, &mut cols.r[..used]);
+            inp.train.load(k, &mut cols.o[..used]);
+            // whole octets: the slots up to the next multiple of LANES count as padding (their
+            // terms are 0 in every sum; nothing of them is read or written)
+            let used8 = used.next_multiple_of(LANES);
+            cols.m[used..used8].fill(0);
+            cols.tile(used8, plan, token_is.as_ref(), &mut rec, &mut lanes)?;
+            if inp.mask.is_none() {
+                cols.m[used..used8].fill(1);
+            }
+            t.mask.store(off, &cols.keep[..used]);
+            let weights = (t.weights.as_mut(), &token_is, deferred);
+            if let (Some(wo), Some(_), false) = weights {
+                wo.store(off, &cols.w[..used]);
+                wo.fill(off + used, len - used, 0.0);
+            }
+            t.mask.clear(off + used, len - used);
+            k += len;
+        }
+        lanes.finish(plan, &mut rec);
+        // sequence decisions
+        let mut seq_rejected = false;
+        for (ci, cr) in plan.criteria.iter().enumerate().take(nc) {
+            if cr.agg != LAgg::Token && rec.finish_seq_criterion(ci, cr) {
+                seq_rejected = true;
+            }
+        }
+        if seq_rejected {
+            rec.n_rej_any = rec.n;
+            t.mask.clear(a - t.start, e - a);
+        }
+        if let Some(is) = plan.is.filter(|is| is.level == IsLevel::Sequence) {
+            let ws = rec.finish_seq_weight(&is);
+            if !deferred {
+                if let Some(wo) = t.weights.as_mut() {
+                    write_seq_weight(inp, wo, (a, e), t.start, ws, &mut cols.m, &mut cols.w)?;
+                }
+            }
+        }
+        recs.push(rec);
+        cursor = e;
+    }
+    let end = t.start + t.mask.len();
+    if end > cursor {
+        t.mask.clear(cursor - t.start, end - cursor);
+        if let Some(wo) = t.weights.as_mut() {
+            wo.fill(cursor - t.start, end - cursor, 0.0);
+        }
+    }
+    Some(recs)
+}
+
+/// The index of the last nonzero byte of `m` (eight bytes at a time).
+#[inline(always)]
+fn last_nonzero(m: &[u8]) -> Option<usize> {
+    let mut end = m.len();
+    while end >= 8 {
+        let w = u64::from_le_bytes(m[end - 8..end].try_into().ok()?);
+        if w != 0 {
+            return Some(end - 1 - (w.leading_zeros() / 8) as usize);
+        }
+        end -= 8;
+    }
+    m[..end].iter().rposition(|&x| x != 0)
+}
+
+/// Starts loading the log-probs of slots `k..k + len` and their output slots.
+#[inline(always)]
+fn prefetch_tile(inp: &LeanInputs<'_>, t: &Task<'_>, weights: bool, k: usize, len: usize) {
+    inp.roll.prefetch(k, k + len);
+    inp.train.prefetch(k, k + len);
+    let off = k - t.start;
+    t.mask.prefetch(off, off + len);
+    if let (Some(wo), true) = (t.weights.as_ref(), weights) {
+        wo.prefetch(off, off + len);
+    }
+}
+
+/// Writes a sequence's weight `ws` at its valid slots (0 at its padding).
+fn write_seq_weight(
+    inp: &LeanInputs<'_>,
+    wo: &mut WeightsOut<'_>,
+    (a, e): (usize, usize),
+    start: usize,
+    ws: f64,
+    m: &mut [u8; TILE],
+    w: &mut [f64; TILE],
+) -> Option<()> {
+    let mut k = a;
+    while k < e {
+        let len = TILE.min(e - k);
+        match &inp.mask {
+            Some(mv) => {
+                mv.load(k, &mut m[..len]);
+                for j in 0..len {
+                    w[j] = if m[j] == 1 { ws } else { 0.0 };
+                }
+                wo.store(k - start, &w[..len]);
+            }
+            None => wo.fill(k - start, len, ws),
+        }
+        k += len;
+    }
+    Some(())
+}
+
+/// Batch normalisation's phase 1: the normaliser over every rank (one exchange), recorded as
+/// `rollout_is_batch_norm_factor`; returns the divisor (1 when the mean is ≤ 1e-8).
+fn batch_norm_factor(merged: &mut Partial, is: IsSpec, ex: &mut dyn Exchange) -> Result<f64> {
+    let key = "rollout_corr/rollout_is_batch_norm_factor";
+    let mut local = Partial::new();
+    let norm = match is.level {
+        IsLevel::Token => merged.get("rollout_corr/rollout_is_mean").cloned(),
+        IsLevel::Sequence => merged.get(super::finish::SEQ_NORM).cloned(),
+    };
+    if let Some(n) = norm {
+        local.put(key, n);
+    }
+    let wmean = exchange(ex, local)?.finish_one(key)?.unwrap_or(0.0);
+    if wmean > 1e-8 {
+        merged.put(key, Acc::Const(wmean));
+        Ok(wmean)
+    } else {
+        merged.put(key, Acc::Const(1.0));
+        Ok(1.0)
+    }
+}
+
+/// Batch normalisation's phase 2: this task's weights recomputed and divided by `wmean`.
+fn write_normalised(
+    plan: &LeanPlan,
+    inp: &LeanInputs<'_>,
+    ranges: &[(usize, usize)],
+    recs: &[SeqRec],
+    t: &mut Task<'_>,
+    wmean: f64,
+) {
+    let (Some(is), Some(wo)) = (plan.is, t.weights.as_mut()) else {
+        return;
+    };
+    let mut r = [0f64; TILE];
+    let mut o = [0f64; TILE];
+    let mut m = [1u8; TILE];
+    let mut w = [0f64; TILE];
+    for s in t.seqs.clone() {
+        let (a, e) = ranges[s];
+        let ws = recs[s].seq_weight / wmean;
+        let mut k = a;
+        while k < e {
+            let len = TILE.min(e - k);
+            if let Some(mv) = &inp.mask {
+                mv.load(k, &mut m[..len]);
+            }
+            if is.level == IsLevel::Token {
+                inp.roll.load(k, &mut r[..len]);
+                inp.train.load(k, &mut o[..len]);
+            }
+            for j in 0..len {
+                w[j] = if m[j] != 1 {
+                    0.0
+                } else if is.level == IsLevel::Token {
+                    let c = (o[j] - r[j]).clamp(-SAFETY_BOUND, SAFETY_BOUND);
+                    is_weight(&is, exp_bounded(c)) / wmean
+                } else {
+                    ws
+                };
+            }
+            wo.store(k - t.start, &w[..len]);
+            k += len;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CorrectionConfig;
+
+    /// Every build of the kernel the CPU can run (baseline, AVX2, AVX-512) writes the same
+    /// bits: masks, weights and per-sequence sums.
+    #[test]
+    fn every_simd_build_gives_the_same_bits() {
+        let (b, t) = (7usize, 1500usize);
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let old: Vec<f32> = (0..b * t).map(|_| (-4.0 * rnd()) as f32).collect();
+        // a few ratios far past the ±20 clamp, the rest small
+        let roll: Vec<f32> = old
+            .iter()
+            .map(|&x| {
+                x + if rnd() < 0.01 {
+                    30.0
+                } else {
+                    0.3 * (rnd() as f32 - 0.5)
+                }
+            })
+            .collect();
+        let mask: Vec<f32> = (0..b * t)
+            .map(|i| f32::from(i % t < (i / t + 1) * 190 && i % 97 != 3))
+            .collect();
+        let cfgs = [
+            r#"{"rollout_is":"token","rollout_is_threshold":"0.5_2.0","rollout_rs":"token_k1,seq_mean_k3,seq_max_k2","rollout_rs_threshold":"0.8_1.25,0.01,2.5"}"#,
+            r#"{"rollout_is":"sequence","rollout_is_threshold":2.0,"rollout_rs":"seq_sum_k3","rollout_rs_threshold":3.0}"#,
+        ];
+        for cj in cfgs {
+            let cfg =
+                CorrectionConfig::from_json_value(&serde_json::from_str(cj).unwrap()).unwrap();
+            let mut r = cfg.resolve().unwrap();
+            r.verl_metrics_only = true;
+            let plan = super::super::plan(&r).expect("the lean pass serves it");
+            let inp = LeanInputs {
+                layout: LeanLayout::Padded {
+                    batch: b,
+                    seq_len: t,
+                },
+                mask: Some(MaskValues::F32(&mask)),
+                roll: Values::F32(&roll),
+                train: Values::F32(&old),
+            };
+            let ranges = inp.ranges().unwrap();
+            type Kernel = fn(
+                &LeanPlan,
+                &LeanInputs<'_>,
+                &[(usize, usize)],
+                &mut Task<'_>,
+                bool,
+                &mut Cols,
+            ) -> Option<Vec<SeqRec>>;
+            let mut builds: Vec<(&str, Kernel)> = vec![("baseline", kernel_body)];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: AVX2 is there (checked).
+                    builds.push(("avx2", |p, i, r, t, d, c| unsafe {
+                        kernel_avx2(p, i, r, t, d, c)
+                    }));
+                }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: AVX-512F is there (checked).
+                    builds.push(("avx512", |p, i, r, t, d, c| unsafe {
+                        kernel_avx512(p, i, r, t, d, c)
+                    }));
+                }
+            }
+            let mut first: Option<(Vec<f32>, Vec<f32>, Vec<String>)> = None;
+            for (name, k) in builds {
+                let (mut w, mut m) = (vec![9f32; b * t], vec![9f32; b * t]);
+                let mut out = Outputs {
+                    weights: Some(WeightsOut::F32(&mut w)),
+                    mask: MaskOut::F32(&mut m),
+                };
+                let mut recs = Vec::new();
+                for mut task in split_tasks(&ranges, b * t, &mut out) {
+                    let mut cols = Cols::take();
+                    recs.extend(k(&plan, &inp, &ranges, &mut task, false, &mut cols).unwrap());
+                    Cols::give(cols);
+                }
+                let sums: Vec<String> = recs.iter().map(|r| format!("{r:?}")).collect();
+                match &first {
+                    None => first = Some((w, m, sums)),
+                    Some((w0, m0, s0)) => {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&w), bits(w0), "{name}: weights");
+                        assert_eq!(bits(&m), bits(m0), "{name}: mask");
+                        assert_eq!(&sums, s0, "{name}: per-sequence sums");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! What a step is made of: the tensor table (names, aliases, shapes), the validated [`Batch`]
+//! with its layout, the typed value views, full logits, and the trainer's top-K support.
+
+pub(crate) mod batch;
+pub(crate) mod logits;
+pub(crate) mod support;
+pub mod tensors;
+pub(crate) mod values;
+
+pub use batch::{Batch, Layout, Segments};
+pub use logits::{DType, Logits};
