@@ -198,9 +198,7 @@ impl<'a> Step<'a> {
     }
 
     fn lean_inputs(&self, bypass: bool) -> Option<LeanInputs<'a>> {
-        if self.advantages.is_some()
-            || self.responses.is_some()
-            || self.uid.is_some()
+        if self.responses.is_some()
             || self.rollout_logits.is_some()
             || self.old_logits.is_some()
             || self.kept_ids.is_some()
@@ -226,6 +224,8 @@ impl<'a> Step<'a> {
             mask: self.response_mask,
             roll: self.rollout_log_prob?,
             train,
+            adv: self.advantages,
+            uid: self.uid,
         })
     }
 
