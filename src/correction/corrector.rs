@@ -60,6 +60,7 @@ pub struct Step<'a> {
     old_logits: Option<&'a Logits>,
     kept_ids: Option<&'a [i64]>,
     kept_offsets: Option<&'a [i64]>,
+    whole: Option<&'a Batch>,
 }
 
 impl<'a> Step<'a> {
@@ -77,7 +78,19 @@ impl<'a> Step<'a> {
             old_logits: None,
             kept_ids: None,
             kept_offsets: None,
+            whole: None,
         }
+    }
+
+    /// A step given as a whole [`Batch`] (what `analyze` reads: the rollout's top-K,
+    /// per-sequence advantages, kept sets, logits); it takes the full path.
+    pub fn batch(batch: &'a Batch) -> Self {
+        let mut s = Self::with_layout(StepLayout::Padded {
+            batch: 0,
+            seq_len: 0,
+        });
+        s.whole = Some(batch);
+        s
     }
     /// A padded `[batch, seq_len]` step; set its [`response_mask`](Self::response_mask).
     pub fn padded(batch: usize, seq_len: usize) -> Self {
@@ -175,7 +188,8 @@ impl<'a> Step<'a> {
     /// (`log_prob` in bypass mode, else `old_log_prob` or `log_prob`) and the layout, nothing
     /// else (`None` sends the step down the full path).
     fn lean_inputs(&self, bypass: bool) -> Option<LeanInputs<'a>> {
-        if self.advantages.is_some()
+        if self.whole.is_some()
+            || self.advantages.is_some()
             || self.responses.is_some()
             || self.uid.is_some()
             || self.rollout_logits.is_some()
@@ -206,6 +220,9 @@ impl<'a> Step<'a> {
     }
 
     fn to_batch(&self) -> Result<Batch> {
+        if let Some(b) = self.whole {
+            return Ok(b.clone());
+        }
         let mask = self.response_mask.map(MaskValues::to_f64).transpose()?;
         let mut batch = match &self.layout {
             StepLayout::Padded { batch, seq_len } => {
@@ -420,6 +437,7 @@ impl Corrector {
         let merged = exchange(ex, p)?;
         check_valid_tokens(&merged, batch.layout())?;
         c.metrics = merged.finish()?;
+        c.histograms = merged.histograms();
         Ok(c)
     }
 }

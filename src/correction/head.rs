@@ -174,6 +174,7 @@ pub(crate) fn compute_partial(
             weights.as_deref(),
             &mut metrics,
         );
+        crate::metrics::trmask::histograms(&ctx, lr, &criteria, &seq_len, &mut metrics);
         let est = [
             ("k1", k1),
             ("k3", table.get("k3")?),
@@ -193,6 +194,7 @@ pub(crate) fn compute_partial(
         seq_reject_bits: bits,
         criteria,
         metrics: Default::default(),
+        histograms: Default::default(),
     };
     Ok((c, metrics))
 }

@@ -241,6 +241,7 @@ mod tests {
             seq_reject_bits: vec![1, 0],
             criteria: vec![],
             metrics: Default::default(),
+            histograms: Default::default(),
         };
         let m = breakdown_partial(&batch, &table(&k3, &lr, &lp), &c)
             .finish()

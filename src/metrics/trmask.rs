@@ -4,6 +4,7 @@
 use super::ctx::Ctx;
 use super::diagnostics::position_means;
 use crate::input::batch::Segments;
+use crate::partial::hist::Hist;
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use crate::stats::CriterionResult;
 
@@ -97,6 +98,29 @@ pub(crate) fn trmask_metrics(
             .map(|i| sw[i] / cnt[i] as f64)
             .collect();
         m.put("trmask/ess_seq", ess(&seq_w));
+    }
+}
+
+/// The `#hist/` partials: log ρ over valid tokens (`#hist/log_ratio`) and each criterion's
+/// statistic over non-empty sequences (`#hist/<criterion>`), from the values the metrics see.
+pub(crate) fn histograms(
+    ctx: &Ctx,
+    log_ratio: &[f64],
+    criteria: &[CriterionResult],
+    seq_len: &[usize],
+    m: &mut Partial,
+) {
+    let tok = (0..log_ratio.len()).filter(|&i| ctx.mask[i]);
+    m.put(
+        "#hist/log_ratio",
+        Acc::Hist(Hist::of(tok.map(|i| log_ratio[i]))),
+    );
+    for c in criteria {
+        let seqs = (0..ctx.b).filter(|&i| seq_len[i] > 0);
+        m.put(
+            format!("#hist/{}", c.name),
+            Acc::Hist(Hist::of(seqs.map(|i| c.seq_stat[i]))),
+        );
     }
 }
 

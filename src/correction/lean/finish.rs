@@ -408,5 +408,6 @@ pub(crate) fn details(plan: &LeanPlan, recs: &[SeqRec]) -> Corrections {
         seq_reject_bits: bits,
         criteria,
         metrics: Default::default(),
+        histograms: Default::default(),
     }
 }
