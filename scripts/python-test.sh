@@ -37,11 +37,11 @@ if ! "$vpy" -c 'import torch' >/dev/null 2>&1; then
 fi
 # verl's config classes (its wheel without dependencies: the tests load two of its files),
 # OmegaConf for Hydra's DictConfig, TensorBoard to read back the Monitor's event files
-if ! "$vpy" -c 'import omegaconf, yaml, tensorboard' >/dev/null 2>&1 ||
+if ! "$vpy" -c 'import omegaconf, yaml, tensorboard, safetensors' >/dev/null 2>&1 ||
   ! "$vpy" -m pip show -q verl >/dev/null 2>&1; then
   echo "scripts/python-test.sh: installing verl (--no-deps), omegaconf, tensorboard"
   "$vpy" -m pip install -q --no-deps "verl==0.9.1"
-  "$vpy" -m pip install -q omegaconf pyyaml tensorboard
+  "$vpy" -m pip install -q omegaconf pyyaml tensorboard safetensors
 fi
 echo "== python: maturin develop =="
 VIRTUAL_ENV="$(cd "$venv" && pwd)" "$venv/bin/maturin" develop -q --manifest-path python/Cargo.toml \
