@@ -243,6 +243,7 @@ def test_monitor_logs_a_12_step_run(tmp_path, causal, monkeypatch):
             if step == 5:
                 first_trend = os.path.getmtime(log_dir / "trend.html")
         mon.close()
+        whole = trmask.analyze(t, config=cfg, backend="cpu")["metrics"]
     files = sorted(os.listdir(log_dir))
     assert files == ["metrics.jsonl", "report.html", "tensorboard", "trend.html"], files
     lines = (log_dir / "metrics.jsonl").read_text().splitlines()
@@ -252,6 +253,11 @@ def test_monitor_logs_a_12_step_run(tmp_path, causal, monkeypatch):
     # the line --metrics-jsonl writes for these metrics
     assert lines[-1] + "\n" == trmask._native.metrics_line("train", 12.0, {k: v for k, v in met.items()})
     assert last["rollout_corr/rollout_is_mean"] == met["rollout_corr/rollout_is_mean"]
+    # the corrector's metrics: those of `trmask analyze` on the step, less its bound
+    # certificate and estimator summaries (trmask/bound_*, trmask/k3_mean, ...), equal exactly
+    logged = {k: v for k, v in last.items() if k not in ("input", "step")}
+    assert set(logged) < set(whole)
+    assert all(logged[k] == pytest.approx(whole[k], rel=1e-12, abs=0) for k in logged)
     # TensorBoard: scalars under the metric names, histograms of log ρ and of seq_mean_k3
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
