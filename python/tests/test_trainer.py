@@ -308,6 +308,14 @@ def test_headless_first_call_prints_nothing_on_stderr(tmp_path):
         "print(trmask.backend_name())\n"
     ) % str(tmp_path / "log.txt")
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "TRMASK_REQUIRE_GPU")}
+    lvp = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"
+    if os.path.exists(lvp) and "VK_DRIVER_FILES" not in env:
+        env["VK_DRIVER_FILES"] = lvp  # a Vulkan driver to probe, as on CI
+    if "VK_DRIVER_FILES" in env:
+        # the control: the engine opened without the package's start-up is what users saw
+        raw = subprocess.run([sys.executable, "-c", "import trmask; trmask._native.engine_name('auto')"],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert "XDG_RUNTIME_DIR is invalid or not set" in raw.stderr, raw.stderr
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stderr == "", r.stderr
