@@ -10,6 +10,9 @@ conformance-tested against verl's own outputs):
   logits, or from the rollout's top-K.
 * :func:`analyze` — every output ``trmask analyze`` writes, for a dict of arrays or a file.
 * :func:`bounds` — the TRM paper's surrogate-error bounds; :func:`preset` — verl's presets.
+* :class:`Monitor` — the drop-in inside a training loop, logging each step (JSONL,
+  TensorBoard, wandb, the trend and report pages).
+* :class:`DataWarning` — the command line's ``warning:`` lines about the data, as warnings.
 
 Inputs are NumPy arrays or CPU ``torch.Tensor``s (float64/float32/float16/bfloat16 values,
 bool or 0/1 masks, integer ids). They are read in place when C-contiguous and of a dtype the
