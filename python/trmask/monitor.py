@@ -13,6 +13,7 @@ metrics and histograms are the whole batch's, and only rank 0 writes.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import tempfile
@@ -81,6 +82,9 @@ class Monitor:
         if not isinstance(report_every, int) or report_every < 0:
             raise ValueError(f"invalid config `report_every`: must be an integer >= 0, got {report_every!r}")
         self._trmask = trmask
+        # the names of the drop-in's positional tensors (verl's signature)
+        params = inspect.signature(trmask.compute_rollout_correction_and_rejection_mask).parameters
+        self._positional = tuple(params)[:3]
         cfg = trmask._config(config, preset, {}, {})
         cfg_opts = {k: v for k, v in options.items() if k not in trmask._ROLES}
         trmask._split_options(dict(cfg_opts), "Monitor")  # an unknown keyword: TypeError
@@ -129,7 +133,7 @@ class Monitor:
         self.steps += 1
         if self.writes:
             self._log(int(step), metrics, details.get("histograms", {}))
-            given = dict(zip(("old_log_prob", "rollout_log_prob", "response_mask"), args))
+            given = dict(zip(self._positional, args))
             given.update(kw)
             self._last = (int(step), given)
             if self.report_every and self.steps % self.report_every == 0:
