@@ -21,7 +21,9 @@
 # It writes: machine.txt (nvidia-smi, adapters), check.txt (GPU vs f64 CPU on the real sample),
 # bench.md (copy bandwidth, vocab kernel with timestamp queries, host path, CPU, per-sequence
 # cost), torch.md (PyTorch CUDA / CPU in the same run), whole.md (whole-process `trmask analyze`
-# vs PyTorch CPU on a 1024 x 65536 bf16 pair, 3 alternating runs; peak RSS on a 1 GiB file).
+# vs PyTorch CPU on a 1024 x 65536 bf16 pair, 3 alternating runs; peak RSS on a 1 GiB file),
+# cuda-dropin.md (the Python drop-in on CUDA tensors vs verl's function on the same CUDA
+# tensors, the 9 cells of python/bench/verl_real.py, CUDA events: the host round trip's cost).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 mode="${1:-run}"
@@ -36,6 +38,12 @@ if [ "$mode" = prepare ]; then
     strip -o "$dir/$n" "$b" && xz -f -6 "$dir/$n" || exit 1
   done
   cp scripts/gpu-bench.sh scripts/torch_ref.py scripts/torch_suite.py "$dir/"
+  # the Python drop-in on CUDA tensors against verl's function (verl_cuda.py): the abi3 wheel
+  # and verl's wheel (installed --no-deps there, offline), beside the binaries
+  maturin build --release --quiet --manifest-path python/Cargo.toml --features extension-module \
+    --out "$dir" || exit 1
+  python3 -m pip download --quiet --no-deps "verl==0.9.1" -d "$dir" || exit 1
+  cp python/bench/verl_cuda.py python/bench/verl_real.py python/bench/verl_signature.py "$dir/"
   ls -la "$dir"
   exit 0
 fi
@@ -138,6 +146,25 @@ if "$py" -c "import torch" 2>/dev/null; then
   "$py" "$torch_ref" vocab $r $v --device cpu --reps 3 2>&1 | tee -a "$out/torch.md"
 else
   echo "no torch for $py" | tee -a "$out/torch.md"
+fi
+
+echo "== the Python drop-in on CUDA tensors vs verl's function (the host round trip)" | tee "$out/cuda-dropin.md"
+if "$py" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  pyd="$tmp/py"
+  whl=$(ls "$here"/trmask*.whl 2>/dev/null | head -1)
+  vwhl=$(ls "$here"/verl-*.whl 2>/dev/null | head -1)
+  if [ -n "$whl" ] && [ -n "$vwhl" ]; then
+    "$py" -m pip install --quiet --no-deps --no-index --target "$pyd" "$whl" "$vwhl" 2>&1 | tail -2
+    bd="$here"
+  else  # here: the extension built by maturin develop, verl installed
+    pyd=""
+    bd="$repo/python/bench"
+  fi
+  if [ -n "$quick" ]; then shapes="64x1024"; else shapes="64x1024,256x8192,1024x4096"; fi
+  PYTHONPATH="$pyd${PYTHONPATH:+:$PYTHONPATH}" "$py" "$bd/verl_cuda.py" --repeat 7 --shapes "$shapes" \
+    2>&1 | tee -a "$out/cuda-dropin.md"
+else
+  echo "no CUDA for $py: skipped" | tee -a "$out/cuda-dropin.md"
 fi
 fi # run only
 

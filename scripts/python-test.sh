@@ -2,7 +2,7 @@
 # Builds the Python package into a virtual environment and runs its tests (python/tests).
 # Idempotent: the venv (target/python-venv, or $TRMASK_VENV) is made once and reused; the
 # extension is rebuilt by `maturin develop` (debug profile, incremental). Installs maturin,
-# pytest and NumPy, and torch's CPU wheel where it can (torch tests skip without it; under CI,
+# pytest, NumPy, verl's wheel (--no-deps), OmegaConf and TensorBoard, and torch's CPU wheel where it can (torch tests skip without it; under CI,
 # `CI` set, torch is required).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +34,14 @@ if ! "$vpy" -c 'import torch' >/dev/null 2>&1; then
     echo "scripts/python-test.sh: torch is required under CI" >&2
     exit 1
   fi
+fi
+# verl's config classes (its wheel without dependencies: the tests load two of its files),
+# OmegaConf for Hydra's DictConfig, TensorBoard to read back the Monitor's event files
+if ! "$vpy" -c 'import omegaconf, yaml, tensorboard, safetensors' >/dev/null 2>&1 ||
+  ! "$vpy" -m pip show -q verl >/dev/null 2>&1; then
+  echo "scripts/python-test.sh: installing verl (--no-deps), omegaconf, tensorboard"
+  "$vpy" -m pip install -q --no-deps "verl==0.9.1"
+  "$vpy" -m pip install -q omegaconf pyyaml tensorboard safetensors
 fi
 echo "== python: maturin develop =="
 VIRTUAL_ENV="$(cd "$venv" && pwd)" "$venv/bin/maturin" develop -q --manifest-path python/Cargo.toml \

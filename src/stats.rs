@@ -254,6 +254,9 @@ pub struct Corrections {
     pub criteria: Vec<CriterionResult>,
     /// verl's `rollout_corr/*` and trmask's `trmask/*` metrics.
     pub metrics: BTreeMap<String, f64>,
+    /// With trmask's metrics: fixed-bin histograms of log ρ over valid tokens (`log_ratio`)
+    /// and of each criterion's per-sequence statistic (its name), merged across ranks.
+    pub histograms: BTreeMap<String, crate::partial::hist::Hist>,
 }
 
 impl Corrections {

@@ -40,6 +40,30 @@ fn shape_of(v: &Bound<'_, PyAny>) -> Option<Vec<usize>> {
     arr.getattr("shape").ok()?.extract::<Vec<usize>>().ok()
 }
 
+/// Whether the drop-in's tensors need the whole batch as `analyze` reads it (the rollout's
+/// top-K, or per-sequence `[B]` advantages beside a `[B, T]` mask) rather than the borrowed
+/// step.
+pub fn needs_whole(d: &Bound<'_, PyDict>) -> PyResult<bool> {
+    let given = |n: &str| -> PyResult<Option<Bound<'_, PyAny>>> {
+        Ok(d.get_item(n)?.filter(|v| !v.is_none()))
+    };
+    for t in tensors::TENSORS.iter().filter(|t| t.shape == Shape::TokenK) {
+        if given(t.name)?.is_some() {
+            return Ok(true);
+        }
+    }
+    // a framework's name for a tensor: renamed as a batch file's names are
+    for (k, v) in d.iter() {
+        let name = k.extract::<String>()?;
+        if !v.is_none() && tensors::spec(&name).is_none() {
+            return Ok(true);
+        }
+    }
+    let adv = given("advantages")?.and_then(|a| shape_of(&a));
+    let mask = given("response_mask")?.and_then(|m| shape_of(&m));
+    Ok(matches!((adv.as_deref(), mask.as_deref()), (Some([b]), Some([b2, _])) if b == b2))
+}
+
 /// Every tensor in the batch's token shape `tshape` (`[B, T]` or `[N]`; top-K and logits with
 /// one more axis; with `per_row_advantages`, TRL's `[B]` advantages): equal element counts in
 /// another shape are an error naming the tensor, never a silent reshape. `logits` are the

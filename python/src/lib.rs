@@ -8,6 +8,7 @@
 mod arrays;
 mod batch;
 mod exchange;
+mod monitor;
 mod outputs;
 
 use arrays::{Arr, LAST_BORROWS};
@@ -205,7 +206,28 @@ fn correct_with<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     arrays::reset_borrows();
     let corrector = corrector(py, config_json, backend, verl_only)?;
-    let mut arrs: BTreeMap<&str, Arr<'py>> = BTreeMap::new();
+    // the rollout's top-K or per-sequence advantages: the step as `analyze` reads it
+    let whole = if batch::needs_whole(tensors)? {
+        Some(batch::from_dict(tensors, false)?.0)
+    } else {
+        None
+    };
+    let (mut arrs, mut logit_objs, mut logits) = (BTreeMap::new(), Vec::new(), Vec::new());
+    let step = match &whole {
+        Some(b) => Step::batch(b),
+        None => borrowed_step(tensors, &mut arrs, &mut logit_objs, &mut logits)?,
+    };
+    finish(py, corrector, step, ex, verl_only, outs)
+}
+
+/// The step of the caller's arrays, borrowed in place (`arrs`, `logit_objs`, `logits` hold
+/// the borrows).
+fn borrowed_step<'a, 'py>(
+    tensors: &Bound<'py, PyDict>,
+    arrs: &'a mut BTreeMap<&'static str, Arr<'py>>,
+    logit_objs: &'a mut Vec<(&'static str, Bound<'py, PyAny>)>,
+    logits: &'a mut Vec<(&'static str, trmask::Logits)>,
+) -> PyResult<Step<'a>> {
     for t in tensors::TENSORS.iter().filter(|t| t.shape != Shape::TokenK) {
         if t.role == Role::Logits {
             continue;
@@ -214,14 +236,14 @@ fn correct_with<'py>(
             arrs.insert(t.name, Arr::borrow(t.name, &v)?);
         }
     }
-    let mut logit_objs: Vec<(&str, Bound<'py, PyAny>)> = Vec::new();
-    let mut logits = Vec::new();
     for n in tensors::logits_names() {
         if let Some(v) = get(tensors, n)? {
             logits.push((n, arrays::logits(n, &v)?));
             logit_objs.push((n, v));
         }
     }
+    let arrs: &'a BTreeMap<&'static str, Arr<'py>> = arrs;
+    let logits: &'a Vec<(&'static str, trmask::Logits)> = logits;
     // the layout's token shape: every per-token tensor has it (logits one more axis), so equal
     // element counts in another shape are an error naming the tensor, never a reshape
     let tshape: Vec<usize> = match (arrs.get("cu_seqlens"), arrs.get("response_mask")) {
@@ -233,7 +255,7 @@ fn correct_with<'py>(
         (None, None) => Vec::new(),
     };
     let objs: Vec<(&str, &Bound<'py, PyAny>)> = logit_objs.iter().map(|(n, v)| (*n, v)).collect();
-    batch::check_shapes(&arrs, &objs, &tshape, false)?;
+    batch::check_shapes(arrs, &objs, &tshape, false)?;
     let mut step = match (arrs.get("cu_seqlens"), arrs.get("response_mask")) {
         (Some(cu), _) => {
             let s = Step::packed(cu.ids("cu_seqlens")?);
@@ -259,7 +281,7 @@ fn correct_with<'py>(
             )))
         }
     };
-    for (name, a) in &arrs {
+    for (name, a) in arrs {
         step = match tensors::spec(name).map(|t| (t.role, t.shape)) {
             Some((Role::Values, _)) => step.values(name, a.values(name)?),
             Some((Role::Ids, Shape::Token | Shape::Seq | Shape::Flat | Shape::KeptOffsets)) => {
@@ -284,6 +306,18 @@ fn correct_with<'py>(
         }
         _ => unreachable!("two logits tensors at most"),
     }
+    Ok(step)
+}
+
+/// Corrects `step` into the caller's buffers (`outs`) or into new arrays.
+fn finish<'py>(
+    py: Python<'py>,
+    corrector: Arc<Corrector>,
+    step: Step<'_>,
+    ex: Option<exchange::PyExchange>,
+    verl_only: bool,
+    outs: Option<(Option<Bound<'py, PyAny>>, Bound<'py, PyAny>, bool)>,
+) -> PyResult<Bound<'py, PyDict>> {
     if let Some((w, m, with_details)) = outs {
         let mut wa = w
             .map(|w| outputs::OutArr::borrow("rollout_is_weights", &w))
@@ -315,6 +349,7 @@ fn correct_with<'py>(
             }
         }
         out.set_item("metrics", d)?;
+        histograms(py, &c, &out)?;
         return Ok(out);
     }
     let c = match ex {
@@ -328,6 +363,22 @@ fn correct_with<'py>(
     out.set_item("weights", c.weights.as_deref().map(|w| f64_array(py, w)))?;
     out.set_item("mask", f64_array(py, &c.mask))?;
     Ok(out)
+}
+
+/// The correction's histograms (`{name: counts}`, bins of `hist_edges`), when it has any.
+fn histograms<'py>(
+    py: Python<'py>,
+    c: &trmask::Corrections,
+    out: &Bound<'py, PyDict>,
+) -> PyResult<()> {
+    if c.histograms.is_empty() {
+        return Ok(());
+    }
+    let h = PyDict::new(py);
+    for (k, v) in &c.histograms {
+        h.set_item(k, v.counts.to_pyarray(py))?;
+    }
+    out.set_item("histograms", h)
 }
 
 /// The decisions and metrics of a correction as a dict.
@@ -547,6 +598,35 @@ fn config_warnings(config_json: &str) -> PyResult<Vec<String>> {
     Ok(config(config_json)?.warnings())
 }
 
+/// The data warnings (`(kind, line)`, the CLI's `warning:` lines about the data,
+/// [`trmask::report::warnings`]) of one step given as the drop-in's tensors: the step is
+/// analysed as `trmask analyze` analyses it.
+#[pyfunction]
+fn data_warnings<'py>(
+    py: Python<'py>,
+    tensors: &Bound<'py, PyDict>,
+    config_json: &str,
+    backend: &str,
+) -> PyResult<Vec<(&'static str, String)>> {
+    arrays::reset_borrows();
+    let cfg = config(config_json)?;
+    let (eng, _) = engine(py, backend)?;
+    let (batch, _) = batch::from_dict(tensors, false)?;
+    let a = py
+        .detach(|| trmask::analysis::analyze(eng.as_ref(), &batch, &cfg))
+        .map_err(to_py)?;
+    let lines = trmask::report::warnings(&trmask::report::WarningInputs {
+        batch: &batch,
+        analysis: &a,
+        config: &cfg,
+        temperature_flag: false,
+    });
+    Ok(lines
+        .into_iter()
+        .map(|l| (trmask::report::warning_kind(&l), l))
+        .collect())
+}
+
 /// The group ids of string labels (verl's `uid`): [`trmask::io::label_id`] of each, the ids
 /// the command line gives the same labels in JSON.
 #[pyfunction]
@@ -615,6 +695,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(preset_names, m)?)?;
     m.add_function(wrap_pyfunction!(config_warnings, m)?)?;
     m.add_function(wrap_pyfunction!(label_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(data_warnings, m)?)?;
+    m.add_function(wrap_pyfunction!(monitor::metrics_line, m)?)?;
+    m.add_function(wrap_pyfunction!(monitor::trend_html, m)?)?;
+    m.add_function(wrap_pyfunction!(monitor::report_html, m)?)?;
+    m.add_function(wrap_pyfunction!(monitor::hist_edges, m)?)?;
     m.add_function(wrap_pyfunction!(engine_name, m)?)?;
     m.add_function(wrap_pyfunction!(last_borrows, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_roles, m)?)?;

@@ -19,14 +19,23 @@ try:
     kw = json.loads(open(os.path.join(d, "kwargs.json")).read())
     # torch tensors on even ranks, NumPy on odd ones: the caller's kind comes back
     conv = torch.from_numpy if rank % 2 == 0 else (lambda a: a)
-    w, m, metrics = trmask.distributed.compute_rollout_correction_and_rejection_mask(
-        conv(shard["old"]),
-        conv(shard["roll"]),
-        conv(shard["mask"]),
-        advantages=conv(shard["adv"]),
-        uid=conv(shard["uid"]),
-        **kw,
-    )
+    if os.environ.get("TRMASK_TEST_MONITOR"):
+        # trmask.Monitor over the group: each rank its own log_dir, only rank 0 writes
+        kw.pop("trmask_metrics")
+        mon = trmask.Monitor(os.path.join(d, f"mon-{rank}"), report_every=0, **kw)
+        w, m, metrics = mon.step(
+            7, conv(shard["old"]), conv(shard["roll"]), conv(shard["mask"]), advantages=conv(shard["adv"]), uid=conv(shard["uid"])
+        )
+        mon.close()
+    else:
+        w, m, metrics = trmask.distributed.compute_rollout_correction_and_rejection_mask(
+            conv(shard["old"]),
+            conv(shard["roll"]),
+            conv(shard["mask"]),
+            advantages=conv(shard["adv"]),
+            uid=conv(shard["uid"]),
+            **kw,
+        )
     if rank % 2 == 0:
         assert isinstance(m, torch.Tensor), type(m)
         w, m = w.numpy(), m.numpy()

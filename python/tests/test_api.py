@@ -111,7 +111,6 @@ def test_errors_are_value_errors_with_the_cli_message():
         (dict(old_log_prob=OLD, rollout_log_prob=ROLLOUT, response_mask=MASK * 2), "invalid input `response_mask`"),
         (dict(old_log_prob=OLD, rollout_log_prob=ROLLOUT, response_mask=MASK, rollout_rs="seq_max_k9", rollout_rs_threshold=1.0), "invalid config `rollout_rs`"),
         (dict(old_log_prob=OLD, rollout_log_prob=ROLLOUT, response_mask=MASK, rollout_is="tokens"), "invalid config `rollout_is`"),
-        (dict(old_log_prob=OLD, rollout_log_prob=ROLLOUT, response_mask=MASK, no_such_key=1), "invalid config `no_such_key`"),
         (dict(old_log_prob=np.where(MASK, np.nan, 0.0), rollout_log_prob=ROLLOUT, response_mask=MASK), "invalid input `old_log_prob`"),
         (dict(old_log_prob=OLD, rollout_log_prob=ROLLOUT, response_mask=MASK, backend="tpu"), "invalid config `backend`"),
         (dict(old_log_prob=np.array(["a"]), rollout_log_prob=ROLLOUT, response_mask=MASK), "invalid input `old_log_prob`"),

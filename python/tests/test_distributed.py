@@ -42,7 +42,7 @@ def batch(b=13, t=17, seed=7):
     return old, roll, mask, adv, uid
 
 
-def run_ranks(tmp_path, cuts):
+def run_ranks(tmp_path, cuts, env_extra=None):
     old, roll, mask, adv, uid = batch()
     bounds = [0] + list(np.cumsum(cuts))
     assert bounds[-1] == old.shape[0]
@@ -52,7 +52,7 @@ def run_ranks(tmp_path, cuts):
         np.savez(tmp_path / f"in-{r}.npz", old=old[s], roll=roll[s], mask=mask[s], adv=adv[s], uid=uid[s])
     (tmp_path / "kwargs.json").write_text(json.dumps(KWARGS))
     init = tmp_path / "init"
-    env = dict(os.environ, OMP_NUM_THREADS="1", TRMASK_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRMASK_THREADS="1", **(env_extra or {}))
     procs = [
         subprocess.Popen(
             [sys.executable, WORKER, str(r), str(world), str(init), str(tmp_path)],
@@ -76,6 +76,8 @@ def run_ranks(tmp_path, cuts):
     whole_w, whole_m, whole_metrics = trmask.compute_rollout_correction_and_rejection_mask(
         old, roll, mask, advantages=adv, uid=uid, **KWARGS
     )
+    # a single process's first step flags the data warnings; ranks do not
+    whole_metrics = {k: v for k, v in whole_metrics.items() if not k.startswith("trmask/warn/")}
     return bounds, whole_w, whole_m, whole_metrics, mask
 
 
@@ -142,3 +144,25 @@ def test_all_gather_errors_reach_the_caller():
     whole = _native.correct(tensors, cfg, "cpu")
     np.testing.assert_array_equal(one["weights"], whole["weights"])
     assert one["metrics"] == whole["metrics"]
+
+
+def test_monitor_merges_ranks_and_only_rank_0_writes(tmp_path):
+    bounds, whole_w, whole_m, whole_metrics, mask = run_ranks(tmp_path, [5, 8], {"TRMASK_TEST_MONITOR": "1"})
+    assert sorted(os.listdir(tmp_path / "mon-0")) == ["metrics.jsonl", "report.html", "tensorboard", "trend.html"]
+    assert not (tmp_path / "mon-1").exists()
+    (line,) = (tmp_path / "mon-0" / "metrics.jsonl").read_text().splitlines()
+    logged = json.loads(line)
+    assert logged["step"] == 7
+    for k, v in whole_metrics.items():
+        assert logged[k] == pytest.approx(v, rel=1e-12, abs=1e-300), k
+    for r in range(2):
+        out = np.load(tmp_path / f"out-{r}.npz")
+        s = slice(bounds[r], bounds[r + 1])
+        np.testing.assert_allclose(out["weights"], whole_w[s], rtol=1e-12, atol=0)
+    # the histogram of log rho counts every valid token of the whole batch (merged bins)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(tmp_path / "mon-0" / "tensorboard"), size_guidance={"histograms": 0})
+    ea.Reload()
+    (h,) = ea.Histograms("trmask/hist/log_ratio")
+    assert h.step == 7 and h.histogram_value.num == int(mask.sum())

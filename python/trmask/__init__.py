@@ -10,6 +10,9 @@ conformance-tested against verl's own outputs):
   logits, or from the rollout's top-K.
 * :func:`analyze` — every output ``trmask analyze`` writes, for a dict of arrays or a file.
 * :func:`bounds` — the TRM paper's surrogate-error bounds; :func:`preset` — verl's presets.
+* :class:`Monitor` — the drop-in inside a training loop, logging each step (JSONL,
+  TensorBoard, wandb, the trend and report pages).
+* :class:`DataWarning` — the command line's ``warning:`` lines about the data, as warnings.
 
 Inputs are NumPy arrays or CPU ``torch.Tensor``s (float64/float32/float16/bfloat16 values,
 bool or 0/1 masks, integer ids). They are read in place when C-contiguous and of a dtype the
@@ -21,7 +24,9 @@ line's one-line message; torch is never imported unless a tensor is passed.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import sys
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -42,10 +47,75 @@ __all__ = [
     "backend_name",
     "VerlZeroDivisionError",
     "VerlTypeError",
+    "DataWarning",
+    "Monitor",
     "__version__",
 ]
 
 __version__: str = _native.__version__
+
+_log = logging.getLogger("trmask")
+
+
+class DataWarning(UserWarning):
+    """Something about the data makes the numbers mean less than they seem: the command
+    line's ``warning:`` lines about the data (a constant log-ratio offset from top-p
+    renormalisation, positive log-probs, bf16 rounding under k3, a threshold below that noise
+    floor, …), with the same text. ``kind`` is the short name also used in the metric
+    ``trmask/warn/<kind>``. Raised once per kind per corrector (config and backend)."""
+
+    def __init__(self, message: str, kind: str = "other"):
+        super().__init__(message)
+        self.kind = kind
+
+# backends opened so far (a GPU-capable one is opened by `_open` first)
+_OPENED: set = set()
+
+
+def _open(backend: str) -> None:
+    """Opens `backend`'s engine the first time, quietly and in place.
+
+    Quietly: without ``XDG_RUNTIME_DIR`` (headless containers) the Vulkan loader prints
+    ``error: XDG_RUNTIME_DIR is invalid or not set`` on stderr; the probe runs with a private
+    runtime directory (mode 0700, removed at exit) and the variable is unset again afterwards.
+    In place: under torch with CUDA, ``TRMASK_PCI_BUS_ID`` is set to the current CUDA device's
+    PCI address, so the engine opens that GPU (else the ``LOCAL_RANK``-th discrete adapter).
+    What ``auto`` chose goes to the ``trmask`` logger (INFO), never to stderr."""
+    if backend in _OPENED:
+        return
+    if backend != "cpu" and backend != "cpu-fast":
+        _pci_hint()
+    private = None
+    if backend != "cpu" and backend != "cpu-fast" and not os.environ.get("XDG_RUNTIME_DIR"):
+        import atexit
+        import shutil
+        import tempfile
+
+        private = tempfile.mkdtemp(prefix="trmask-xdg-")
+        atexit.register(shutil.rmtree, private, True)
+        os.environ["XDG_RUNTIME_DIR"] = private
+    try:
+        notes = _native.engine_name(backend)[1]
+    finally:
+        if private is not None and os.environ.get("XDG_RUNTIME_DIR") == private:
+            del os.environ["XDG_RUNTIME_DIR"]
+    _OPENED.add(backend)
+    for n in notes:
+        _log.info("%s", n)
+
+
+def _pci_hint() -> None:
+    torch = sys.modules.get("torch")
+    if torch is None or os.environ.get("TRMASK_PCI_BUS_ID"):
+        return
+    try:
+        if not torch.cuda.is_available():
+            return
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        os.environ["TRMASK_PCI_BUS_ID"] = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+    except Exception:  # no CUDA runtime: no hint
+        return
+
 
 # verl's defaults for the signature's configuration arguments.
 _VERL_DEFAULTS = {
@@ -55,6 +125,33 @@ _VERL_DEFAULTS = {
     "rollout_rs": None,
     "rollout_rs_threshold": None,
 }
+
+
+def _plain(v: Any) -> Any:
+    """A config value as JSON-able Python: nested mappings (OmegaConf's DictConfig, verl's
+    BaseConfig) as dicts, sequences (ListConfig) as lists."""
+    if isinstance(v, Mapping):
+        return _plain_config(v)
+    if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig":
+        return [_plain(x) for x in v]
+    return v
+
+
+def _plain_config(config: Any) -> Dict[str, Any]:
+    """Any Mapping of config keys (a dict, verl's ``RolloutCorrectionConfig`` / ``BaseConfig``,
+    an OmegaConf ``DictConfig``) as a dict, without the config machinery's keys (``_target_``,
+    ``extra``, names starting with ``_``)."""
+    if not isinstance(config, Mapping):
+        raise ValueError(
+            f"invalid config `config`: must be a mapping of config keys (a dict, verl's "
+            f"RolloutCorrectionConfig, an OmegaConf DictConfig), got {type(config).__name__}"
+        )
+    out: Dict[str, Any] = {}
+    for k in config:
+        if not isinstance(k, str) or k.startswith("_") or k == "extra":
+            continue
+        out[k] = _plain(config[k])
+    return out
 
 
 def _json(config: Mapping[str, Any]) -> str:
@@ -67,7 +164,49 @@ def _json(config: Mapping[str, Any]) -> str:
     for k, v in clean.items():
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"invalid config `{k}`: must be finite, got {v}")
+        try:
+            json.dumps(v, default=default)
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"invalid config `{k}`: a {type(v).__name__} is not a number, string, bool, "
+                f"list or dict"
+            ) from None
     return json.dumps(clean, default=default)
+
+
+# config key -> whether the library knows it (asked once per name)
+_KEYS: Dict[str, bool] = {}
+
+
+def _is_config_key(key: str) -> bool:
+    known = _KEYS.get(key)
+    if known is None:
+        try:
+            _native.config_warnings(json.dumps({key: None}))
+            known = True
+        except ValueError as e:
+            known = "unknown config key" not in str(e)
+        _KEYS[key] = known
+    return known
+
+
+def _split_options(options: Dict[str, Any], fn: str) -> Dict[str, Any]:
+    """Takes the tensors (any name of the tensor table or a framework alias) out of `options`
+    and returns them; a keyword that is neither a tensor nor a config key is a TypeError
+    naming it."""
+    tensors = {}
+    for k in list(options):
+        role = _ROLES.get(k)
+        if role is not None:
+            v = options.pop(k)
+            if role != "skip":
+                tensors[k] = v
+        elif not _is_config_key(k):
+            raise TypeError(
+                f"{fn}() got an unexpected keyword argument '{k}' (neither a tensor of "
+                f"docs/FORMAT.md nor a config key)"
+            )
+    return tensors
 
 
 class VerlZeroDivisionError(ValueError, ZeroDivisionError):
@@ -115,12 +254,39 @@ def backend_name(backend: str = "auto") -> str:
     """The engine ``backend`` (``"auto"``, ``"gpu"``, ``"cpu"``, ``"cpu-fast"``) runs on, e.g.
     ``"cpu (2 threads, f64)"``; opening a GPU the first time takes a moment. Raises
     ``RuntimeError`` for ``"gpu"`` without an adapter, ``ValueError`` for an unknown name."""
+    _open(backend)
     return _native.engine_name(backend)[0]
 
 
 # (verl arguments, backend, verl metrics only) -> (config JSON, has weights, warnings), for
 # calls that pass no config=, preset= or trmask option: no JSON per call
 _CONFIGS: Dict[Any, Tuple[str, bool, List[str]]] = {}
+# (config JSON, backend, verl metrics only) -> the data warnings' kinds raised so far; a
+# corrector's first step is checked (the CLI's checks, on the step analysed as the CLI does)
+_WARNED: Dict[Any, set] = {}
+
+
+def _data_warnings(tensors: Mapping[str, Any], config_json: str, backend: str, key: Any, metrics: Optional[Dict[str, float]]) -> None:
+    seen = _WARNED.get(key)
+    if seen is not None:
+        return
+    if len(_WARNED) >= 64:
+        _WARNED.clear()
+    seen = _WARNED[key] = set()
+    try:
+        found = _native.data_warnings(dict(tensors), config_json, backend)
+    except ValueError:
+        # the step was corrected, so its input is valid; what analyze refuses is a rank's
+        # shard without a valid token, which has nothing to warn about
+        return
+    for kind, line in found:
+        if metrics is not None:
+            metrics[f"trmask/warn/{kind}"] = 1.0
+        if kind in seen:
+            continue
+        seen.add(kind)
+        text = line[len("warning: ") :] if line.startswith("warning: ") else line
+        warnings.warn(DataWarning(text, kind), stacklevel=4)
 
 
 def _resolved_config(
@@ -145,6 +311,7 @@ def _resolved_config(
     names = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold")
     cfg = _config(config, preset_name, dict(zip(names, verl)), options)
     config_json = _json(cfg)
+    _open(backend)
     try:
         has_weights, notes = _native.config_info(config_json, backend, verl_only)
     except ValueError as e:
@@ -241,9 +408,7 @@ def _config(
     if preset_name is not None:
         cfg.update(preset(preset_name))
     if config is not None:
-        if not isinstance(config, Mapping):
-            raise ValueError("invalid config `config`: must be a dict of config keys")
-        cfg.update(config)
+        cfg.update(_plain_config(config))
     for k, v in verl_args.items():
         if k not in cfg or v != _VERL_DEFAULTS[k]:
             cfg[k] = v
@@ -320,6 +485,7 @@ def compute_rollout_correction_and_rejection_mask(
     For one shard per data-parallel rank see :mod:`trmask.distributed`.
     """
     verl_only = not trmask_metrics
+    extra = _split_options(options, "compute_rollout_correction_and_rejection_mask")
     config_json, has_weights = _resolved_config(
         config,
         preset,
@@ -342,6 +508,13 @@ def compute_rollout_correction_and_rejection_mask(
         rollout_sampling_mask_ids=rollout_sampling_mask_ids,
         rollout_sampling_mask_offsets=rollout_sampling_mask_offsets,
     )
+    for name, x in extra.items():
+        if given.get(name) is not None:
+            raise TypeError(
+                f"compute_rollout_correction_and_rejection_mask() got multiple values for "
+                f"argument '{name}'"
+            )
+        given[name] = x
     tensors: Dict[str, Any] = {}
     kinds: Dict[str, Kind] = {}
     for name, x in given.items():
@@ -378,6 +551,11 @@ def compute_rollout_correction_and_rejection_mask(
     mask = mask_kind.out(tok(m_np))
     # floats, verl's keys only unless trmask_metrics (filtered natively)
     metrics = out["metrics"]
+    if (config_json, backend, verl_only) not in _WARNED:
+        # each rank checks its own shard; the metric flags only a single process's step (the
+        # metrics are identical on every rank)
+        flags = None if verl_only or _exchange is not None else metrics
+        _data_warnings(tensors, config_json, backend, (config_json, backend, verl_only), flags)
     if not return_details:
         return weights, mask, metrics
     details = {
@@ -385,6 +563,7 @@ def compute_rollout_correction_and_rejection_mask(
         "seq_len": out["seq_len"],
         "seq_reject_bits": out["seq_reject_bits"],
         "criteria": dict(out["criteria"]),
+        "histograms": dict(out.get("histograms", {})),
     }
     return weights, mask, metrics, details  # type: ignore[return-value]
 
@@ -436,6 +615,7 @@ def vocab_divergence(
             if not np.isin(m, (0, 1)).all():
                 raise ValueError("invalid input `mask`: must hold 0 or 1")
             m = m.astype(bool)
+    _open(backend)
     out = _native.vocab_divergence(r, t, ids, m, float(temperature), backend)
     kind = Kind(rk.torch, None, rk.device)
     return {k: kind.out(v.reshape(lead)) for k, v in out.items()}
@@ -475,6 +655,7 @@ def topk_divergence(
         if x is not None:
             tensors[name], kinds[name] = borrow(x, name, _ROLES[name])
     lead = shape_of(tensors["responses"])
+    _open(backend)
     out = _native.topk_divergence(tensors, top_k_support, float(temperature), backend)
     kind = kinds["trainer_logits"]
     kind = Kind(kind.torch, None, kind.device)
@@ -507,6 +688,7 @@ def analyze(
     padding (the CLI's ``--all-valid``)."""
     config_json = _json(_config(config, preset, {}, {}))
     _warn_config(config_json)
+    _open(backend)
     if isinstance(batch, Mapping):
         tensors: Dict[str, Any] = {}
         torch_in = False
@@ -589,3 +771,5 @@ def _opt(x: Optional[float]) -> Optional[float]:
 
 
 import os  # noqa: E402  (for the annotation above)
+
+from .monitor import Monitor  # noqa: E402

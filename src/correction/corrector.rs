@@ -60,6 +60,7 @@ pub struct Step<'a> {
     kept_ids: Option<&'a [i64]>,
     kept_offsets: Option<&'a [i64]>,
     rollout_topk: Option<(&'a [i64], Values<'a>)>,
+    whole: Option<&'a Batch>,
 }
 
 impl<'a> Step<'a> {
@@ -78,7 +79,19 @@ impl<'a> Step<'a> {
             kept_ids: None,
             kept_offsets: None,
             rollout_topk: None,
+            whole: None,
         }
+    }
+
+    /// A step given as a whole [`Batch`] (what `analyze` reads: the rollout's top-K,
+    /// per-sequence advantages, kept sets, logits); it takes the full path.
+    pub fn batch(batch: &'a Batch) -> Self {
+        let mut s = Self::with_layout(StepLayout::Padded {
+            batch: 0,
+            seq_len: 0,
+        });
+        s.whole = Some(batch);
+        s
     }
     /// A padded `[batch, seq_len]` step; set its [`response_mask`](Self::response_mask).
     pub fn padded(batch: usize, seq_len: usize) -> Self {
@@ -198,7 +211,8 @@ impl<'a> Step<'a> {
     }
 
     fn lean_inputs(&self, bypass: bool) -> Option<LeanInputs<'a>> {
-        if self.responses.is_some()
+        if self.whole.is_some()
+            || self.responses.is_some()
             || self.rollout_logits.is_some()
             || self.old_logits.is_some()
             || self.kept_ids.is_some()
@@ -230,6 +244,9 @@ impl<'a> Step<'a> {
     }
 
     fn to_batch(&self) -> Result<Batch> {
+        if let Some(b) = self.whole {
+            return Ok(b.clone());
+        }
         let mask = self.response_mask.map(MaskValues::to_f64).transpose()?;
         let mut batch = match &self.layout {
             StepLayout::Padded { batch, seq_len } => {
@@ -532,6 +549,7 @@ impl Corrector {
                     return self.correct_shard(step, ex);
                 }
                 c.metrics = merged.finish()?;
+                c.histograms = merged.histograms();
                 return Ok(c);
             }
         }

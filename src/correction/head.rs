@@ -15,7 +15,7 @@ use crate::input::batch::{Batch, Layout};
 use crate::metrics::ctx::{vmax, vmin, Ctx};
 use crate::metrics::diag::{from_columns, Columns as DiagColumns};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
-use crate::metrics::trmask::trmask_metrics;
+use crate::metrics::trmask::{seq_histograms, trmask_metrics};
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
 use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial};
 use crate::stats::{Corrections, CriterionResult, SegmentStats, StatTable, SAFETY_BOUND};
@@ -174,6 +174,7 @@ pub(crate) fn compute_partial(
             .map(|c| (c.name.as_str(), c.seq_stat.as_slice()))
             .collect();
         length_metrics(&seq_len, &seq_accept, &stats, &mut metrics);
+        seq_histograms(&stats, &seq_len, &mut metrics);
         let cols = DiagColumns {
             k1,
             k3: table.get("k3")?,
@@ -198,6 +199,7 @@ pub(crate) fn compute_partial(
         seq_reject_bits: bits,
         criteria,
         metrics: Default::default(),
+        histograms: Default::default(),
     };
     Ok((c, metrics))
 }

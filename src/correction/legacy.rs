@@ -289,5 +289,6 @@ pub(crate) fn compute(
         seq_reject_bits: bits,
         criteria,
         metrics: Default::default(),
+        histograms: Default::default(),
     })
 }

@@ -84,5 +84,6 @@ pub(crate) fn correct_shard(
     let merged = exchange(ex, p)?;
     check_valid_tokens(&merged, s.batch.layout())?;
     c.metrics = merged.finish()?;
+    c.histograms = merged.histograms();
     Ok(c)
 }

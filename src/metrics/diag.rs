@@ -8,7 +8,18 @@
 
 use super::breakdown::{turn_label, ENTROPY_BUCKETS, PROB_BUCKETS, TURNS};
 use super::diagnostics::{bucket_of, put_position_means, POSITION_BUCKETS};
+use crate::partial::hist::{bin, Hist, BINS};
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
+
+/// One sequence's counts of log ρ by [`Hist`] bin.
+#[derive(Clone, Copy, Debug)]
+struct Bins([u32; BINS]);
+
+impl Default for Bins {
+    fn default() -> Self {
+        Bins([0; BINS])
+    }
+}
 
 const NPOS: usize = POSITION_BUCKETS.len();
 const NPROB: usize = PROB_BUCKETS.len();
@@ -198,6 +209,8 @@ pub(crate) struct SeqDiag {
     w1: f64,
     w2: f64,
     n_kept: u64,
+    /// log ρ by histogram bin.
+    hist: Bins,
 }
 
 /// The sign class of an advantage: 0 positive, 1 negative, 2 zero.
@@ -250,6 +263,9 @@ impl SeqDiag {
             self.adv_sum += s.adv;
         }
         self.turn.add((self.turns as usize - 1).min(TURNS), &s);
+        if let Some(b) = bin(s.lr) {
+            self.hist.0[b] += 1;
+        }
         if s.keep {
             self.w1 += s.weight;
             self.w2 += s.weight * s.weight;
@@ -275,6 +291,8 @@ pub(crate) struct DiagAcc {
     ess_tok: (Sum, Sum, u64),
     ess_seq: (Sum, Sum, u64),
     valid: u64,
+    /// log ρ over valid tokens (`#hist/log_ratio`).
+    hist: Hist,
     /// The factor the folded weights take (1/the batch normaliser when it was applied after
     /// them; 1 when 0, the default).
     pub(crate) ess_scale: f64,
@@ -317,6 +335,9 @@ impl DiagAcc {
             self.ess_seq.2 += 1;
         }
         self.valid += d.t;
+        for (c, &n) in self.hist.counts.iter_mut().zip(&d.hist.0) {
+            *c += u64::from(n);
+        }
     }
 
     /// Merges the next shard's accumulator (sequence order kept).
@@ -345,6 +366,9 @@ impl DiagAcc {
         self.ess_seq.1.merge(o.ess_seq.1);
         self.ess_seq.2 += o.ess_seq.2;
         self.valid += o.valid;
+        for (c, &n) in self.hist.counts.iter_mut().zip(&o.hist.counts) {
+            *c += n;
+        }
     }
 
     /// Every diagnostic metric, as mergeable partials: `trmask/{k1,k3,abs_log_ratio}_pos_*`
@@ -411,6 +435,7 @@ impl DiagAcc {
         if f.weights {
             self.put_ess(m);
         }
+        m.put("#hist/log_ratio", Acc::Hist(self.hist.clone()));
     }
 
     /// `trmask/ess_token` (the weights of the tokens the final mask keeps) and

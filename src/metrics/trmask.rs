@@ -3,6 +3,7 @@
 
 use super::diagnostics::position_means;
 use crate::input::batch::Segments;
+use crate::partial::hist::Hist;
 use crate::partial::{Acc, Empty, FracMode, Partial};
 
 /// Exact divergences that get threshold shares and position buckets (see
@@ -73,6 +74,18 @@ pub(crate) fn trmask_metrics(
         "trmask/accepted_seq_len",
         lens(&mut nonempty.iter().filter(|&&i| seq_accept[i])),
     );
+}
+
+/// Each criterion's statistic over non-empty sequences as a histogram (`#hist/<criterion>`;
+/// log ρ's comes with the token diagnostics, `metrics::diag`).
+pub(crate) fn seq_histograms(criteria: &[(&str, &[f64])], seq_len: &[usize], m: &mut Partial) {
+    for (name, stat) in criteria {
+        let seqs = (0..seq_len.len()).filter(|&i| seq_len[i] > 0);
+        m.put(
+            format!("#hist/{name}"),
+            Acc::Hist(Hist::of(seqs.map(|i| stat[i]))),
+        );
+    }
 }
 
 #[cfg(test)]

@@ -159,6 +159,8 @@ pub enum Acc {
     Cert(Option<CertAcc>),
     /// A count that is not a metric itself (keys starting with `#`).
     Count(u64),
+    /// A fixed-bin histogram (keys starting with `#hist/`; finishes to no metric).
+    Hist(super::hist::Hist),
 }
 
 /// Error keys a [`Acc::VerlEss`] can name (its `key`).
@@ -266,6 +268,7 @@ impl Acc {
             Acc::Const(_) => "constant",
             Acc::Cert(_) => "certificate",
             Acc::Count(_) => "count",
+            Acc::Hist(_) => "histogram",
         }
     }
 
@@ -369,6 +372,7 @@ impl Acc {
                 _ => {}
             },
             (Acc::Count(a), Acc::Count(b)) => *a += b,
+            (Acc::Hist(a), Acc::Hist(b)) => a.merge(b, key)?,
             _ => return Err(mismatch()),
         }
         Ok(())
@@ -531,7 +535,7 @@ impl Acc {
                 }
             }
             Acc::Const(v) => put(key, *v),
-            Acc::Cert(_) | Acc::Count(_) => {}
+            Acc::Cert(_) | Acc::Count(_) | Acc::Hist(_) => {}
         }
         Ok(())
     }

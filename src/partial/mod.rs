@@ -13,6 +13,7 @@ mod acc;
 #[cfg(feature = "mpi")]
 pub mod distributed;
 mod exchange;
+pub mod hist;
 mod set;
 mod wire;
 

@@ -65,6 +65,16 @@ impl Partial {
         }
         Ok(out)
     }
+    /// The histograms (keys `#hist/<name>`), by name.
+    pub fn histograms(&self) -> BTreeMap<String, super::hist::Hist> {
+        self.accs
+            .iter()
+            .filter_map(|(k, a)| match (k.strip_prefix("#hist/"), a) {
+                (Some(name), Acc::Hist(h)) => Some((name.to_string(), h.clone())),
+                _ => None,
+            })
+            .collect()
+    }
     /// The value of an internal count (`#`-key), 0 when absent.
     pub fn count(&self, key: &str) -> u64 {
         match self.accs.get(key) {

@@ -248,6 +248,11 @@ fn encode(w: &mut W, a: &Acc) {
             w.u8(14);
             w.u64(*c);
         }
+        Acc::Hist(h) => {
+            w.u8(15);
+            w.u64(h.counts.len() as u64);
+            h.counts.iter().for_each(|&c| w.u64(c));
+        }
     }
 }
 
@@ -345,6 +350,11 @@ fn decode(r: &mut R) -> Result<Acc> {
             }
         },
         14 => Acc::Count(r.u64()?),
+        15 => {
+            let n = r.len(8)?;
+            let counts = (0..n).map(|_| r.u64()).collect::<Result<_>>()?;
+            Acc::Hist(super::hist::Hist { counts })
+        }
         t => return Err(bad(format!("unknown accumulator tag {t}"))),
     })
 }

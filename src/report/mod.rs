@@ -18,4 +18,4 @@ pub use html::render_html;
 pub use subject::Subject;
 pub use summary::summary;
 pub use trend::render_trend_html;
-pub use warnings::{warnings, WarningInputs};
+pub use warnings::{kind as warning_kind, warnings, WarningInputs};

@@ -39,6 +39,28 @@ fn quantised(values: &[f64], mask: &[bool]) -> Option<(&'static str, i32)> {
     }
 }
 
+/// The kind of a [`warnings`] line, a short stable name (`trmask/warn/<kind>` in Python's
+/// metrics): `temperature_unused`, `kept_sets_unused`, `positive_log_prob`, `quantised`,
+/// `log_ratio_offset`, `threshold_below_noise`; `other` for a line of none of them.
+pub fn kind(line: &str) -> &'static str {
+    let body = line.strip_prefix("warning: ").unwrap_or(line);
+    if body.starts_with("--temperature has no effect") {
+        "temperature_unused"
+    } else if body.starts_with("rollout_sampling_mask_ids is unused") {
+        "kept_sets_unused"
+    } else if body.contains("positive value") {
+        "positive_log_prob"
+    } else if body.starts_with("the log-probs are exactly") {
+        "quantised"
+    } else if body.starts_with("log_ratio has mean") {
+        "log_ratio_offset"
+    } else if body.contains("below the quantisation noise floor") {
+        "threshold_below_noise"
+    } else {
+        "other"
+    }
+}
+
 /// Every warning for one analysed batch, each a full line starting with `warning:`.
 pub fn warnings(w: &WarningInputs) -> Vec<String> {
     let mut out = Vec::new();
@@ -172,4 +194,42 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kind;
+
+    #[test]
+    fn every_line_has_its_kind() {
+        for (line, k) in [
+            (
+                "warning: --temperature has no effect: x",
+                "temperature_unused",
+            ),
+            (
+                "warning: rollout_sampling_mask_ids is unused: x",
+                "kept_sets_unused",
+            ),
+            (
+                "warning: old_log_prob has 3 positive values at valid positions",
+                "positive_log_prob",
+            ),
+            (
+                "warning: the log-probs are exactly bf16-representable",
+                "quantised",
+            ),
+            (
+                "warning: log_ratio has mean -0.1 but spread only 0.01",
+                "log_ratio_offset",
+            ),
+            (
+                "warning: seq_mean_k3 threshold 1e-9 is below the quantisation noise floor 1e-6",
+                "threshold_below_noise",
+            ),
+            ("warning: something new", "other"),
+        ] {
+            assert_eq!(kind(line), k, "{line}");
+        }
+    }
 }

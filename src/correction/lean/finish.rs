@@ -6,7 +6,7 @@ use crate::config::{IsLevel, IsSpec};
 use crate::metrics::ctx::{f32_frac, vmax, vmin};
 use crate::metrics::diag::{DiagAcc, Feeds};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
-use crate::metrics::trmask::trmask_metrics;
+use crate::metrics::trmask::{seq_histograms, trmask_metrics};
 use crate::metrics::verl::seq_mean_metrics;
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use crate::stats::{Corrections, CriterionResult, SAFETY_BOUND};
@@ -411,6 +411,7 @@ pub(crate) fn details(plan: &LeanPlan, recs: &[SeqRec]) -> Corrections {
         seq_reject_bits: bits,
         criteria,
         metrics: Default::default(),
+        histograms: Default::default(),
     }
 }
 
@@ -446,6 +447,7 @@ pub(crate) fn diag_partial(
         .map(|k| (k.name.as_str(), k.seq_stat.as_slice()))
         .collect();
     length_metrics(&c.seq_len, &c.seq_accept, &stats, m);
+    seq_histograms(&stats, &c.seq_len, m);
     diag.put(feeds, m);
     if let Some(u) = uid {
         group_metrics(u, &c.seq_accept, m);

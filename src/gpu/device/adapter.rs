@@ -125,6 +125,9 @@ pub(in crate::gpu) fn pick_adapter(options: &ContextOptions) -> Result<wgpu::Ada
                 ))
             });
     }
+    if let Some(a) = rank_adapter(chosen)? {
+        return Ok(a);
+    }
     if let Some(backends) = chosen {
         return request_adapter(&instance_for(backends));
     }
@@ -138,6 +141,82 @@ pub(in crate::gpu) fn pick_adapter(options: &ContextOptions) -> Result<wgpu::Ada
         Ok(gl) if !is_software(&gl) || primary.is_err() => Ok(gl),
         _ => primary,
     }
+}
+
+/// What [`rank_choice`] reads of an adapter.
+#[derive(Clone, Debug)]
+pub struct AdapterFacts {
+    /// wgpu's `device_pci_bus_id` (`"0000:3b:00.0"`; empty when the driver does not say).
+    pub pci_bus_id: String,
+    /// A discrete GPU.
+    pub discrete: bool,
+}
+
+/// `(domain, bus, device)` of a PCI address `[DDDD:]BB:DD[.F]` (hex), the function ignored.
+fn pci_address(s: &str) -> Option<(u32, u32, u32)> {
+    let s = s.trim().to_ascii_lowercase();
+    let s = s.split('.').next()?;
+    let parts: Vec<u32> = s
+        .split(':')
+        .map(|p| u32::from_str_radix(p, 16).ok())
+        .collect::<Option<_>>()?;
+    match parts[..] {
+        [d, b, v] => Some((d, b, v)),
+        [b, v] => Some((0, b, v)),
+        _ => None,
+    }
+}
+
+/// The adapter a data-parallel rank opens (an index into `adapters`): the one whose PCI bus id
+/// is `pci` (the rank's CUDA device), else the `local_rank`-th discrete adapter (counting
+/// round); `None` without a hint or a match (the usual choice then).
+pub fn rank_choice(
+    adapters: &[AdapterFacts],
+    pci: Option<&str>,
+    local_rank: Option<usize>,
+) -> Option<usize> {
+    if let Some(want) = pci.and_then(pci_address) {
+        if let Some(i) = adapters
+            .iter()
+            .position(|a| pci_address(&a.pci_bus_id) == Some(want))
+        {
+            return Some(i);
+        }
+    }
+    let discrete: Vec<usize> = (0..adapters.len())
+        .filter(|&i| adapters[i].discrete)
+        .collect();
+    match (local_rank, discrete.len()) {
+        (Some(r), n) if n > 0 => Some(discrete[r % n]),
+        _ => None,
+    }
+}
+
+/// Under a data-parallel launcher (`TRMASK_PCI_BUS_ID`, which the Python package sets from
+/// torch's current CUDA device, or `LOCAL_RANK`): the adapter [`rank_choice`] picks.
+fn rank_adapter(chosen: Option<wgpu::Backends>) -> Result<Option<wgpu::Adapter>> {
+    let pci = std::env::var("TRMASK_PCI_BUS_ID")
+        .ok()
+        .filter(|s| !s.is_empty());
+    let rank = std::env::var("LOCAL_RANK")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok());
+    if pci.is_none() && rank.is_none() {
+        return Ok(None);
+    }
+    let backends = chosen.unwrap_or(wgpu::Backends::PRIMARY);
+    let adapters = pollster::block_on(instance_for(backends).enumerate_adapters(backends));
+    let facts: Vec<AdapterFacts> = adapters
+        .iter()
+        .map(|a| {
+            let i = a.get_info();
+            AdapterFacts {
+                pci_bus_id: i.device_pci_bus_id,
+                discrete: i.device_type == wgpu::DeviceType::DiscreteGpu,
+            }
+        })
+        .collect();
+    Ok(rank_choice(&facts, pci.as_deref(), rank).and_then(|i| adapters.into_iter().nth(i)))
 }
 
 fn request_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
@@ -209,4 +288,36 @@ pub(in crate::gpu) fn open_device(
         }
     });
     Ok((device, queue, uncaptured))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rank_choice, AdapterFacts};
+
+    fn a(pci: &str, discrete: bool) -> AdapterFacts {
+        AdapterFacts {
+            pci_bus_id: pci.into(),
+            discrete,
+        }
+    }
+
+    #[test]
+    fn a_rank_opens_its_own_gpu() {
+        let node = [
+            a("", false), // llvmpipe
+            a("0000:3b:00.0", true),
+            a("0000:5e:00.0", true),
+            a("0000:86:00.0", true),
+        ];
+        // the CUDA device's bus id, any spelling of the same address
+        assert_eq!(rank_choice(&node, Some("0000:5E:00.0"), Some(0)), Some(2));
+        assert_eq!(rank_choice(&node, Some("86:00.0"), None), Some(3));
+        // no match: the LOCAL_RANK-th discrete adapter, counting round
+        assert_eq!(rank_choice(&node, Some("0000:af:00.0"), Some(1)), Some(2));
+        assert_eq!(rank_choice(&node, None, Some(0)), Some(1));
+        assert_eq!(rank_choice(&node, None, Some(4)), Some(2));
+        // no hint, or no discrete adapter: the usual choice
+        assert_eq!(rank_choice(&node, None, None), None);
+        assert_eq!(rank_choice(&[a("", false)], Some("garbage"), Some(3)), None);
+    }
 }
