@@ -219,6 +219,13 @@ fn headline(s: &Subject) -> String {
     let pct = |k: usize, n: usize| format!("{:.1} %", 100.0 * k as f64 / n.max(1) as f64);
     let decision = if c.criteria.is_empty() {
         "No rejection criterion configured: every sequence is kept (measurement only).".to_string()
+    } else if rejected == 0 && kept == valid {
+        let names: Vec<&str> = c.criteria.iter().map(|k| k.name.as_str()).collect();
+        format!(
+            "Nothing rejected: all {} sequences and {valid} tokens pass {}.",
+            live.len(),
+            names.join(", ")
+        )
     } else {
         let by: Vec<String> = c
             .criteria
@@ -259,10 +266,18 @@ fn headline(s: &Subject) -> String {
     }
     let config = s.config.warnings();
     if let Some(w) = s.warnings.first().or(config.first()) {
+        // its first clause; the whole line is under Warnings
+        let w = w.trim_start_matches("warning: ");
+        let short = w.split_once("; ").map_or(w, |(a, _)| a);
         let _ = write!(
             h,
-            "<p class=\"bad\">Warning: {}</p>",
-            esc(w.trim_start_matches("warning: "))
+            "<p class=\"bad\">Warning: {}{}</p>",
+            esc(short),
+            if short.len() < w.len() {
+                " (more under Warnings)"
+            } else {
+                ""
+            }
         );
     }
     format!("<div class=\"lead\">{h}</div>")

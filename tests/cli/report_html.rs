@@ -184,6 +184,12 @@ fn causal_report_shows_the_warnings() {
         "the offset warning is missing"
     );
     assert!(text.contains("No sequence was rejected by any criterion."));
+    // the headline: the decision, then the dominant warning's first clause
+    assert!(text.contains("Nothing rejected: all 64 sequences and 24560 tokens pass seq_mean_k3."));
+    assert!(text.contains(
+        "<p class=\"bad\">Warning: log_ratio has mean -0.05056 but spread only 0.01048: a \
+         constant offset, not token-level mismatch (more under Warnings)</p>"
+    ));
     let pdf = common::scratch("report", "causal.pdf");
     let out = common::trmask_bin()
         .args([
