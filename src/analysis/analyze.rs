@@ -4,7 +4,6 @@
 use crate::bounds::certificate::{certificate_finish, certificate_partial, Certificate};
 use crate::config::CorrectionConfig;
 use crate::correction;
-use crate::engine::passes::token_table_config;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::input::batch::Batch;
@@ -80,24 +79,15 @@ pub fn analyze_shard(
     ex: &mut dyn Exchange,
 ) -> Result<Analysis> {
     let resolved = config.resolve()?;
-    let kept = crate::sampling::kept_mass::batch_kept_mass(
-        batch,
-        &config.sampling,
-        config.sampling_replay,
-        config.bypass_mode,
-        config.temperature,
-    )?;
     let original = batch;
-    let batch = match &kept {
-        Some(crate::sampling::kept_mass::BatchKeptMass {
-            replayed: Some((_, b)),
-            ..
-        }) => b,
-        _ => batch,
-    };
-    let table = token_table_config(engine, batch, config)?;
-    let (mut corrections, corr_partial) =
-        correction::compute_shard(engine, batch, &table, &resolved, ex)?;
+    let crate::correction::run::Shard {
+        batch,
+        kept,
+        table,
+        mut corrections,
+        partial: corr_partial,
+    } = crate::correction::run::shard(engine, config, &resolved, batch, true, ex)?;
+    let batch: &Batch = &batch;
     let sweeps = if ex.size() <= 1 {
         crate::analysis::sweep::sweeps(batch, &table, &resolved, &corrections)?
     } else {
@@ -191,19 +181,19 @@ pub fn analyze_shard(
             .map(|&b| b as f64)
             .collect(),
     ));
-    if let Some(k) = &kept {
+    if let Some((k, replayed)) = &kept {
         outputs.push(token_output(
             original,
             "log_kept_mass",
             k.log_kept_mass.clone(),
         ));
-        if let Some((name, b)) = &k.replayed {
+        if let Some(name) = replayed {
             let v = match *name {
-                "old_log_prob" => b.old_log_prob.clone(),
-                _ => b.log_prob.clone(),
+                "old_log_prob" => batch.old_log_prob.clone(),
+                _ => batch.log_prob.clone(),
             };
             outputs.push(token_output(
-                b,
+                batch,
                 &format!("{name}_kept"),
                 v.unwrap_or_default(),
             ));

@@ -24,10 +24,9 @@
 //! engines' host-side finishing need them); logits are never copied: pass a [`Logits`] that
 //! wraps the trainer's bytes (host) or, on the GPU engine, its device buffer.
 
-use crate::config::{CorrectionConfig, Resolved, Stat};
+use crate::config::{CorrectionConfig, Resolved};
 use crate::correction::lean::{self, LeanInputs, LeanLayout, LeanPlan};
-use crate::correction::{check_valid_tokens, compute_shard};
-use crate::engine::passes::correction_table;
+use crate::correction::run;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::input::batch::Batch;
@@ -60,6 +59,7 @@ pub struct Step<'a> {
     old_logits: Option<&'a Logits>,
     kept_ids: Option<&'a [i64]>,
     kept_offsets: Option<&'a [i64]>,
+    rollout_topk: Option<(&'a [i64], Values<'a>)>,
 }
 
 impl<'a> Step<'a> {
@@ -77,6 +77,7 @@ impl<'a> Step<'a> {
             old_logits: None,
             kept_ids: None,
             kept_offsets: None,
+            rollout_topk: None,
         }
     }
     /// A padded `[batch, seq_len]` step; set its [`response_mask`](Self::response_mask).
@@ -174,6 +175,28 @@ impl<'a> Step<'a> {
     /// The lean pass's inputs: exactly the rollout's and the training policy's log-probs
     /// (`log_prob` in bypass mode, else `old_log_prob` or `log_prob`) and the layout, nothing
     /// else (`None` sends the step down the full path).
+    /// The rollout engine's top-K (`rollout_topk_ids`, `rollout_topk_log_prob`: `[slots, K]`
+    /// each, row-major): its kept mass under the config's `top_p` / `top_k` / `min_p`
+    /// (`sampling_replay`) and, with `old_logits`, the top-K divergences.
+    ///
+    /// ```
+    /// use trmask::{cpu::CpuEngine, CorrectionConfig, Corrector, Step};
+    /// let cfg = CorrectionConfig::from_json_str(r#"{"top_p": 0.9, "sampling_replay": true}"#)?;
+    /// let c = Corrector::new(CpuEngine::new(), &cfg)?;
+    /// let (mask, roll, old) = ([true, true], [-0.1f32, -0.2], [-0.15f32, -0.3]);
+    /// // K = 2 per slot: the sampled token first
+    /// let (ids, lp) = ([5i64, 7, 3, 1], [-0.1f32, -2.4, -0.2, -1.8]);
+    /// let out = c.correct(&Step::padded(1, 2).response_mask(&mask[..])
+    ///     .rollout_log_prob(&roll[..]).old_log_prob(&old[..])
+    ///     .responses(&[5, 3][..]).rollout_topk(&ids[..], &lp[..]))?;
+    /// assert!(out.metrics.contains_key("trmask/log_kept_mass_mean"));
+    /// # Ok::<(), trmask::Error>(())
+    /// ```
+    pub fn rollout_topk(mut self, ids: &'a [i64], log_probs: impl Into<Values<'a>>) -> Self {
+        self.rollout_topk = Some((ids, log_probs.into()));
+        self
+    }
+
     fn lean_inputs(&self, bypass: bool) -> Option<LeanInputs<'a>> {
         if self.advantages.is_some()
             || self.responses.is_some()
@@ -182,6 +205,7 @@ impl<'a> Step<'a> {
             || self.old_logits.is_some()
             || self.kept_ids.is_some()
             || self.kept_offsets.is_some()
+            || self.rollout_topk.is_some()
         {
             return None;
         }
@@ -259,6 +283,19 @@ impl<'a> Step<'a> {
         }
         if let Some(l) = self.old_logits {
             batch = batch.with_logits("old_logits", l.clone())?;
+        }
+        if let Some((ids, lp)) = self.rollout_topk {
+            let slots = batch.slots();
+            if slots == 0 || ids.len() % slots != 0 {
+                return Err(Error::input(
+                    "rollout_topk_ids",
+                    format!(
+                        "has {} values: not a multiple of the step's {slots} slots",
+                        ids.len()
+                    ),
+                ));
+            }
+            batch = batch.with_topk(ids.to_vec(), lp.to_f64(), ids.len() / slots)?;
         }
         match (self.kept_ids, self.kept_offsets) {
             (Some(ids), Some(off)) => batch = batch.with_kept_sets(ids.to_vec(), off)?,
@@ -370,16 +407,6 @@ impl Corrector {
         &self.config
     }
 
-    /// The statistics table this corrector's criteria read.
-    fn table(&self, batch: &Batch) -> Result<crate::stats::StatTable> {
-        let bkl = self
-            .resolved
-            .criteria
-            .iter()
-            .any(|c| c.stat == Stat::BinaryKl);
-        correction_table(self.engine.as_ref(), batch, &self.config, bkl)
-    }
-
     /// IS weights, the modified response mask, per-sequence decisions and verl's / trmask's
     /// metrics for one step.
     pub fn correct(&self, step: &Step<'_>) -> Result<Corrections> {
@@ -392,35 +419,14 @@ impl Corrector {
     /// calls it collectively): this shard's weights and mask (IS weights normalised over the
     /// whole batch) and the whole batch's metrics, identical on every rank.
     pub fn correct_shard(&self, step: &Step<'_>, ex: &mut dyn Exchange) -> Result<Corrections> {
-        let mut batch = step.to_batch()?;
-        let c = &self.config;
-        let kept = crate::sampling::kept_mass::batch_kept_mass(
+        let batch = step.to_batch()?;
+        run::correct_shard(
+            self.engine.as_ref(),
+            &self.config,
+            &self.resolved,
             &batch,
-            &c.sampling,
-            c.sampling_replay,
-            c.bypass_mode,
-            c.temperature,
-        )?;
-        let mut kept_metrics = None;
-        if let Some(mut k) = kept {
-            kept_metrics = Some(k.metrics(&batch));
-            if let Some((_, b)) = k.replayed.take() {
-                batch = b;
-            }
-        }
-        let table = self.table(&batch)?;
-        let (mut c, mut p) =
-            compute_shard(self.engine.as_ref(), &batch, &table, &self.resolved, ex)?;
-        if !self.resolved.verl_metrics_only {
-            p.extend(kept_metrics.unwrap_or_default());
-            p.extend(crate::metrics::breakdown::breakdown_partial(
-                &batch, &table, &c,
-            ));
-        }
-        let merged = exchange(ex, p)?;
-        check_valid_tokens(&merged, batch.layout())?;
-        c.metrics = merged.finish()?;
-        Ok(c)
+            ex,
+        )
     }
 }
 

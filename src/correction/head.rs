@@ -16,20 +16,8 @@ use crate::metrics::ctx::{vmax, vmin, Ctx};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
 use crate::metrics::trmask::trmask_metrics;
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
-use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial, SingleProcess};
+use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial};
 use crate::stats::{Corrections, CriterionResult, SegmentStats, StatTable, SAFETY_BOUND};
-
-/// Computes weights, masks and metrics for `batch` from its per-token statistics.
-pub fn compute(
-    engine: &dyn Engine,
-    batch: &Batch,
-    table: &StatTable,
-    cfg: &Resolved,
-) -> Result<Corrections> {
-    let (mut c, p) = compute_partial(engine, batch, table, cfg, &mut SingleProcess)?;
-    c.metrics = p.finish()?;
-    Ok(c)
-}
 
 /// One rank's corrections (weights batch-normalised over every rank through `ex`, so two
 /// collective exchanges with it when `rollout_is_batch_normalize` is on, none otherwise) and

@@ -57,17 +57,16 @@ pub(crate) mod lean;
 mod legacy;
 mod m2po;
 mod opsm;
+pub(crate) mod run;
 
 pub use crate::stats::{Corrections, CriterionResult};
-pub use head::compute;
-pub(crate) use head::{check_valid_tokens, compute_partial as compute_shard};
+pub(crate) use head::check_valid_tokens;
 
 use crate::config::CorrectionConfig;
-use crate::engine::passes::token_table_config;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::input::batch::Batch;
-use crate::partial::{exchange, Exchange};
+use crate::partial::{Exchange, SingleProcess};
 
 /// The once-per-step entry point for a trainer: batch in, [`Corrections`] out.
 ///
@@ -88,9 +87,7 @@ pub fn correct(
     batch: &Batch,
     config: &CorrectionConfig,
 ) -> Result<Corrections> {
-    let resolved = config.resolve()?;
-    let table = token_table_config(engine, batch, config)?;
-    compute(engine, batch, &table, &resolved)
+    correct_shard(engine, batch, config, &mut SingleProcess)
 }
 
 /// [`correct`] for one data-parallel rank: `batch` is this rank's shard (whole sequences, any
@@ -104,11 +101,5 @@ pub fn correct_shard(
     config: &CorrectionConfig,
     ex: &mut dyn Exchange,
 ) -> Result<Corrections> {
-    let resolved = config.resolve()?;
-    let table = token_table_config(engine, batch, config)?;
-    let (mut c, p) = compute_shard(engine, batch, &table, &resolved, ex)?;
-    let merged = exchange(ex, p)?;
-    check_valid_tokens(&merged, batch.layout())?;
-    c.metrics = merged.finish()?;
-    Ok(c)
+    run::correct_shard(engine, config, &config.resolve()?, batch, ex)
 }

@@ -2,6 +2,7 @@
 //! with its layout, the typed value views, full logits, and the trainer's top-K support.
 
 pub(crate) mod batch;
+pub(crate) mod derive;
 pub(crate) mod logits;
 pub(crate) mod support;
 pub mod tensors;

@@ -23,6 +23,7 @@
 
 use crate::error::{Error, Result};
 use crate::input::batch::Batch;
+use crate::input::derive::sampled_log_probs;
 use crate::math::{k3_from_log_ratio, log_sum_exp};
 use crate::partial::{Acc, Empty, FracMode, Partial};
 use crate::stats::SAFETY_BOUND;
@@ -406,7 +407,7 @@ pub(crate) fn batch_kept_mass(
         if replay {
             return Err(Error::input(
                 "rollout_logits",
-                "is missing: sampling_replay with kept sets (rollout_sampling_mask_ids) needs                  the rollout's logits or its raw top-K log-probs (rollout_topk_log_prob)",
+                "is missing: sampling_replay with kept sets (rollout_sampling_mask_ids) needs the rollout's logits or its raw top-K log-probs (rollout_topk_log_prob)",
             ));
         }
         return Ok(None);
@@ -444,21 +445,46 @@ pub(crate) fn batch_kept_mass(
         (log_kept_mass, known)
     };
     let mask = batch.mask();
+    // without log-probs, the sampled tokens' log-probs come from the logits and `responses`,
+    // as everywhere else (docs/FORMAT.md, Input tensors)
+    let from_logits = |name: &'static str, logits: Option<&crate::Logits>| match (
+        logits,
+        batch.responses.as_deref(),
+    ) {
+        (Some(l), Some(y)) => sampled_log_probs(batch, (name, l), y, temperature).map(Some),
+        _ => Ok(None),
+    };
+    let derived_train;
     let (name, train) = match (&batch.old_log_prob, &batch.log_prob) {
         (Some(o), _) if !bypass => ("old_log_prob", o),
         (_, Some(l)) => ("log_prob", l),
         (Some(o), None) => ("old_log_prob", o),
         (None, None) => {
-            return Err(Error::input(
-                "old_log_prob",
-                "is missing: the kept mass is compared with the trainer's log-prob",
-            ))
+            derived_train =
+                from_logits("old_logits", batch.old_logits.as_ref())?.ok_or_else(|| {
+                    Error::input(
+                        "old_log_prob",
+                        "is missing: the kept mass is compared with the trainer's log-prob (give \
+                     it, or old_logits with responses)",
+                    )
+                })?;
+            ("old_log_prob", &derived_train)
         }
     };
-    let roll = batch
-        .rollout_log_prob
-        .as_deref()
-        .ok_or_else(|| Error::input("rollout_log_prob", "is missing: the kept mass needs it"))?;
+    let derived_roll;
+    let roll = match batch.rollout_log_prob.as_deref() {
+        Some(r) => r,
+        None => {
+            derived_roll = from_logits("rollout_logits", batch.rollout_logits.as_ref())?
+                .ok_or_else(|| {
+                    Error::input(
+                        "rollout_log_prob",
+                        "is missing: the kept mass needs it (or rollout_logits with responses)",
+                    )
+                })?;
+            &derived_roll
+        }
+    };
     let kept_train: Vec<f64> = (0..mask.len())
         .map(|i| {
             if mask[i] {

@@ -422,6 +422,63 @@ fn step_and_corrector_match_analyze_and_padding_never_matters() {
     }
 }
 
+/// Kept sets with both logits and `responses` but no log-probs: the sampled tokens'
+/// log-probs come from the logits, as everywhere else (was refused: "`old_log_prob` is
+/// missing"); the kept mass and the replayed trainer log-prob are the by-hand values.
+#[test]
+fn kept_sets_with_logits_and_responses_need_no_log_probs() {
+    use trmask::Logits;
+    let mask = [1.0f64, 1.0, 0.0, 1.0, 0.0, 0.0];
+    let logits: Vec<f32> = vec![
+        2.0, 1.0, 0.0, -1.0, //
+        0.5, 0.4, 0.3, 0.2, //
+        9.0, 9.0, 9.0, 9.0, //
+        -1.0, 3.0, 0.0, 1.0, //
+        9.0, 9.0, 9.0, 9.0, //
+        9.0, 9.0, 9.0, 9.0,
+    ];
+    let responses = [0i64, 2, 0, 1, 0, 0];
+    let (ids, off) = (vec![0i64, 1, 2, 1, 0, 1, 3], vec![0i64, 2, 4, 7]);
+    let rl = Logits::from_f32(&logits, 6, 4).unwrap();
+    let old: Vec<f32> = logits.iter().map(|x| x * 0.9).collect();
+    let ol = Logits::from_f32(&old, 6, 4).unwrap();
+    let cfg = CorrectionConfig::from_json_str(r#"{"sampling_replay": true}"#).unwrap();
+    let log_softmax = |row: &[f32], y: usize| {
+        let z: f64 = row.iter().map(|&x| f64::from(x).exp()).sum();
+        f64::from(row[y]) - z.ln()
+    };
+    let z: f64 = [2.0f64, 1.0, 0.0, -1.0].iter().map(|x| x.exp()).sum();
+    let s0 = ((2.0f64.exp() + 1.0f64.exp()) / z).ln();
+    for e in engines() {
+        let batch = trmask::Batch::padded(2, 3, &mask)
+            .unwrap()
+            .with_responses(responses.to_vec())
+            .unwrap()
+            .with_logits("rollout_logits", rl.clone())
+            .unwrap()
+            .with_logits("old_logits", ol.clone())
+            .unwrap()
+            .with_kept_sets(ids.clone(), &off)
+            .unwrap();
+        let an = trmask::analysis::analyze(e.as_ref(), &batch, &cfg)
+            .unwrap_or_else(|err| panic!("{}: {err}", e.name()));
+        assert!(
+            (out(&an, "log_kept_mass")[0] - s0).abs() < 1e-15,
+            "{}",
+            e.name()
+        );
+        let okept = out(&an, "old_log_prob_kept");
+        let want = log_softmax(&old[..4], 0) - s0;
+        assert!(
+            (okept[0] - want).abs() < 1e-12,
+            "{}: {} vs {want}",
+            e.name(),
+            okept[0]
+        );
+        assert_eq!(an.metrics["trmask/kept_set_known_fraction"], 1.0);
+    }
+}
+
 #[test]
 fn bad_kept_sets_are_one_line_errors_naming_the_tensor() {
     let base = |ids: &str, off: &str, responses: &str| {

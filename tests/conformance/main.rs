@@ -11,6 +11,7 @@ mod bounds_inverse;
 mod corrections;
 mod cppo;
 mod distributed;
+mod entry_points;
 mod front_door;
 mod groups_lengths;
 mod kept_mass;

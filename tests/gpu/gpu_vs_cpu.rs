@@ -217,6 +217,26 @@ fn segment_reduce_padded_nasty() {
     assert_eq!((r[0].max[1], r[0].min[1], r[0].mean[1]), (0.0, 0.0, 0.0));
 }
 
+/// An infinite per-token value (the reverse KL where the rollout gives a token no mass the
+/// trainer gives some) makes the sequence's sum and mean that infinity on both engines, never
+/// NaN (the compensated sum's error term is ∞ − ∞); with both infinities, NaN on both.
+#[test]
+fn segment_reduce_infinite_values_match_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let seg = Segments::new(vec![(0, 4), (4, 8), (8, 12)], vec![true; 12]).unwrap();
+    let inf = f64::INFINITY;
+    let v = [
+        1e-3, inf, 2e-3, 4e-3, 0.5, 0.25, 0.125, inf, inf, 1.0, -inf, 2.0,
+    ];
+    let cpu = CpuEngine::new().segment_reduce(&[&v], &seg).unwrap();
+    let got = gpu.segment_reduce(&[&v], &seg).unwrap();
+    assert_eq!((cpu[0].sum[0], cpu[0].mean[0]), (inf, inf));
+    assert_eq!((got[0].sum[0], got[0].mean[0]), (inf, inf));
+    assert_eq!((got[0].sum[1], got[0].mean[1]), (inf, inf));
+    assert!(cpu[0].sum[2].is_nan() && got[0].sum[2].is_nan());
+    assert_eq!(got[0].max, cpu[0].max);
+}
+
 /// The same sequences as a padded and as a packed batch give identical GPU results.
 #[test]
 fn padded_and_packed_agree() {

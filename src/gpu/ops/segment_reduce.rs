@@ -177,7 +177,10 @@ pub fn segment_reduce(
                 if st.count[q] == 0 || mn < st.min[q] {
                     st.min[q] = mn;
                 }
-                st.sum[q] += f(w[0]) + f(w[1]);
+                // an infinite value makes the compensation term NaN (∞ − ∞ in two_sum) while
+                // the sum itself is ±∞: the CPU reference's sum (and mean) is then that ∞
+                let (hi, lo) = (f(w[0]), f(w[1]));
+                st.sum[q] += if hi.is_finite() { hi + lo } else { hi };
                 st.count[q] += cnt;
             }
         }
