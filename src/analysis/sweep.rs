@@ -258,9 +258,10 @@ pub fn metrics_bytes(
 
 /// The threshold (config space) at which the criterion of `sweeps` (one criterion, one sweep
 /// per batch) rejects `round(rate · N)` of the `N` sequences of all the batches together:
-/// halfway between the largest value kept and the smallest rejected. `None` when no threshold
-/// does: more sequences than that are rejected whatever the threshold (a `k1` lower bound, a
-/// NaN statistic), or all of them would have to be.
+/// halfway between the largest value kept and the smallest rejected; when every sequence is to
+/// be rejected, halfway between 0 and the smallest value. `None` when no threshold does: more
+/// sequences than that are rejected whatever the threshold (a `k1` lower bound, a NaN
+/// statistic), a tie straddles the target, or the smallest value is not positive.
 pub fn threshold_for_rate(sweeps: &[&Sweep], rate: f64) -> Option<f64> {
     let log = sweeps.first()?.counter.log;
     let n: u64 = sweeps.iter().map(|s| s.counter.n_seqs).sum();
@@ -272,6 +273,11 @@ pub fn threshold_for_rate(sweeps: &[&Sweep], rate: f64) -> Option<f64> {
         .collect();
     v.sort_by(f64::total_cmp);
     let m = want.checked_sub(fixed)? as usize;
+    if m == v.len() && !v.is_empty() {
+        // every sequence rejected: no value is kept, so the threshold is halfway between 0 and
+        // the smallest value (the statistics are >= 0, a k1 criterion's log-ratio above ln 1)
+        return (v[0] > 0.0).then(|| if log { (v[0] / 2.0).exp() } else { v[0] / 2.0 });
+    }
     if m >= v.len() {
         return None;
     }

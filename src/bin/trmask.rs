@@ -51,8 +51,9 @@ struct Common {
     backend: String,
     /// Correction config, a file or a pipe: JSON or YAML (.yaml/.yml) with verl's
     /// `rollout_correction` keys (flat, or nested as `algorithm: rollout_correction:`) and
-    /// trmask's own (temperature, ln_trm, cppo, token_veto, dppo).
-    #[arg(long, conflicts_with = "preset")]
+    /// trmask's own (temperature, ln_trm, cppo, token_veto, dppo). With --preset, the
+    /// config's keys override the preset's.
+    #[arg(long)]
     config: Option<PathBuf>,
     /// A verl preset or paper alias (listed below).
     #[arg(long)]
@@ -112,6 +113,10 @@ enum Command {
         /// The HTML file to write.
         #[arg(short, long)]
         output: PathBuf,
+        /// A Hugging Face tokenizer.json: the worst-tokens table and the strips' tooltips show
+        /// each token's text.
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
     },
     /// The TRM paper's surrogate-error bounds for a horizon and trust-region sizes, or the
     /// largest trust region for a target error (--target-error).
@@ -133,12 +138,27 @@ struct Ctx {
     preset: Option<String>,
     engine: Box<dyn Engine>,
     engine_name: String,
+    /// The `warning:` lines of a run over several inputs, printed once per kind when the run
+    /// ends (after the summaries), naming the inputs each holds for.
+    deferred: std::cell::RefCell<Vec<(String, Vec<String>)>>,
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        for line in trmask::report::aggregate_warnings(&self.deferred.take()) {
+            eprintln!("{line}");
+        }
+    }
 }
 
 fn setup(c: &Common) -> Result<Ctx, trmask::Error> {
     let backend: Backend = c.backend.parse()?;
     let mut cfg = match (&c.config, &c.preset) {
-        (Some(path), _) => trmask::CorrectionConfig::from_file(path)?,
+        (Some(path), Some(name)) => trmask::CorrectionConfig::from_file_over(
+            &trmask::CorrectionConfig::preset(name)?,
+            path,
+        )?,
+        (Some(path), None) => trmask::CorrectionConfig::from_file(path)?,
         (None, Some(name)) => trmask::CorrectionConfig::preset(name)?,
         (None, None) => trmask::CorrectionConfig::default(),
     };
@@ -156,9 +176,16 @@ fn setup(c: &Common) -> Result<Ctx, trmask::Error> {
     }
     Ok(Ctx {
         cfg,
-        preset: c.preset.clone(),
+        preset: match (&c.preset, &c.config) {
+            (Some(p), Some(cfg)) => Some(format!(
+                "{p} overridden by {}",
+                cfg.file_name().unwrap_or(cfg.as_os_str()).to_string_lossy()
+            )),
+            (p, _) => p.clone(),
+        },
         engine_name: engine.name(),
         engine,
+        deferred: Default::default(),
     })
 }
 
@@ -193,8 +220,8 @@ struct Done {
 type Analyse<'a> =
     dyn FnMut(&trmask::Batch) -> Result<trmask::analysis::Analysis, trmask::Error> + 'a;
 
-/// Reads and analyses one input, printing its notes and `warning:` lines on stderr (each
-/// naming the input when `several` inputs share the run).
+/// Reads and analyses one input, printing its notes and `warning:` lines on stderr (when
+/// `several` inputs share the run the warnings wait in `ctx.deferred`, one line per kind).
 fn analyse_one(
     ctx: &Ctx,
     (path, several): (&Path, bool),
@@ -217,10 +244,13 @@ fn analyse_one(
             config: &ctx.cfg,
             temperature_flag: c.temperature.is_some(),
         });
-        for w in &warnings {
-            match w.strip_prefix("warning: ") {
-                Some(rest) if several => eprintln!("warning: {}: {rest}", path.display()),
-                _ => eprintln!("{w}"),
+        if several {
+            ctx.deferred
+                .borrow_mut()
+                .push((path.display().to_string(), warnings.clone()));
+        } else {
+            for w in &warnings {
+                eprintln!("{w}");
             }
         }
         Ok(Done {
@@ -235,7 +265,12 @@ fn analyse_one(
     result
 }
 
-fn subject<'a>(ctx: &'a Ctx, path: &'a str, d: &'a Done) -> trmask::report::Subject<'a> {
+fn subject<'a>(
+    ctx: &'a Ctx,
+    path: &'a str,
+    d: &'a Done,
+    decode: Option<&'a dyn Fn(i64) -> Option<String>>,
+) -> trmask::report::Subject<'a> {
     trmask::report::Subject {
         input: path,
         batch: &d.input.batch,
@@ -245,6 +280,7 @@ fn subject<'a>(ctx: &'a Ctx, path: &'a str, d: &'a Done) -> trmask::report::Subj
         analysis: &d.analysis,
         engine: &ctx.engine_name,
         warnings: &d.warnings,
+        decode,
     }
 }
 
@@ -324,7 +360,7 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
                     );
                     written.push(format!("{} (line {})", p.display(), k + 1));
                 }
-                let mut text = trmask::report::summary(&subject(&ctx, &name, &d), &written);
+                let mut text = trmask::report::summary(&subject(&ctx, &name, &d, None), &written);
                 if all_metrics {
                     for (key, v) in &d.analysis.metrics {
                         text.push_str(&format!("\n{key:<48} {v:.6e}"));
@@ -353,16 +389,19 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
             jsonl,
             common,
             output,
+            tokenizer,
         } => {
             let input = match (input, jsonl) {
                 (_, Some(run)) => {
                     if common.config.is_some()
                         || common.preset.is_some()
                         || common.temperature.is_some()
+                        || tokenizer.is_some()
                     {
                         return Err(trmask::Error::config(
                             "--jsonl",
-                            "draws the metrics as written; --config, --preset and --temperature do not apply",
+                            "draws the metrics as written; --config, --preset, --temperature and \
+                             --tokenizer do not apply",
                         ));
                     }
                     return trend(&run, &output).map(|()| 0);
@@ -372,18 +411,24 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
                     return Err(trmask::Error::config("report", "needs INPUT or --jsonl"))
                 }
             };
+            let read: Vec<PathBuf> = std::iter::once(input.clone())
+                .chain(tokenizer.clone())
+                .collect();
             check_outputs(
-                std::slice::from_ref(&input),
+                &read,
                 common.config.as_deref(),
                 &[("--output", Some(output.as_path()))],
             )?;
             check_report_name(&output)?;
+            let tok = tokenizer.as_deref().map(tokens::load).transpose()?;
             let ctx = setup(&common)?;
             let d = analyse_one(&ctx, (&input, false), &common, &mut |b| {
                 trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg)
             })?;
             let name = input.display().to_string();
-            let html = trmask::report::render_html(&subject(&ctx, &name, &d));
+            let decode = tok.as_ref().map(|t| move |id: i64| tokens::text(t, id));
+            let decode_ref = decode.as_ref().map(|f| f as &dyn Fn(i64) -> Option<String>);
+            let html = trmask::report::render_html(&subject(&ctx, &name, &d, decode_ref));
             let mut commit = trmask::io::Commit::new();
             commit.stage(&output, html.into_bytes())?;
             commit.print(&format!("wrote {}", output.display()));
@@ -403,6 +448,8 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
 
 #[path = "cli/ranked.rs"]
 mod ranked;
+#[path = "cli/tokens.rs"]
+mod tokens;
 
 /// `trmask report --jsonl RUN.jsonl -o run.html`.
 fn trend(run: &Path, output: &Path) -> Result<(), trmask::Error> {

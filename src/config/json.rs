@@ -302,6 +302,21 @@ impl CorrectionConfig {
 
     /// Reads a config file: YAML for `.yaml` / `.yml`, JSON otherwise.
     pub fn from_file(path: &std::path::Path) -> Result<Self> {
+        Self::from_json_value(&Self::file_value(path)?)
+    }
+
+    /// `base` (a preset) with the keys of the config file at `path` overriding its own:
+    /// `--preset NAME --config CFG`.
+    pub fn from_file_over(base: &Self, path: &std::path::Path) -> Result<Self> {
+        let mut merged = base.to_json_value();
+        if let (Value::Object(m), Value::Object(over)) = (&mut merged, Self::file_value(path)?) {
+            m.extend(over);
+        }
+        Self::from_json_value(&merged)
+    }
+
+    /// A config file's object (unnested from `algorithm: rollout_correction:`).
+    fn file_value(path: &std::path::Path) -> Result<Value> {
         let p = path.display().to_string();
         // A config is small: at most 1 MiB, read from a file or a pipe (`--config <(echo …)`),
         // never more than the limit from an endless source.
@@ -334,11 +349,14 @@ impl CorrectionConfig {
             .extension()
             .and_then(|e| e.to_str())
             .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
-        if yaml {
-            Self::from_yaml_str(&text)
+        let v: Value = if yaml {
+            serde_yaml_ng::from_str(&text)
+                .map_err(|e| Error::config("config", format!("not valid YAML: {e}")))?
         } else {
-            Self::from_json_str(&text)
-        }
+            crate::lenient_json::parse(&text)
+                .map_err(|e| Error::config("config", format!("not valid JSON: {e}")))?
+        };
+        Ok(unnest(&v).clone())
     }
 
     /// The config as JSON (same keys as accepted).

@@ -1,7 +1,7 @@
 //! `trmask compare -o compare.html`: both batches' distributions of every compared statistic
 //! on one plot (empirical CDFs of the sequence means), the quantile table and the verdict.
 
-use super::subject::num;
+use super::subject::{file_name, num};
 use super::svg::{esc, Axis, Frame};
 use crate::analysis::compare::Comparison;
 use std::fmt::Write as _;
@@ -16,18 +16,18 @@ fn ecdf(v: &[f64]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// The whole page for inputs named `a` and `b` as given.
+/// The whole page for inputs named `a` and `b` as given (shown by their file names).
 pub fn render_compare_html(c: &Comparison, a: &str, b: &str) -> String {
     let mut h = super::html::page_start("trmask compare");
     let _ = write!(
         h,
         "<h1>trmask compare: A = {} vs B = {}</h1><p class=\"lead\">{}</p>",
-        esc(a),
-        esc(b),
+        esc(&file_name(a)),
+        esc(&file_name(b)),
         esc(&c.verdict)
     );
     h.push_str(
-        "<h2>Statistics (per-sequence means)</h2><table><tr><th>statistic</th><th>A p10</th>\
+        "<h2>Statistics (per-sequence means)</h2><table class=\"wide\"><tr><th>statistic</th><th>A p10</th>\
          <th>A p50</th><th>A p90</th><th>B p10</th><th>B p50</th><th>B p90</th>\
          <th>shift of the median</th><th>Mann-Whitney p</th></tr>",
     );
@@ -65,7 +65,7 @@ pub fn render_compare_html(c: &Comparison, a: &str, b: &str) -> String {
         }
         h.push_str("</table>");
     }
-    h.push_str("<h2>Distributions</h2>");
+    h.push_str("<h2>Distributions</h2><div class=\"grid\">");
     for s in &c.stats {
         let (x, y) = (&s.values.0, &s.values.1);
         let log = s.statistic != "log_ratio" && x.iter().chain(y).all(|v| *v > 0.0);
@@ -90,6 +90,6 @@ pub fn render_compare_html(c: &Comparison, a: &str, b: &str) -> String {
             s.p_value
         );
     }
-    h.push_str("</body></html>\n");
+    h.push_str("</div></body></html>\n");
     h
 }

@@ -1,8 +1,9 @@
 //! `trmask report`: one self-contained HTML page (inline SVG and CSS, no script, no network).
 
-use super::subject::{num, output, ranking, worst_order, Subject};
-use super::summary::{bound_reading, summary};
-use super::svg::{esc, strip, Axis, Frame};
+use super::subject::{file_name, num, output, ranking, Subject};
+use super::summary::summary;
+use super::svg::{esc, Axis, Frame};
+use super::tables::{certificate, worst_sequences, worst_tokens, WORST_TOKENS};
 use std::fmt::Write as _;
 
 const BUCKETS: usize = 64;
@@ -176,7 +177,8 @@ fn rejections_chart(s: &Subject) -> String {
         .collect();
     let n = counts.len() as f64;
     if counts.iter().all(|&k| k == 0) {
-        return "<p>No sequence was rejected by any criterion.</p>".into();
+        return "<p><b>Rejections by criterion:</b> No sequence was rejected by any criterion.</p>"
+            .into();
     }
     let x = Axis {
         lo: 0.0,
@@ -194,112 +196,19 @@ fn rejections_chart(s: &Subject) -> String {
         "sequences rejected",
     );
     for (i, &k) in counts.iter().enumerate() {
-        f.bar(i as f64 + 0.15, i as f64 + 0.85, k as f64, "#c0392b");
-        f.legend(i, "#c0392b", &format!("{}: {k}", names[i]));
+        let col = COLORS[i % COLORS.len()];
+        f.bar(i as f64 + 0.15, i as f64 + 0.85, k as f64, col);
+        // the count over each bar: a 0 has no bar to see
+        f.note(i as f64 + 0.5, k as f64, &k.to_string());
+        f.legend(i, col, &format!("{}: {k}", names[i]));
     }
     f.finish()
 }
 
-fn worst_table(s: &Subject) -> String {
-    let Some(r) = ranking(s) else {
-        return String::new();
-    };
-    let c = &s.analysis.corrections;
-    let lr = output(s.analysis, "log_ratio").unwrap_or(&[]);
-    let mask = s.batch.mask();
-    let mut html = format!(
-        "<table><tr><th>seq</th><th>length</th><th>{}</th><th>decision</th>\
-         <th>|log &rho;| along the sequence (darker = larger; scale = batch max)</th></tr>",
-        esc(&r.name)
-    );
-    let max = (0..lr.len())
-        .filter(|&i| mask[i])
-        .map(|i| lr[i].abs())
-        .fold(0.0, f64::max);
-    for &i in worst_order(s, &r).iter().take(10) {
-        let (a, b) = s.batch.segments().ranges()[i];
-        let vals: Vec<f64> = (a..b)
-            .filter(|&j| mask[j])
-            .map(|j| lr.get(j).map_or(0.0, |x| x.abs()))
-            .collect();
-        let _ = write!(
-            html,
-            "<tr><td>{i}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td></tr>",
-            c.seq_len[i],
-            num(r.values[i]),
-            if c.seq_accept[i] { "ok" } else { "bad" },
-            if c.seq_accept[i] { "accept" } else { "reject" },
-            strip(&vals, max, 640.0)
-        );
-    }
-    html.push_str("</table>");
-    html
-}
-
-fn certificate(s: &Subject) -> String {
-    let Some(cert) = &s.analysis.certificate else {
-        return "<p>No certificate: the batch has no valid token or an infinite divergence.</p>"
-            .into();
-    };
-    let mut html = String::from(
-        "<table><tr><th>set</th><th>T</th><th>&delta;</th><th>&epsilon;</th><th>classical KL</th>\
-         <th>PM-KL</th><th>PM-TV</th><th>Mix-KL</th><th>Mix-TV</th><th>coupling</th><th>adaptive</th>\
-         <th>B* (the least of the six after classical)</th><th>argmin</th><th>reading</th></tr>",
-    );
-    for (set, b) in [("all", &cert.all), ("accepted", &cert.accepted)] {
-        let Some(b) = b else {
-            let _ = write!(
-                html,
-                "<tr><td>{set}</td><td colspan=\"13\">no {set} sequence</td></tr>"
-            );
-            continue;
-        };
-        let _ = write!(
-            html,
-            "<tr><td>{set}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><b>{}</b></td><td>{}</td><td>{}</td></tr>",
-            b.inputs.horizon,
-            num(b.inputs.delta),
-            num(b.inputs.eps),
-            num(b.classical_kl),
-            num(b.pm_kl),
-            num(b.pm_tv),
-            num(b.mix_kl),
-            num(b.mix_tv),
-            num(b.coupling),
-            num(b.adaptive),
-            num(b.unified),
-            b.argmin,
-            bound_reading(b.unified)
-        );
-    }
-    let _ = write!(
-        html,
-        "</table><p class=\"note\">{}</p>",
-        esc(crate::bounds::certificate::CAVEAT)
-    );
-    html
-}
-
-/// The first screen's sentence: the batch's mismatch in numbers, and what the mask did.
-fn lead(s: &Subject) -> String {
+/// The headline: the decision (what was rejected, by which criterion), the mismatch in
+/// numbers, and the dominant warning (the data's first, else the config's).
+fn headline(s: &Subject) -> String {
     let a = s.analysis;
-    let m = |k: &str| a.metrics.get(k).copied();
-    let mut mis = Vec::new();
-    if let Some(k3) = m("trmask/k3_mean") {
-        mis.push(format!("a mean k3 of {}", num(k3)));
-    }
-    if let Some(kl) = m("trmask/kl_mean") {
-        mis.push(format!("an exact KL of {} per token", num(kl)));
-    }
-    if let Some(lr) = output(a, "log_ratio") {
-        let mask = s.batch.mask();
-        let worst = (0..lr.len())
-            .filter(|&i| mask[i])
-            .map(|i| lr[i].abs())
-            .fold(0.0f64, f64::max);
-        mis.push(format!("a largest |log rho| of {}", num(worst)));
-    }
     let c = &a.corrections;
     let live: Vec<usize> = (0..c.seq_len.len()).filter(|&i| c.seq_len[i] > 0).collect();
     let rejected = live.iter().filter(|&&i| !c.seq_accept[i]).count();
@@ -307,54 +216,108 @@ fn lead(s: &Subject) -> String {
     let kept = (0..c.mask.len())
         .filter(|&i| s.batch.mask()[i] && c.mask[i] != 0.0)
         .count();
-    let mask = if c.criteria.is_empty() {
-        "no rejection criterion is configured, so the mask keeps every token".to_string()
-    } else {
+    let pct = |k: usize, n: usize| format!("{:.1} %", 100.0 * k as f64 / n.max(1) as f64);
+    let decision = if c.criteria.is_empty() {
+        "No rejection criterion configured: every sequence is kept (measurement only).".to_string()
+    } else if rejected == 0 && kept == valid {
         let names: Vec<&str> = c.criteria.iter().map(|k| k.name.as_str()).collect();
         format!(
-            "the mask ({}) rejected {rejected} of {} sequences ({:.1} %) and {} of {valid} tokens",
-            names.join(", "),
+            "Nothing rejected: all {} sequences and {valid} tokens pass {}.",
             live.len(),
-            100.0 * rejected as f64 / live.len().max(1) as f64,
-            valid - kept
+            names.join(", ")
+        )
+    } else {
+        let by: Vec<String> = c
+            .criteria
+            .iter()
+            .map(|k| {
+                let n = k.seq_reject.iter().filter(|&&r| r).count();
+                format!("{} ({n})", k.name)
+            })
+            .collect();
+        format!(
+            "Rejected {} of sequences ({rejected} of {}) and {} of tokens ({} of {valid}) by {}.",
+            pct(rejected, live.len()),
+            live.len(),
+            pct(valid - kept, valid),
+            valid - kept,
+            by.join(", ")
         )
     };
-    let bound = m("trmask/bound_accepted_unified")
-        .map(|b| format!("; the bound B* over the accepted sequences is {}", num(b)))
-        .unwrap_or_default();
-    format!(
-        "This batch's rollout/trainer mismatch: {}; {mask}{bound}.",
-        if mis.is_empty() {
-            "not measured".to_string()
-        } else {
-            mis.join(", ")
-        }
-    )
+    let m = |k: &str| a.metrics.get(k).copied();
+    let mut mis = Vec::new();
+    if let Some(k3) = m("trmask/k3_mean") {
+        mis.push(format!("mean k3 {}", num(k3)));
+    }
+    if let Some(kl) = m("trmask/kl_mean") {
+        mis.push(format!("exact KL {} per token", num(kl)));
+    }
+    if let Some(lr) = output(a, "log_ratio") {
+        let mask = s.batch.mask();
+        let worst = (0..lr.len())
+            .filter(|&i| mask[i])
+            .map(|i| lr[i].abs())
+            .fold(0.0f64, f64::max);
+        mis.push(format!("largest |log rho| {}", num(worst)));
+    }
+    let mut h = format!("<p class=\"decision\">{}</p>", esc(&decision));
+    if !mis.is_empty() {
+        let _ = write!(h, "<p>Mismatch: {}.</p>", esc(&mis.join(", ")));
+    }
+    let config = s.config.warnings();
+    if let Some(w) = s.warnings.first().or(config.first()) {
+        // its first clause; the whole line is under Warnings
+        let w = w.trim_start_matches("warning: ");
+        let short = w.split_once("; ").map_or(w, |(a, _)| a);
+        let _ = write!(
+            h,
+            "<p class=\"bad\">Warning: {}{}</p>",
+            esc(short),
+            if short.len() < w.len() {
+                " (more under Warnings)"
+            } else {
+                ""
+            }
+        );
+    }
+    format!("<div class=\"lead\">{h}</div>")
 }
 
-/// The whole page.
 /// The head of every trmask HTML page (one stylesheet for the report, compare and trend
 /// pages) up to the opened `<body>`.
 pub(super) fn page_start(title: &str) -> String {
     format!(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\
-         <style>body{{font-family:sans-serif;margin:24px;max-width:1240px;color:#222}}\
-         h1{{font-size:22px}}h2{{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}}\
-         pre{{background:#f4f4f4;padding:10px;font-size:12px;overflow-x:auto}}\
-         figure{{display:inline-block;vertical-align:top;margin:6px;width:calc(50% - 14px)}}\
-         figure svg{{width:100%;height:auto}}body>svg{{width:70%;height:auto}}figcaption{{text-align:center;font-size:13px}}\
-         .lead{{font-size:16px;background:#eef4fa;padding:10px 14px;border-left:4px solid #1f6fb4}}\
-         table{{border-collapse:collapse;font-size:12px}}td,th{{border:1px solid #ccc;padding:3px 6px}}\
-         .bad{{color:#c0392b;font-weight:bold}}.ok{{color:#2e9e4f}}.note{{font-size:12px;color:#555}}\
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{}</title><style>\
+         body{{font-family:sans-serif;margin:16px auto;padding:0 16px;max-width:1240px;\
+         color:#222;font-size:15px}}\
+         h1{{font-size:22px;overflow-wrap:anywhere}}\
+         h2{{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc}}\
+         pre{{background:#f4f4f4;padding:10px;font-size:13px;white-space:pre-wrap;\
+         overflow-wrap:anywhere}}\
+         .grid{{display:grid;grid-template-columns:repeat(auto-fill,minmax(440px,1fr));gap:12px}}\
+         figure{{margin:0;min-width:0}}figure svg{{display:block;width:100%;height:auto}}\
+         figcaption{{text-align:center;font-size:13px}}\
+         .lead{{font-size:16px;background:#eef4fa;padding:4px 14px;border-left:4px solid #1f6fb4}}\
+         .decision{{font-size:18px;font-weight:bold}}\
+         table{{border-collapse:collapse;font-size:13px;max-width:100%}}table.wide{{width:100%}}\
+         td,th{{border:1px solid #ccc;padding:3px 6px;overflow-wrap:anywhere}}\
+         td.strip{{width:55%;min-width:160px}}code{{white-space:pre}}\
+         summary{{cursor:pointer;font-weight:bold}}\
+         .bad{{color:#c0392b;font-weight:bold}}.ok{{color:#2e9e4f}}.note{{font-size:13px;color:#555}}\
          </style></head><body>",
         esc(title)
     )
 }
 
+/// The whole page. The input is named by its file name alone.
 pub fn render_html(s: &Subject) -> String {
-    let mut h = page_start("trmask report");
-    let _ = write!(h, "<h1>trmask report: {}</h1>", esc(s.input));
-    let _ = write!(h, "<p class=\"lead\">{}</p>", esc(&lead(s)));
+    let name = file_name(s.input);
+    let s = &Subject { input: &name, ..*s };
+    let mut h = page_start(&format!("trmask report: {name}"));
+    let _ = write!(h, "<h1>trmask report: {}</h1>", esc(&name));
+    h.push_str(&headline(s));
     let _ = write!(h, "<h2>Summary</h2><pre>{}</pre>", esc(&summary(s, &[])));
     // the `warning:` lines the command line printed for this config and input
     let mut warned = s.config.warnings();
@@ -372,45 +335,64 @@ pub fn render_html(s: &Subject) -> String {
     }
     let _ = write!(
         h,
-        "<h2>Divergence by token position</h2><p class=\"note\">k3 from the sampled-token \
-         log-probs{}; per position bucket the mean (solid) and the 90th percentile (dashed); log \
-         scale.</p>{}",
+        "<h2>Where the mismatch is</h2><p class=\"note\">Left: k3 from the sampled-token \
+         log-probs{} per position bucket, the mean (solid) and the 90th percentile (dashed), log \
+         scale. Right: each sequence's length against the statistic the mask ranks by.</p>\
+         <div class=\"grid\"><figure>{}<figcaption>Divergence by token position</figcaption>\
+         </figure><figure>{}<figcaption>Sequence length vs sequence statistic</figcaption>\
+         </figure></div>",
         match (
             output(s.analysis, "kl").is_some(),
             output(s.analysis, "topk_kl").is_some()
         ) {
-            (true, true) => ", exact KL and TV from the logits, top-K KL and TV from the top-K",
-            (true, false) => ", exact KL and TV from the logits",
-            (false, true) => ", KL and TV on the rollout top-K support",
+            (true, true) => ", exact KL and TV from the logits, top-K KL and TV from the top-K,",
+            (true, false) => ", exact KL and TV from the logits,",
+            (false, true) => ", KL and TV on the rollout top-K support,",
             (false, false) => "",
         },
-        position_chart(s)
-    );
-    let _ = write!(
-        h,
-        "<h2>Sequence length vs sequence statistic</h2>{}",
+        position_chart(s),
         length_chart(s)
     );
     let _ = write!(
         h,
-        "<h2>Criteria: statistic vs threshold</h2>{}",
+        "<h2>Criteria: statistic vs threshold</h2><div class=\"grid\">{}",
         criterion_histograms(s)
     );
+    let rej = rejections_chart(s);
+    if rej.starts_with("<svg") {
+        let _ = write!(
+            h,
+            "<figure>{rej}<figcaption>Rejections by criterion</figcaption></figure>"
+        );
+    }
+    h.push_str("</div>");
+    if !rej.starts_with("<svg") {
+        h.push_str(&rej);
+    }
     if !s.analysis.sweeps.is_empty() {
         let _ = write!(
             h,
             "<h2>Threshold sweep</h2><p class=\"note\">What each criterion would reject at \
-             other thresholds over this batch's range: sequences (solid) and tokens (dashed).\
-             </p>{}",
+             other thresholds over this batch's range: sequences (wide pale line) and tokens \
+             (dashed).</p><div class=\"grid\">{}</div>",
             super::sweep::sweep_charts(&s.analysis.sweeps)
         );
     }
-    let rej = rejections_chart(s);
-    if !rej.is_empty() {
-        let _ = write!(h, "<h2>Rejections by criterion</h2>{rej}");
-    }
     h.push_str(&super::breakdown::breakdown_html(&s.analysis.metrics));
-    let _ = write!(h, "<h2>Worst sequences</h2>{}", worst_table(s));
+    let _ = write!(h, "<h2>Worst sequences</h2>{}", worst_sequences(s));
+    let tokens = worst_tokens(s);
+    if !tokens.is_empty() {
+        let _ = write!(
+            h,
+            "<h2>Worst tokens</h2><p class=\"note\">The {WORST_TOKENS} valid tokens with the \
+             largest k3{}.</p>{tokens}",
+            if s.decode.is_some() {
+                ", decoded with the given tokenizer"
+            } else {
+                " (give --tokenizer tokenizer.json for their text)"
+            }
+        );
+    }
     let _ = write!(h, "<h2>Bound certificate</h2>{}", certificate(s));
     h.push_str("</body></html>\n");
     h

@@ -10,12 +10,13 @@ mod subject;
 mod summary;
 mod svg;
 mod sweep;
+mod tables;
 mod trend;
 mod warnings;
 
 pub use compare::render_compare_html;
 pub use html::render_html;
 pub use subject::Subject;
-pub use summary::summary;
+pub use summary::{bound_reading, summary};
 pub use trend::render_trend_html;
-pub use warnings::{kind as warning_kind, warnings, WarningInputs};
+pub use warnings::{aggregate_warnings, kind as warning_kind, warnings, WarningInputs};

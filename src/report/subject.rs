@@ -20,6 +20,16 @@ pub struct Subject<'a> {
     pub engine: &'a str,
     /// The data's `warning:` lines ([`super::warnings()`]), as printed on stderr.
     pub warnings: &'a [String],
+    /// A token id's text (`trmask report --tokenizer`), for the worst-tokens table.
+    pub decode: Option<&'a dyn Fn(i64) -> Option<String>>,
+}
+
+/// The last component of a path as given: a page names its input without the directories it
+/// sat in (a page is shared; the directories are the author's).
+pub(crate) fn file_name(path: &str) -> String {
+    std::path::Path::new(path)
+        .file_name()
+        .map_or_else(|| path.to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// An output tensor of the analysis by name.

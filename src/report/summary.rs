@@ -18,6 +18,36 @@ pub fn bound_reading(b: f64) -> &'static str {
     }
 }
 
+/// The IS weights the config applies, in one line (verl's own `rollout_is_*` metrics): their
+/// mean and largest value before truncation, the share of weights truncated (and, with a lower
+/// bound, masked), and the effective sample size of the truncated weights.
+fn is_line(s: &Subject) -> Option<String> {
+    let r = s.config.resolve().ok()?;
+    let is = r.is.as_ref()?;
+    let m = |k: &str| {
+        s.analysis
+            .metrics
+            .get(&format!("rollout_corr/rollout_is_{k}"))
+            .copied()
+    };
+    let pct = |x: f64| format!("{} %", num((1000.0 * x).round() / 10.0));
+    let mut line = format!(
+        "IS weights ({}, truncated at {}): mean {}, max {}, {} truncated",
+        is.level.name(),
+        num(is.upper),
+        num(m("mean")?),
+        num(m("max")?),
+        pct(m("ratio_fraction_high")?)
+    );
+    if let (Some(lo), Some(f)) = (is.lower, m("ratio_fraction_low")) {
+        line.push_str(&format!(", {} below {} masked", pct(f), num(lo)));
+    }
+    if let Some(e) = m("eff_sample_size") {
+        line.push_str(&format!(", ESS {}", num(e)));
+    }
+    Some(line)
+}
+
 /// The summary text (no trailing newline); `written` lists the files written.
 pub fn summary(s: &Subject, written: &[String]) -> String {
     let a = s.analysis;
@@ -182,6 +212,9 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
         ));
     }
     out.push(line);
+    if let Some(is) = is_line(s) {
+        out.push(is);
+    }
     for sw in &a.sweeps {
         out.push(super::sweep::sweep_line(sw));
     }

@@ -4,11 +4,14 @@
 use std::fmt::Write as _;
 
 pub const W: f64 = 560.0;
-pub const H: f64 = 274.0;
-const L: f64 = 64.0; // left margin
+pub const H: f64 = 290.0;
+const L: f64 = 72.0; // left margin
 const R: f64 = 16.0;
-const T: f64 = 30.0; // top margin: the legend row
-const B: f64 = 40.0;
+const T: f64 = 32.0; // top margin: the legend row
+const B: f64 = 48.0;
+/// Text size in viewBox units. A chart is drawn at 100 % of its box (at least 440 px wide in
+/// the pages' grid), so text is never smaller than 16 × 440 / 560 ≈ 12.6 px.
+pub const FONT: f64 = 16.0;
 
 /// Escapes text for HTML / SVG.
 pub fn esc(s: &str) -> String {
@@ -131,8 +134,8 @@ pub struct Frame {
 impl Frame {
     pub fn new(x: Axis, y: Axis, xlabel: &str, ylabel: &str) -> Frame {
         let mut svg = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
-             viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"11\">\
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"100%\" \
+             viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"{FONT}\">\
              <rect x=\"{L}\" y=\"{T}\" width=\"{}\" height=\"{}\" fill=\"#fafafa\" stroke=\"#999\"/>",
             W - L - R,
             H - T - B
@@ -151,7 +154,7 @@ impl Frame {
                  <text x=\"{px:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
                 T,
                 H - B,
-                H - B + 14.0,
+                H - B + FONT + 2.0,
                 label(v)
             );
         }
@@ -170,7 +173,7 @@ impl Frame {
         let _ = write!(
             svg,
             "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\
-             <text x=\"12\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 12 {})\">{}</text>",
+             <text x=\"16\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {})\">{}</text>",
             (L + W - R) / 2.0,
             H - 6.0,
             esc(xlabel),
@@ -193,6 +196,11 @@ impl Frame {
     }
     /// A polyline through the finite points.
     pub fn line(&mut self, pts: &[(f64, f64)], color: &str, dash: bool) {
+        self.line_width(pts, color, dash, 1.6);
+    }
+    /// A polyline of a given stroke width (a wide pale band under a thin line keeps both
+    /// visible where two series coincide).
+    pub fn line_width(&mut self, pts: &[(f64, f64)], color: &str, dash: bool, width: f64) {
         let d: Vec<String> = pts
             .iter()
             .filter(|p| p.0.is_finite() && p.1.is_finite())
@@ -200,9 +208,15 @@ impl Frame {
             .collect();
         let _ = write!(
             self.svg,
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.6\"{} points=\"{}\"/>",
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"{width}\"{}{} \
+             points=\"{}\"/>",
             if dash {
                 " stroke-dasharray=\"4 3\""
+            } else {
+                ""
+            },
+            if width > 2.0 {
+                " stroke-opacity=\"0.45\""
             } else {
                 ""
             },
@@ -239,6 +253,16 @@ impl Frame {
             (base - top).max(0.0)
         );
     }
+    /// A text centred above the data point `(x, y)` (a bar's count).
+    pub fn note(&mut self, x: f64, y: f64, text: &str) {
+        let _ = write!(
+            self.svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            self.px(x),
+            self.py(y) - 4.0,
+            esc(text)
+        );
+    }
     pub fn hline(&mut self, y: f64, text: &str) {
         let py = self.py(y);
         let _ = write!(
@@ -262,7 +286,7 @@ impl Frame {
              text-anchor=\"{}\">{}</text>",
             H - B,
             if right { px - 4.0 } else { px + 4.0 },
-            T + 12.0,
+            T + FONT,
             if right { "end" } else { "start" },
             esc(text)
         );
@@ -270,14 +294,14 @@ impl Frame {
     /// A legend entry: in the row above the plot, left to right (never over the data); entries
     /// that do not fit there stack in the plot's top-left corner on a white box (row `i`).
     pub fn legend(&mut self, i: usize, color: &str, text: &str) {
-        let width = 14.0 + 6.5 * text.chars().count() as f64;
+        let width = 14.0 + 0.56 * FONT * text.chars().count() as f64;
         if self.legend_x + width <= W - R {
             let x = self.legend_x;
             let _ = write!(
                 self.svg,
                 "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/>\
                  <text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-                T - 19.0,
+                T - 21.0,
                 x + 14.0,
                 T - 10.0,
                 esc(text)
@@ -285,20 +309,21 @@ impl Frame {
             self.legend_x += width + 14.0;
             return;
         }
-        let y = T + 14.0 + 14.0 * i as f64;
+        let y = T + FONT + 4.0 + (FONT + 4.0) * i as f64;
         let _ = write!(
             self.svg,
-            "<rect x=\"{}\" y=\"{:.1}\" width=\"{width:.0}\" height=\"14\" fill=\"#fff\" \
+            "<rect x=\"{}\" y=\"{:.1}\" width=\"{width:.0}\" height=\"{}\" fill=\"#fff\" \
              fill-opacity=\"0.85\"/>",
             L + 4.0,
-            y - 11.0
+            y - FONT + 2.0,
+            FONT + 4.0
         );
         let _ = write!(
             self.svg,
             "<rect x=\"{}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/>\
              <text x=\"{}\" y=\"{:.1}\">{}</text>",
             L + 8.0,
-            y - 9.0,
+            y - 10.0,
             L + 22.0,
             y,
             esc(text)
@@ -310,29 +335,30 @@ impl Frame {
     }
 }
 
-/// A one-row colour strip: one cell per value, darker red for larger `value / max`.
-pub fn strip(values: &[f64], max: f64, width: f64) -> String {
-    let n = values.len().max(1);
-    let w = width / n as f64;
+/// A one-row colour strip as wide as its box: one cell per token, darker red for larger
+/// `value / max`, each cell with a `<title>` tooltip (the token's position, id and values).
+pub fn strip(cells: &[(f64, String)], max: f64) -> String {
+    let n = cells.len().max(1);
     let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"18\" \
-         viewBox=\"0 0 {width} 18\"><rect width=\"{width}\" height=\"18\" fill=\"#fff\" stroke=\"#ccc\"/>"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"100%\" height=\"18\" \
+         viewBox=\"0 0 {n} 18\" preserveAspectRatio=\"none\">\
+         <rect width=\"{n}\" height=\"18\" fill=\"#fff\" stroke=\"#ccc\" \
+         vector-effect=\"non-scaling-stroke\"/>"
     );
-    for (i, &v) in values.iter().enumerate() {
+    for (i, (v, title)) in cells.iter().enumerate() {
         let a = if max > 0.0 {
             (v / max).clamp(0.0, 1.0)
         } else {
             0.0
         };
-        if a > 0.01 {
-            let _ = write!(
-                s,
-                "<rect x=\"{:.2}\" y=\"1\" width=\"{:.2}\" height=\"16\" fill=\"#b00\" \
-                 fill-opacity=\"{a:.2}\"/>",
-                i as f64 * w,
-                w.max(0.5)
-            );
-        }
+        // every cell is drawn (transparent when faint) so that each has its tooltip
+        let _ = write!(
+            s,
+            "<rect x=\"{i}\" y=\"1\" width=\"1\" height=\"16\" fill=\"#b00\" \
+             fill-opacity=\"{:.2}\"><title>{}</title></rect>",
+            if a > 0.01 { a } else { 0.0 },
+            esc(title)
+        );
     }
     s.push_str("</svg>");
     s

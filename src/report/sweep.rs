@@ -64,7 +64,9 @@ pub fn sweep_charts(sweeps: &[Sweep]) -> String {
             .copied()
             .zip(s.rejected_token_fraction.iter().copied())
             .collect();
-        f.line(&seqs, "#c0392b", false);
+        // a wide pale band under the thin dashed tokens line: both stay visible where they
+        // coincide
+        f.line_width(&seqs, "#c0392b", false, 6.0);
         f.line(&toks, "#1f6fb4", true);
         f.legend(0, "#c0392b", "sequences");
         f.legend(1, "#1f6fb4", "tokens (dashed)");

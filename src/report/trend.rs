@@ -1,7 +1,7 @@
 //! `trmask report --jsonl RUN.jsonl`: a run's trend page, one chart per quantity against the
 //! step (mismatch, rejection rates, kept token fraction, ESS, B*), jumps of the mismatch marked.
 
-use super::subject::num;
+use super::subject::{file_name, num};
 use super::svg::{esc, Axis, Frame};
 use crate::analysis::trend::{jumps, Step, JUMP_Z, WINDOW};
 use std::fmt::Write as _;
@@ -59,7 +59,7 @@ fn value(s: &Step, key: &str) -> Option<f64> {
     s.metrics.get(key).copied()
 }
 
-/// The whole page for the run file named `name` as given.
+/// The whole page for the run file named `name` as given (shown by its file name).
 pub fn render_trend_html(steps: &[Step], name: &str) -> String {
     let jumps = jumps(steps, "trmask/k3_mean");
     let mut h = super::html::page_start("trmask run trend");
@@ -67,8 +67,9 @@ pub fn render_trend_html(steps: &[Step], name: &str) -> String {
     let last = steps.last().map_or(0.0, |s| s.step);
     let _ = write!(
         h,
-        "<h1>trmask run trend: {}</h1><p class=\"lead\">{} steps ({} to {}); {}</p>",
-        esc(name),
+        "<h1>trmask run trend: {}</h1><p class=\"lead\">{} steps ({} to {}); {}</p>\
+         <div class=\"grid\">",
+        esc(&file_name(name)),
         steps.len(),
         num(first),
         num(last),
@@ -125,6 +126,7 @@ pub fn render_trend_html(steps: &[Step], name: &str) -> String {
             esc(title)
         );
     }
+    h.push_str("</div>");
     if !jumps.is_empty() {
         h.push_str(
             "<h2>Jumps of the k3 mean</h2><table><tr><th>step</th><th>input</th><th>k3 mean</th>\
@@ -136,7 +138,7 @@ pub fn render_trend_html(steps: &[Step], name: &str) -> String {
                 h,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:+.1}</td></tr>",
                 num(s.step),
-                esc(&s.input),
+                esc(&file_name(&s.input)),
                 num(s.metrics.get("trmask/k3_mean").copied().unwrap_or(f64::NAN)),
                 j.z
             );

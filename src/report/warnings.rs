@@ -196,9 +196,117 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
     out
 }
 
+/// A warning with its numbers blanked: the same kind of warning on two inputs.
+fn shape(w: &str) -> String {
+    let mut out = String::new();
+    let mut run = String::new();
+    let flush = |run: &mut String, out: &mut String| {
+        if run.chars().any(|c| c.is_ascii_digit()) {
+            out.push('#');
+        } else {
+            out.push_str(run);
+        }
+        run.clear();
+    };
+    for ch in w.chars() {
+        if ch.is_ascii_digit() || matches!(ch, '.' | 'e' | '-' | '+') {
+            run.push(ch);
+        } else {
+            flush(&mut run, &mut out);
+            out.push(ch);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
+/// The `warning:` lines of several inputs `(name, lines)`, one line per kind of warning (its
+/// numbers may differ between inputs): `warning: <the first input's text> (in 12 of 12
+/// inputs: step-00, step-01 … step-11)`, in the order first seen. Inputs are named by their
+/// file stem unless two share one.
+pub fn aggregate_warnings(per_input: &[(String, Vec<String>)]) -> Vec<String> {
+    let stem = |p: &str| {
+        std::path::Path::new(p)
+            .file_stem()
+            .map_or_else(|| p.to_string(), |s| s.to_string_lossy().into_owned())
+    };
+    let stems: Vec<String> = per_input.iter().map(|(p, _)| stem(p)).collect();
+    let unique = {
+        let mut s = stems.clone();
+        s.sort();
+        s.dedup();
+        s.len() == stems.len()
+    };
+    let mut groups: Vec<(String, String, Vec<usize>)> = Vec::new();
+    for (k, (_, lines)) in per_input.iter().enumerate() {
+        for w in lines {
+            let key = shape(w);
+            match groups.iter_mut().find(|g| g.0 == key) {
+                Some(g) if g.2.last() != Some(&k) => g.2.push(k),
+                Some(_) => {}
+                None => groups.push((key, w.clone(), vec![k])),
+            }
+        }
+    }
+    let n = per_input.len();
+    groups
+        .into_iter()
+        .map(|(_, text, who)| {
+            let name = |k: usize| {
+                if unique {
+                    stems[k].clone()
+                } else {
+                    per_input[k].0.clone()
+                }
+            };
+            let names = if who.len() <= 4 {
+                who.iter().map(|&k| name(k)).collect::<Vec<_>>().join(", ")
+            } else {
+                format!(
+                    "{}, {} … {}",
+                    name(who[0]),
+                    name(who[1]),
+                    name(who[who.len() - 1])
+                )
+            };
+            let body = text.strip_prefix("warning: ").unwrap_or(&text);
+            format!("warning: {body} (in {} of {n} inputs: {names})", who.len())
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::kind;
+    use super::{aggregate_warnings, kind};
+
+    #[test]
+    fn one_line_per_kind_across_inputs() {
+        let w = |x: &str| {
+            vec![format!(
+                "warning: log_ratio has mean {x} but spread only 0.004"
+            )]
+        };
+        let inputs: Vec<(String, Vec<String>)> = (0..12)
+            .map(|k| {
+                (
+                    format!("run/step-{k:02}.safetensors"),
+                    w(&format!("-0.05{k}")),
+                )
+            })
+            .chain([(
+                "run/other.json".to_string(),
+                vec!["warning: something else".into()],
+            )])
+            .collect();
+        let out = aggregate_warnings(&inputs);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(
+            out[0],
+            "warning: log_ratio has mean -0.050 but spread only 0.004 (in 12 of 13 inputs: \
+             step-00, step-01 … step-11)"
+        );
+        assert_eq!(out[1], "warning: something else (in 1 of 13 inputs: other)");
+    }
 
     #[test]
     fn every_line_has_its_kind() {

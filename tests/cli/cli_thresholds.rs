@@ -546,3 +546,153 @@ fn report_jsonl_trend_marks_the_jump() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--jsonl"), "{err}");
 }
+
+/// `check` cannot pass a gate that cannot fail: `--max-reject-rate` without a rejection
+/// criterion is a usage error, as is no limit at all (which names the flags).
+#[test]
+fn check_refuses_a_gate_that_cannot_fail() {
+    let b = "data/causal-sample/stale.safetensors";
+    let (code, _, err) = run(&["check", b, "--backend", "cpu", "--max-reject-rate", "0.1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--max-reject-rate can never be exceeded"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["check", b, "--backend", "cpu"]);
+    assert_eq!(code, 2, "{err}");
+    for flag in ["--max-abs-log-ratio", "--max-mean-k3", "--max-reject-rate"] {
+        assert!(err.contains(flag), "{err}");
+    }
+    assert!(!err.contains("invalid config"), "{err}");
+    // with a criterion the same gate trips: every sequence of the stale batch is over 0.01
+    let (code, out, err) = run(&[
+        "check",
+        b,
+        "--backend",
+        "cpu",
+        "--preset",
+        "decoupled_k3_rs",
+        "--max-reject-rate",
+        "0.1",
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(out.contains("64 of 64 sequences"), "{out}");
+}
+
+/// `--preset` with `--config`: the preset, with the config file's keys overriding its own.
+#[test]
+fn preset_with_config_overrides_the_presets_keys() {
+    let (code, out, err) = run(&[
+        "analyze",
+        "data/causal-sample/stale.safetensors",
+        "--backend",
+        "cpu",
+        "--preset",
+        "decoupled_k3_rs_token_tis",
+        "--config",
+        "data/causal-sample/stale.yaml",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "preset decoupled_k3_rs_token_tis overridden by stale.yaml: IS token weights, \
+             truncated at 2; reject sequence if seq_mean_k3 > 0.035"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("rejected 19 sequences"), "{out}");
+    // the IS line: verl's own metrics of the weights applied
+    assert!(
+        out.contains(
+            "IS weights (token, truncated at 2): mean 0.9959, max 2, 0.5 % truncated, ESS"
+        ),
+        "{out}"
+    );
+}
+
+/// One spiky step among 12 (the causal sample's run, step 07 scored by a stale trainer): the
+/// pooled threshold is far above the per-step median, and a warning names the step.
+#[test]
+fn calibrate_names_the_step_that_dominates() {
+    let mut args = vec!["calibrate".to_string()];
+    args.extend((0..12).map(|k| format!("data/causal-sample/run/step-{k:02}.safetensors")));
+    args.extend(
+        [
+            "--criterion",
+            "seq_mean_k3",
+            "--target-reject-rate",
+            "0.05",
+            "--backend",
+            "cpu",
+        ]
+        .map(String::from),
+    );
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, out, err) = run(&a);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("per-step median threshold 5.694741e-5"),
+        "{out}"
+    );
+    let warned: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("warning: the pooled"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{err}");
+    assert!(
+        warned[0].contains("step-07.safetensors holds most"),
+        "{err}"
+    );
+    assert!(!warned[0].contains("step-06"), "{err}");
+    // the 12 steps' own threshold median is the JSON's too
+    let mut j = a.clone();
+    j.push("--json");
+    let (_, out, _) = run(&j);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["dominated_by"][0],
+        "data/causal-sample/run/step-07.safetensors"
+    );
+    assert!((v["per_step_median"].as_f64().unwrap() - 5.694741e-5).abs() < 1e-10);
+}
+
+/// A target that rounds to every sequence: half the smallest value rejects them all.
+#[test]
+fn calibrate_answers_a_reject_all_target() {
+    let input = "data/causal-sample/run/step-00.safetensors";
+    let (code, out, err) = run(&[
+        "calibrate",
+        input,
+        "--criterion",
+        "seq_mean_k3",
+        "--target-reject-rate",
+        "0.999999",
+        "--backend",
+        "cpu",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let t = v["threshold"].as_f64().unwrap();
+    let (rejected, live) = recount(input, "seq_mean_k3", t);
+    assert_eq!((rejected, live), (5, 5));
+    assert_eq!(
+        recount(input, "seq_mean_k3", 2.0 * t).0,
+        4,
+        "t is half the smallest value"
+    );
+}
+
+#[test]
+fn bounds_ends_with_a_reading() {
+    let (code, out, err) = run(&["bounds", "--horizon", "4096", "--delta", "1e-4"]);
+    assert_eq!(code, 0, "{err}");
+    let last = out.lines().last().unwrap();
+    assert!(
+        last.starts_with("reading: B* = 34.9") && last.contains("vacuous"),
+        "{last}"
+    );
+    let (_, out, _) = run(&["bounds", "--horizon", "16", "--delta", "1e-6"]);
+    let last = out.lines().last().unwrap();
+    assert!(last.contains("is tight"), "{last}");
+}

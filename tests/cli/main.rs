@@ -11,6 +11,7 @@ mod cli;
 mod cli_thresholds;
 mod cli_topk;
 mod compare;
+mod docs_run;
 mod hostile;
 mod recipes;
 mod report_html;

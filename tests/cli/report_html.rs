@@ -184,6 +184,12 @@ fn causal_report_shows_the_warnings() {
         "the offset warning is missing"
     );
     assert!(text.contains("No sequence was rejected by any criterion."));
+    // the headline: the decision, then the dominant warning's first clause
+    assert!(text.contains("Nothing rejected: all 64 sequences and 24560 tokens pass seq_mean_k3."));
+    assert!(text.contains(
+        "<p class=\"bad\">Warning: log_ratio has mean -0.05056 but spread only 0.01048: a \
+         constant offset, not token-level mismatch (more under Warnings)</p>"
+    ));
     let pdf = common::scratch("report", "causal.pdf");
     let out = common::trmask_bin()
         .args([
@@ -270,4 +276,123 @@ fn multi_turn_report_shows_the_breakdowns() {
         !out.contains("turns:") && !out.contains("advantage sign"),
         "{out}"
     );
+}
+
+/// The page as laid out by Chromium at `width` px: `(scrollWidth, clientWidth, smallest chart
+/// text in px, figures)`, measured by a script added to a copy of the page (the page itself has
+/// none).
+fn measure(html: &Path, width: u32, tag: &str) -> Option<(f64, f64, f64, usize)> {
+    let chrome = chromium()?;
+    let probe = common::scratch("report", &format!("{tag}-{width}-probe.html"));
+    let text = std::fs::read_to_string(html).unwrap().replace(
+        "</body>",
+        "<script>const d=document.documentElement;let m=1e9;\
+         for(const t of document.querySelectorAll('figure svg text')){\
+         const c=t.getScreenCTM();\
+         const s=parseFloat(getComputedStyle(t).fontSize)*Math.hypot(c.a,c.b);if(s<m)m=s;}\
+         document.body.insertAdjacentHTML('beforeend','<p id=\"probe\">'+d.scrollWidth+' '+\
+         d.clientWidth+' '+m+' '+document.querySelectorAll('figure').length+'</p>');</script></body>",
+    );
+    std::fs::write(&probe, text).unwrap();
+    let profile = common::scratch("report", &format!("profile-{tag}-{width}"));
+    let out = Command::new(&chrome)
+        .args([
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            &format!("--user-data-dir={}", profile.display()),
+            &format!("--window-size={width},1200"),
+            "--dump-dom",
+            &format!("file://{}", probe.display()),
+        ])
+        .output()
+        .expect("run chromium");
+    let dom = String::from_utf8_lossy(&out.stdout);
+    // the last match: the first is the script's own text
+    let at = dom.rfind("<p id=\"probe\">").expect("the probe ran") + 14;
+    let v: Vec<f64> = dom[at..dom[at..].find('<').unwrap() + at]
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    Some((v[0], v[1], v[2], v[3] as usize))
+}
+
+/// A batch with real rejections (the causal sample against its stale trainer) with the
+/// sample's tokenizer: the headline states the decision, the certificate is folded, the worst
+/// tokens carry their text, the strips' cells their tooltips, the page names the file without
+/// its directories; at 1000 px nothing scrolls sideways and no chart text is under 12 px.
+#[test]
+fn stale_report_leads_with_the_decision_and_fits_1000px() {
+    let html = common::scratch("report", "stale.html");
+    let (code, _, err) = common::run_trmask(&[
+        "report",
+        "data/causal-sample/stale.safetensors",
+        "--backend",
+        "cpu",
+        "--preset",
+        "decoupled_k3_rs_token_tis",
+        "--config",
+        "data/causal-sample/stale.yaml",
+        "--tokenizer",
+        "data/causal-sample/tokenizer.json",
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        text.contains("Rejected 29.7 % of sequences (19 of 64) and 28.5 % of tokens (6991 of 24560) by seq_mean_k3 (19)."),
+        "headline"
+    );
+    assert!(
+        text.contains("<details><summary>Vacuous at this length"),
+        "certificate"
+    );
+    assert!(text.contains("<h2>Worst tokens</h2>") && text.contains("<th>text</th>"));
+    // token 199 of the sample's byte-level BPE is a newline
+    assert!(
+        text.contains("<td>199</td><td><code>&quot;\\n&quot;</code></td>"),
+        "decoded text"
+    );
+    assert!(text.contains("<title>t=0 id "), "strip tooltips");
+    assert!(
+        !text.contains("data/causal-sample/stale"),
+        "directories shown"
+    );
+    assert!(
+        text.contains("IS weights (token, truncated at 2): mean "),
+        "IS line"
+    );
+    // a tokenizer that is not one is an error naming the file
+    let (code, _, err) = common::run_trmask(&[
+        "report",
+        "data/causal-sample/stale.safetensors",
+        "--backend",
+        "cpu",
+        "--tokenizer",
+        "data/causal-sample/stale.yaml",
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("stale.yaml") && err.contains("tokenizer.json"),
+        "{err}"
+    );
+    for width in [1000, 1400] {
+        let Some((scroll, client, font, figures)) = measure(&html, width, "stale") else {
+            if std::env::var_os("CI").is_some() {
+                panic!("chromium is required under CI (apt-get install -y chromium)");
+            }
+            eprintln!("skipping the layout check: no chromium on PATH");
+            return;
+        };
+        assert!(figures >= 4, "{figures} figures");
+        assert!(
+            scroll <= client,
+            "horizontal scroll at {width} px: {scroll} > {client}"
+        );
+        assert!(font >= 12.0, "chart text of {font} px at {width} px");
+        eprintln!("{width} px: scrollWidth {scroll}, clientWidth {client}, smallest chart text {font:.1} px, {figures} figures");
+    }
 }

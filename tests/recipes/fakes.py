@@ -27,6 +27,10 @@ class FakeTensor:
     def numpy(self):
         return self.a
 
+    @property
+    def shape(self):
+        return self.a.shape
+
 
 class Keys(dict):
     """TensorDict-like: `keys()`, `[k]`, `in`."""
@@ -96,7 +100,9 @@ def setup_slime(out_dir):
 
 def setup_vllm(out_dir):
     outputs = []
-    for n in [5, 8]:
+    lens = [5, 8]
+    old = np.zeros((len(lens), max(lens)))
+    for i, n in enumerate(lens):
         c = types.SimpleNamespace(token_ids=[], logprobs=[])
         for t in range(n):
             lp = np.log(rng.dirichlet(np.ones(50)))
@@ -107,14 +113,7 @@ def setup_vllm(out_dir):
             d.setdefault(y, types.SimpleNamespace(logprob=float(lp[y]), rank=int(np.where(order == y)[0][0]) + 1))
             c.token_ids.append(y)
             c.logprobs.append(d)
+            # the trainer's recompute of the sampled token: the engine's log-prob plus noise
+            old[i, t] = lp[y] + rng.normal(0, 0.05)
         outputs.append(types.SimpleNamespace(outputs=[c]))
-    return dict(base(out_dir), outputs=outputs)
-
-
-def finish_vllm(out_dir):
-    """The recipe saves the rollout side; add the trainer's log-probs as its text says."""
-    from safetensors.numpy import load_file, save_file
-    p = f"{out_dir}/rollout3.safetensors"
-    t = load_file(p)
-    t["old_log_prob"] = (t["rollout_log_prob"] + rng.normal(0, 0.05, size=t["rollout_log_prob"].shape)).astype(np.float32)
-    save_file(t, f"{out_dir}/step3.safetensors")
+    return dict(base(out_dir), outputs=outputs, old_log_prob=FakeTensor(old))

@@ -59,8 +59,31 @@ pub fn run(a: Args) -> Result<(), trmask::Error> {
         say!("{}", json_text(&b)?);
     } else {
         say!("{}", b.table().trim_end());
+        say!("{}", reading(&b));
     }
     Ok(())
+}
+
+/// The table's last line: what B* means for a policy-gradient step (the surrogate's error as a
+/// fraction of the reward range, so B* >= 1 says nothing).
+fn reading(b: &trmask::bounds::Bounds) -> String {
+    let vacuous = !b.unified.is_finite() || b.unified >= 1.0;
+    format!(
+        "reading: B* = {} (attained by {}) over T = {} tokens is {}{}",
+        if (1e-3..1e5).contains(&b.unified.abs()) {
+            format!("{:.4}", b.unified)
+        } else {
+            format!("{:.3e}", b.unified)
+        },
+        b.argmin,
+        b.inputs.horizon,
+        trmask::report::bound_reading(b.unified),
+        if vacuous {
+            " (a smaller delta, see --target-error, or a shorter horizon)"
+        } else {
+            ""
+        }
+    )
 }
 
 /// `--horizon`: an integer (also written `1e9`) in `[1, 2^53]`; larger is "out of range".

@@ -140,11 +140,23 @@ pub fn run(a: Args) -> Result<(), trmask::Error> {
         let hi = found.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         (lo, median(found.clone()), hi)
     });
+    // the pooled threshold against the typical step's: when they differ by more than
+    // DOMINANCE×, a few steps decide the pooled one; name the fewest that hold most of its
+    // rejections
+    let dominating = spread
+        .filter(|&(_, mid, _)| {
+            let r = in_stat(pooled) / in_stat(mid);
+            !(r.is_finite() && (1.0 / DOMINANCE..=DOMINANCE).contains(&r))
+        })
+        .map(|_| dominating_steps(&sweeps, pooled))
+        .unwrap_or_default();
     if a.json {
         let v = serde_json::json!({
             "criterion": a.criterion,
             "target_reject_rate": rate,
             "threshold": pooled,
+            "per_step_median": spread.map(|s| s.1),
+            "dominated_by": dominating,
             "spread": spread.map(|(lo, mid, hi)| serde_json::json!({"min": lo, "median": mid, "max": hi})),
             "noise_floor": floor,
             "batches": per_batch.iter().map(|(name, t, r)| serde_json::json!({
@@ -165,7 +177,21 @@ pub fn run(a: Args) -> Result<(), trmask::Error> {
         100.0 * rate
     );
     if let Some((lo, mid, hi)) = spread {
+        say!(
+            "per-step median threshold {mid:.6e} (each batch's own; the pooled one is {:.3}x it)",
+            in_stat(pooled) / in_stat(mid)
+        );
         say!("spread across batches: min {lo:.6e}, median {mid:.6e}, max {hi:.6e}");
+    }
+    if !dominating.is_empty() {
+        eprintln!(
+            "warning: the pooled threshold differs from the per-step median by more than {}x: \
+             {} hold{} most of the sequences it rejects; calibrate without {} or on more steps",
+            DOMINANCE,
+            dominating.join(", "),
+            if dominating.len() == 1 { "s" } else { "" },
+            if dominating.len() == 1 { "it" } else { "them" }
+        );
     }
     match &floor {
         Some(f) => say!(
@@ -188,6 +214,30 @@ pub fn run(a: Args) -> Result<(), trmask::Error> {
         );
     }
     Ok(())
+}
+
+/// The pooled and the per-step median thresholds may differ by this factor before calibrate
+/// names the steps that dominate the pooled one.
+const DOMINANCE: f64 = 3.0;
+
+/// The fewest batches that hold more than half of the sequences rejected at `t` (most first).
+fn dominating_steps(sweeps: &[(String, trmask::sweep::Sweep)], t: f64) -> Vec<String> {
+    let mut counts: Vec<(f64, &str)> = sweeps
+        .iter()
+        .map(|(name, s)| (s.rejected_at(t).0 * s.sequences() as f64, name.as_str()))
+        .collect();
+    counts.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let total: f64 = counts.iter().map(|c| c.0).sum();
+    let mut held = 0.0;
+    let mut out = Vec::new();
+    for (n, name) in counts {
+        if held > total / 2.0 || n <= 0.0 {
+            break;
+        }
+        held += n;
+        out.push(name.to_string());
+    }
+    out
 }
 
 /// The fraction of all the batches' sequences rejected at `t`.

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 /// The exit code of a violated limit.
 pub const VIOLATION: u8 = 3;
+/// The exit code of bad usage (as for every other command's usage errors).
+const USAGE: u8 = 2;
 
 /// The flags of `trmask check`.
 #[derive(clap::Args)]
@@ -23,7 +25,7 @@ pub struct Args {
     #[arg(long = "max-mean-k3", allow_negative_numbers = true)]
     max_mean_k3: Option<f64>,
     /// Largest allowed fraction of sequences the configured mask rejects (needs a config or a
-    /// preset with a rejection criterion).
+    /// preset with a rejection criterion: without one, exit 2).
     #[arg(long = "max-reject-rate", allow_negative_numbers = true)]
     max_reject_rate: Option<f64>,
 }
@@ -51,17 +53,20 @@ pub fn run(a: Args) -> Result<u8, trmask::Error> {
         }
     }
     if max_lr.is_none() && max_k3.is_none() && max_rej.is_none() {
-        return Err(trmask::Error::config(
-            "check",
-            "give at least one limit: --max-abs-log-ratio, --max-mean-k3 or --max-reject-rate",
-        ));
+        eprintln!(
+            "trmask: check needs at least one limit: --max-abs-log-ratio X, --max-mean-k3 Y or \
+             --max-reject-rate Z (see trmask check --help)"
+        );
+        return Ok(USAGE);
     }
     let ctx = setup(&a.common)?;
     if max_rej.is_some() && ctx.cfg.resolve()?.criteria.is_empty() {
+        // a gate that can never fail is a usage error, not a pass
         eprintln!(
-            "warning: --max-reject-rate: the config has no rejection criterion, so nothing is \
-             ever rejected (give --config or --preset)"
+            "trmask: --max-reject-rate can never be exceeded: the config has no rejection \
+             criterion (give --preset NAME or --config CFG with rollout_rs)"
         );
+        return Ok(USAGE);
     }
     let several = a.inputs.len() > 1;
     let mut violations = 0usize;
