@@ -17,5 +17,5 @@ pub use compare::render_compare_html;
 pub use html::render_html;
 pub use subject::Subject;
 pub use summary::summary;
-pub use trend::render_trend_html;
+pub use trend::{render_trend_html, render_trend_page, trend_key, TrendPage};
 pub use warnings::{warnings, WarningInputs};
