@@ -418,7 +418,7 @@ fn trend(run: &Path, output: &Path) -> Result<(), trmask::Error> {
     check_report_name(output)?;
     let name = run.display().to_string();
     let mut t = trmask::trend::Trend::new();
-    trmask::io::read_lines(run, 0, 1, true, &mut |n, line| {
+    trmask::io::read_lines(run, (0, 1), true, u64::MAX, &mut |n, line| {
         let at = format!("{name}: line {n}");
         for (s, _) in trmask::trend::parse_line(line, &at, &trmask::report::trend_key)? {
             t.push(s);

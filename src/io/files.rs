@@ -201,14 +201,14 @@ pub fn read_text_checked(
 /// Reads a text file line by line from byte offset `from` (a file being appended to: one line
 /// in memory at a time, whatever the file's size), calling `each(line_number, line)` with the
 /// line's number counted from `first_line`. Only lines ending in a newline are read, unless
-/// `tail` (the writer is done): then a last line without one is read too. Returns the offset
-/// after the last line read, where the next call starts. A line longer than [`JSON_LIMIT`] is
-/// an error naming it.
+/// `tail` (the writer is done): then a last line without one is read too. At most `max`
+/// lines are read per call. Returns the offset after the last line read, where the next call
+/// starts. A line longer than [`JSON_LIMIT`] is an error naming it.
 pub fn read_lines(
     path: &Path,
-    from: u64,
-    first_line: u64,
+    (from, first_line): (u64, u64),
     tail: bool,
+    max: u64,
     each: &mut dyn FnMut(u64, &str) -> Result<()>,
 ) -> Result<u64> {
     use std::io::{BufRead as _, Read as _, Seek as _};
@@ -219,7 +219,7 @@ pub fn read_lines(
     let mut r = std::io::BufReader::with_capacity(1 << 16, f).take(u64::MAX);
     let mut buf = Vec::new();
     let (mut at, mut n) = (from, first_line);
-    loop {
+    while n - first_line < max {
         buf.clear();
         r.set_limit(JSON_LIMIT + 1);
         let got = r
@@ -244,6 +244,7 @@ pub fn read_lines(
         at += got as u64;
         n += 1;
     }
+    Ok(at)
 }
 
 /// The first non-blank line of a text file (at most [`JSON_LIMIT`] bytes read), `None` when

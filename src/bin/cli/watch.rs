@@ -211,20 +211,19 @@ impl Watch<'_> {
         }
     }
 
-    /// Adds an analysed or read step: its line appended to --metrics-jsonl, one line
-    /// printed, the step kept for the trend (the page's metrics only).
+    /// Adds an analysed or read step: one line printed, the step kept for the trend (the
+    /// page's metrics only). Returns its --metrics-jsonl line (empty without the flag).
     fn add(
         &mut self,
         input: &str,
         step: f64,
         mut metrics: std::collections::BTreeMap<String, f64>,
         fresh: &mut HashSet<u64>,
-    ) -> Result<(), trmask::Error> {
-        if let Some(p) = &self.args.metrics_jsonl {
-            let mut c = trmask::io::Commit::new();
-            c.append(p, trmask::io::metrics_line(input, step, &metrics)?);
-            c.finish()?;
-        }
+    ) -> Result<Vec<u8>, trmask::Error> {
+        let line = match &self.args.metrics_jsonl {
+            Some(_) => trmask::io::metrics_line(input, step, &metrics)?,
+            None => Vec::new(),
+        };
         let s = Step {
             input: input.to_string(),
             step,
@@ -235,7 +234,7 @@ impl Watch<'_> {
         self.trend.push(Step { metrics, ..s });
         fresh.insert(step.to_bits());
         self.last_change = SystemTime::now();
-        Ok(())
+        Ok(line)
     }
 
     /// One look at a directory of step dumps.
@@ -298,7 +297,8 @@ impl Watch<'_> {
                         .step
                         .or(f.step)
                         .unwrap_or(self.trend.steps().len() as f64);
-                    self.add(&name, step, d.analysis.metrics, fresh)?;
+                    let line = self.add(&name, step, d.analysis.metrics, fresh)?;
+                    self.append(line)?;
                 }
                 Err(e) if e.is_user_error() => {
                     let probe = if f.prime {
@@ -336,47 +336,65 @@ impl Watch<'_> {
             ));
             (self.offset, self.line) = (0, 1);
         }
-        let mut lines = Vec::new();
-        let name = self.name.clone();
-        let mut bad = Vec::new();
-        self.offset = trmask::io::read_lines(
-            &path,
-            self.offset,
-            self.line,
-            self.args.once,
-            &mut |n, l| {
-                let at = format!("{name}: line {n}");
-                match trmask::trend::parse_line(l, &at, &|_| true) {
-                    Ok(v) => lines.extend(v),
-                    Err(e) => bad.push(format!("warning: {e}; skipped")),
-                }
-                self.line = n + 1;
-                Ok(())
-            },
-        )?;
-        for w in bad {
-            self.warn(w);
-        }
-        for (s, format) in lines {
-            if !self.said_format {
-                self.said_format = true;
-                eprintln!(
-                    "input: {}: {}{}",
-                    self.name,
-                    format.name(),
-                    if format == trmask::trend::LineFormat::VerlFileLogger {
-                        " (each line's `data` object read as its metrics)"
-                    } else {
-                        ""
+        // a chunk of lines at a time: one chunk's metrics in memory, whatever the file's size
+        loop {
+            let mut lines = Vec::new();
+            let name = self.name.clone();
+            let mut bad = Vec::new();
+            let at = self.offset;
+            self.offset = trmask::io::read_lines(
+                &path,
+                (self.offset, self.line),
+                self.args.once,
+                256,
+                &mut |n, l| {
+                    let at = format!("{name}: line {n}");
+                    match trmask::trend::parse_line(l, &at, &|_| true) {
+                        Ok(v) => lines.extend(v),
+                        Err(e) => bad.push(format!("warning: {e}; skipped")),
                     }
-                );
+                    self.line = n + 1;
+                    Ok(())
+                },
+            )?;
+            for w in bad {
+                self.warn(w);
             }
-            let input = if s.input.is_empty() {
-                self.name.clone()
-            } else {
-                s.input.clone()
-            };
-            self.add(&input, s.step, s.metrics, fresh)?;
+            let mut appended = Vec::new();
+            for (s, format) in lines {
+                if !self.said_format {
+                    self.said_format = true;
+                    eprintln!(
+                        "input: {}: {}{}",
+                        self.name,
+                        format.name(),
+                        if format == trmask::trend::LineFormat::VerlFileLogger {
+                            " (each line's `data` object read as its metrics)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                let input = if s.input.is_empty() {
+                    self.name.clone()
+                } else {
+                    s.input.clone()
+                };
+                appended.extend(self.add(&input, s.step, s.metrics, fresh)?);
+            }
+            self.append(appended)?;
+            if self.offset == at {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Appends metrics lines to --metrics-jsonl (one write and sync for many lines).
+    fn append(&self, bytes: Vec<u8>) -> Result<(), trmask::Error> {
+        if let (Some(p), false) = (&self.args.metrics_jsonl, bytes.is_empty()) {
+            let mut c = trmask::io::Commit::new();
+            c.append(p, bytes);
+            c.finish()?;
         }
         Ok(())
     }

@@ -35,7 +35,7 @@ pub(super) fn nemo_file(path: &Path, c: &mut Collected) -> Result<()> {
         .file_name()
         .and_then(|n| nemo_step(&n.to_string_lossy()));
     let mut any_prev = false;
-    crate::io::files::read_lines(path, 0, 1, true, &mut |n, line| {
+    crate::io::files::read_lines(path, (0, 1), true, u64::MAX, &mut |n, line| {
         c.bytes += line.len() as u64 + 1;
         if line.trim().is_empty() {
             return Ok(());

@@ -25,7 +25,7 @@ struct PrimeRecord {
 
 pub(super) fn prime_file(path: &Path, c: &mut Collected) -> Result<()> {
     let p = path.display().to_string();
-    crate::io::files::read_lines(path, 0, 1, true, &mut |n, line| {
+    crate::io::files::read_lines(path, (0, 1), true, u64::MAX, &mut |n, line| {
         c.bytes += line.len() as u64 + 1;
         if line.trim().is_empty() {
             return Ok(());
