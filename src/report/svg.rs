@@ -415,3 +415,50 @@ pub fn strip(values: &[f64], max: f64, width: f64) -> String {
     s.push_str("</svg>");
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The values that made `Axis::ticks` allocate 16 GiB (a log axis up to 1.1e308: 10^309 is
+    /// infinite) or loop for minutes: every axis stays finite, ordered, with few ticks.
+    #[test]
+    fn axes_from_huge_tiny_and_infinite_values_have_finite_bounds_and_few_ticks() {
+        let cases: [&[f64]; 7] = [
+            &[1e-3, 1.1e308],
+            &[1.1e308],
+            &[f64::INFINITY, 1.0],
+            &[5e-324, 1.0],
+            &[-1.1e308, 1.1e308],
+            &[f64::MAX, f64::MIN_POSITIVE],
+            &[f64::NAN],
+        ];
+        for vals in cases {
+            for log in [false, true] {
+                let a = Axis::fit(vals.iter().copied(), log);
+                assert!(
+                    a.lo.is_finite() && a.hi.is_finite() && a.lo < a.hi,
+                    "{vals:?} {log}"
+                );
+                let t = a.ticks();
+                assert!(
+                    !t.is_empty() && t.len() <= MAX_TICKS,
+                    "{vals:?} {log}: {t:?}"
+                );
+                assert!(t.iter().all(|x| x.is_finite()), "{vals:?} {log}: {t:?}");
+                let c = Axis::counts(vals.iter().copied());
+                assert!(c.ticks().len() <= MAX_TICKS);
+                for v in vals {
+                    let p = a.t(*v);
+                    assert!((0.0..=1.0).contains(&p), "{v} → {p}");
+                }
+            }
+        }
+        // a hand-made axis with infinite bounds draws no tick rather than loop
+        let inf = Axis {
+            hi: f64::INFINITY,
+            ..Axis::fit([1.0].into_iter(), true)
+        };
+        assert!(inf.ticks().is_empty());
+    }
+}

@@ -1,11 +1,16 @@
 //! A dump's sequences as a padded batch of trmask tensors, and the note stderr prints.
 
-use super::detect::{rank_files, DumpFormat};
+use super::detect::{prime, rank_files, DumpFormat};
 use super::values::Collected;
 use crate::error::{Error, Result};
 use crate::io::names::Renames;
 use crate::io::raw::{Dense, Raw};
 use std::path::Path;
+
+/// A trmask tensor name, as the tensor table spells it.
+fn trmask(name: &'static str) -> &'static str {
+    crate::input::tensors::spec(name).map_or(name, |t| t.name)
+}
 
 /// Reads a trainer dump as [`Raw`] tensors under trmask names, with the note stderr prints.
 pub(in crate::io) fn read(path: &Path, format: DumpFormat) -> Result<Raw> {
@@ -49,33 +54,41 @@ pub(in crate::io) fn read(path: &Path, format: DumpFormat) -> Result<Raw> {
             ),
         ));
     }
-    let (rollout_src, trainer_src, trainer_dst, mask_src) = match format {
+    // (trmask name, the dump's key): prime-rl's keys are the tensor table's prime-rl aliases
+    let (rollout_src, trainer_dst, mask_src) = match format {
         DumpFormat::PrimeRl => (
-            "inference_logprobs",
-            "trainer_logprobs",
+            prime("rollout_log_prob"),
             "log_prob",
-            "loss_mask",
+            prime("response_mask"),
         ),
         DumpFormat::NemoRl => (
             "generation_logprobs",
-            "prev_logprobs",
             "old_log_prob",
             "token_loss_mask × sample_loss_mask",
         ),
     };
+    let trainer_src = match format {
+        DumpFormat::PrimeRl => prime(trainer_dst),
+        DumpFormat::NemoRl => "prev_logprobs",
+    };
     let b = c.seqs.len();
     let t = c.seqs.iter().map(|s| s.mask.len()).max().unwrap_or(0);
     let slots = b * t;
-    let mut tensors: Vec<(&str, &str, Vec<f64>)> = vec![
-        ("rollout_log_prob", rollout_src, vec![f64::NAN; slots]),
-        (trainer_dst, trainer_src, vec![f64::NAN; slots]),
-        ("response_mask", mask_src, vec![0.0; slots]),
-    ];
+    // one tensor at a time, in the order of the rows below (rollout, trainer, mask, …)
+    let mut tensors: Vec<(&str, &str, Vec<f64>)> = Vec::new();
+    tensors.push((
+        trmask("rollout_log_prob"),
+        rollout_src,
+        vec![f64::NAN; slots],
+    ));
+    tensors.push((trainer_dst, trainer_src, vec![f64::NAN; slots]));
+    tensors.push((trmask("response_mask"), mask_src, vec![0.0; slots]));
     if c.has_adv {
-        tensors.push(("advantages", "advantages", vec![0.0; slots]));
+        let adv = trmask("advantages");
+        tensors.push((adv, adv, vec![0.0; slots]));
     }
     if c.has_ids {
-        tensors.push(("responses", "token_ids", vec![0.0; slots]));
+        tensors.push((trmask("responses"), "token_ids", vec![0.0; slots]));
     }
     for (i, s) in c.seqs.iter().enumerate() {
         let row = i * t;

@@ -23,13 +23,19 @@ impl DumpFormat {
     }
 }
 
+/// prime-rl's key for the trmask tensor `target`, from the tensor table's aliases.
+pub(super) fn prime(target: &str) -> &'static str {
+    crate::input::tensors::alias_of("prime-rl", target).unwrap_or("")
+}
+
 /// The keys that mark each format's records (all must be present in the first record).
-const PRIME_KEYS: &[&str] = &[
-    "schema_version",
-    "inference_logprobs",
-    "trainer_logprobs",
-    "loss_mask",
-];
+fn prime_keys() -> [&'static str; 4] {
+    let mut k = ["schema_version"; 4];
+    k[1] = prime("rollout_log_prob");
+    k[2] = prime("log_prob");
+    k[3] = prime("response_mask");
+    k
+}
 const NEMO_KEYS: &[&str] = &["generation_logprobs", "prev_logprobs", "token_loss_mask"];
 
 /// The number in a prime-rl rank file's name (`rank_<R>.jsonl`).
@@ -118,7 +124,7 @@ pub fn detect(path: &Path) -> Result<Option<DumpFormat>> {
         }
     }
     let has = |want: &[&str]| want.iter().all(|k| keys.iter().any(|x| x == k));
-    Ok(if has(PRIME_KEYS) {
+    Ok(if has(&prime_keys()) {
         Some(DumpFormat::PrimeRl)
     } else if has(NEMO_KEYS) {
         Some(DumpFormat::NemoRl)

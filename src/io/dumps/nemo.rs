@@ -21,6 +21,9 @@ struct NemoRecord {
     prev_logprobs: Row,
 }
 
+/// NeMo-RL's advantages key (trmask's own name).
+const ADV: &str = "advantages";
+
 /// The step number in a NeMo-RL file name (`train_data_step<N>.jsonl`).
 pub fn nemo_step(name: &str) -> Option<i64> {
     name.strip_prefix("train_data_step")?
@@ -52,7 +55,7 @@ pub(super) fn nemo_file(path: &Path, c: &mut Collected) -> Result<()> {
                 ("token_loss_mask", &r.token_loss_mask, true),
                 ("generation_logprobs", &r.generation_logprobs, true),
                 ("prev_logprobs", &r.prev_logprobs, true),
-                ("advantages", &r.advantages, false),
+                (ADV, &r.advantages, false),
                 ("token_ids", &r.token_ids, false),
             ],
         )?;
@@ -99,7 +102,7 @@ pub(super) fn nemo_file(path: &Path, c: &mut Collected) -> Result<()> {
             adv: if r.advantages.0.is_empty() {
                 Vec::new()
             } else {
-                field(&r.advantages, "advantages", &at, &valid, sp.clone(), note)?
+                field(&r.advantages, ADV, &at, &valid, sp.clone(), note)?
             },
             ids: if r.token_ids.0.is_empty() {
                 Vec::new()

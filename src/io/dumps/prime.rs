@@ -1,5 +1,6 @@
 //! prime-rl's token export, schema v1 (`token_exports/step_<N>/rank_<R>.jsonl`).
 
+use super::detect::prime;
 use super::values::{check_len, field, parse_record, span, Collected, Row, Seq};
 use crate::error::{Error, Result};
 use serde::Deserialize;
@@ -58,10 +59,10 @@ pub(super) fn prime_file(path: &Path, c: &mut Collected) -> Result<()> {
             &at,
             len,
             &[
-                ("loss_mask", &r.loss_mask, true),
-                ("inference_logprobs", &r.inference_logprobs, true),
-                ("trainer_logprobs", &r.trainer_logprobs, true),
-                ("advantages", &r.advantages, false),
+                (prime("response_mask"), &r.loss_mask, true),
+                (prime("rollout_log_prob"), &r.inference_logprobs, true),
+                (prime("log_prob"), &r.trainer_logprobs, true),
+                (prime("advantages"), &r.advantages, false),
                 ("token_ids", &r.token_ids, false),
                 ("rl_weights", &r.rl_weights, false),
                 ("ref_kl_weights", &r.ref_kl_weights, false),
@@ -91,7 +92,7 @@ pub(super) fn prime_file(path: &Path, c: &mut Collected) -> Result<()> {
         c.seqs.push(Seq {
             rollout: field(
                 &r.inference_logprobs,
-                "inference_logprobs",
+                prime("rollout_log_prob"),
                 &at,
                 &valid,
                 sp.clone(),
@@ -99,7 +100,7 @@ pub(super) fn prime_file(path: &Path, c: &mut Collected) -> Result<()> {
             )?,
             trainer: field(
                 &r.trainer_logprobs,
-                "trainer_logprobs",
+                prime("log_prob"),
                 &at,
                 &valid,
                 sp.clone(),
@@ -108,7 +109,14 @@ pub(super) fn prime_file(path: &Path, c: &mut Collected) -> Result<()> {
             adv: if r.advantages.0.is_empty() {
                 Vec::new()
             } else {
-                field(&r.advantages, "advantages", &at, &valid, sp.clone(), note)?
+                field(
+                    &r.advantages,
+                    prime("advantages"),
+                    &at,
+                    &valid,
+                    sp.clone(),
+                    note,
+                )?
             },
             ids: if r.token_ids.0.is_empty() {
                 Vec::new()
