@@ -8,6 +8,7 @@ which only wraps the returned weights, is a one-field holder. Nothing of verl is
 repository.
 
     RAYON_NUM_THREADS=2 python python/bench/verl_real.py --threads 2 --repeat 5
+    RAYON_NUM_THREADS=2 python python/bench/verl_real.py --threads 2 --repeat 5 --diagnostics
 """
 
 import argparse
@@ -87,10 +88,22 @@ def batch(b, t, seed=0):
     return old, roll, mask
 
 
+def diagnostics_inputs(b, t, seed=1):
+    """What a GRPO trainer's batch already holds besides the log-probs: per-token advantages
+    (one value per response, broadcast over its tokens, as verl's GRPO estimator writes them)
+    and each response's prompt group (`uid`, 8 responses per prompt)."""
+    g = torch.Generator().manual_seed(seed)
+    adv = torch.randn(b, 1, generator=g).expand(b, t).contiguous()
+    uid = torch.arange(b, dtype=torch.int64) // 8
+    return dict(advantages=adv, uid=uid, trmask_metrics=True)
+
+
 def agree(v, t):
-    """verl's and trmask's outputs: same dtypes, masks equal, weights and metrics close."""
+    """verl's and trmask's outputs: same dtypes, masks equal, weights and metrics close (on
+    verl's keys: with `trmask_metrics` trmask returns its own `trmask/*` besides)."""
     vw, vm, vmet = v
     tw, tm, tmet = t
+    tmet = {k: x for k, x in tmet.items() if not k.startswith("trmask/")}
     vw = None if vw is None else vw.batch["rollout_is_weights"]
     assert (vw is None) == (tw is None)
     if vw is not None:
@@ -140,6 +153,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--shapes", default=",".join(f"{b}x{t}" for b, t in SHAPES))
+    ap.add_argument("--diagnostics", action="store_true",
+                    help="trmask also gets the batch's advantages and uid and returns its own "
+                         "metrics (trmask_metrics=True); verl's plain call")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a.memory:
@@ -149,24 +165,29 @@ def main():
     import trmask
 
     print(f"verl {version} (PyPI, --no-deps), torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"trmask backend={a.backend!r}: {trmask.backend_name(a.backend)}; best / median of {a.repeat}, float32")
+          f"trmask backend={a.backend!r}: {trmask.backend_name(a.backend)}; best / median of {a.repeat}, float32"
+          + ("; trmask with advantages + uid + trmask_metrics=True" if a.diagnostics else ""))
     print()
     print("| batch | config | verl | trmask | speed-up (best) |")
     print("|---|---|---|---|---|")
     for shape in a.shapes.split(","):
         b, t = (int(x) for x in shape.split("x"))
         old, roll, mask = batch(b, t)
+        extra = diagnostics_inputs(b, t) if a.diagnostics else {}
         for label, cfg in CONFIGS:
             with torch.no_grad():
                 ref = verl_fn(old, roll, mask, **cfg)
-                got = trmask.compute_rollout_correction_and_rejection_mask(old, roll, mask, **cfg, backend=a.backend)
+                got = trmask.compute_rollout_correction_and_rejection_mask(
+                    old, roll, mask, **cfg, **extra, backend=a.backend)
                 agree(ref, got)
+                if a.diagnostics:
+                    assert "trmask/adv_pos/k3_mean" in got[2] and "trmask/num_groups" in got[2]
                 # alternate the two so that load from other processes hits both alike
                 vt, tt = [], []
                 for _ in range(a.repeat):
                     vt.append(timed(lambda: verl_fn(old, roll, mask, **cfg), 1)[0])
                     tt.append(timed(lambda: trmask.compute_rollout_correction_and_rejection_mask(
-                        old, roll, mask, **cfg, backend=a.backend), 1)[0])
+                        old, roll, mask, **cfg, **extra, backend=a.backend), 1)[0])
             vb, vmed = min(vt), float(np.median(vt))
             tb, tmed = min(tt), float(np.median(tt))
             print(f"| {b} × {t} | {label} | {vb * 1e3:.1f} / {vmed * 1e3:.1f} ms | "

@@ -89,7 +89,8 @@ fn corrector(
     let c = Arc::new(
         Corrector::new(eng, &cfg)
             .map_err(to_py)?
-            .verl_metrics_only(verl_only),
+            .verl_metrics_only(verl_only)
+            .choose_executor_by_work(backend == "auto"),
     );
     let mut cache = CORRECTORS.lock().map_err(|_| poisoned())?;
     if cache.len() >= CORRECTOR_CACHE {

@@ -200,11 +200,6 @@ pub fn analyze_shard(
         }
         partial.extend(k.metrics(original));
     }
-    partial.extend(crate::metrics::breakdown::breakdown_partial(
-        batch,
-        &table,
-        &corrections,
-    ));
     let corr_keys = corr_partial.clone();
     partial.extend(corr_partial);
     certificate_partial(

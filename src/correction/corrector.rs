@@ -198,9 +198,7 @@ impl<'a> Step<'a> {
     }
 
     fn lean_inputs(&self, bypass: bool) -> Option<LeanInputs<'a>> {
-        if self.advantages.is_some()
-            || self.responses.is_some()
-            || self.uid.is_some()
+        if self.responses.is_some()
             || self.rollout_logits.is_some()
             || self.old_logits.is_some()
             || self.kept_ids.is_some()
@@ -226,6 +224,8 @@ impl<'a> Step<'a> {
             mask: self.response_mask,
             roll: self.rollout_log_prob?,
             train,
+            adv: self.advantages,
+            uid: self.uid,
         })
     }
 
@@ -330,6 +330,8 @@ pub struct Corrector {
     resolved: Resolved,
     /// The fused lean pass's plan, where it serves this config on this engine.
     lean: Option<LeanPlan>,
+    /// The executor is chosen by the work (`backend auto`), not only by the engine.
+    by_work: bool,
 }
 
 impl std::fmt::Debug for Corrector {
@@ -352,6 +354,7 @@ impl Corrector {
             config: config.clone(),
             resolved,
             lean: None,
+            by_work: false,
         };
         c.lean = c.lean_plan();
         Ok(c)
@@ -376,11 +379,34 @@ impl Corrector {
         self
     }
 
-    /// The lean pass runs on the CPU engines (the f64 reference's formulas).
+    /// Chooses the executor by the work, as `backend auto` does (docs/BACKENDS.md): a step of
+    /// host-resident log-probs runs the fused CPU pass even on a GPU engine (uploading two
+    /// log-probs per token, dispatching and reading back costs more than reading them once on
+    /// the host); logits and device-resident inputs still go to the engine. Off by default: a
+    /// corrector on an explicitly chosen GPU engine runs everything there.
+    ///
+    /// ```
+    /// use trmask::{cpu::CpuEngine, CorrectionConfig, Corrector};
+    /// let cfg = CorrectionConfig::preset("decoupled_k3_rs")?;
+    /// let c = Corrector::new(CpuEngine::new(), &cfg)?.choose_executor_by_work(true);
+    /// assert!(c.has_lean_pass());
+    /// # Ok::<(), trmask::Error>(())
+    /// ```
+    pub fn choose_executor_by_work(mut self, on: bool) -> Self {
+        self.by_work = on;
+        self.lean = self.lean_plan();
+        self
+    }
+
+    /// The lean pass runs on the CPU engines (the f64 reference's formulas), and on a GPU
+    /// engine when the executor is chosen by the work.
     fn lean_plan(&self) -> Option<LeanPlan> {
-        // the GPU engine, and a truncated sampler's kept mass (read from the raw top-K), take
-        // the full path
-        if self.engine.is_gpu() || !self.config.sampling.is_off() || self.config.sampling_replay {
+        // a GPU engine chosen explicitly, and a truncated sampler's kept mass (read from the
+        // raw top-K), take the full path
+        if (self.engine.is_gpu() && !self.by_work)
+            || !self.config.sampling.is_off()
+            || self.config.sampling_replay
+        {
             return None;
         }
         lean::plan(&self.resolved)

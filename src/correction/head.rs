@@ -13,6 +13,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::input::batch::{Batch, Layout};
 use crate::metrics::ctx::{vmax, vmin, Ctx};
+use crate::metrics::diag::{from_columns, Columns as DiagColumns};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
 use crate::metrics::trmask::trmask_metrics;
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
@@ -153,21 +154,37 @@ pub(crate) fn compute_partial(
     let final_mask: Vec<f64> = keep.iter().map(|&k| k as u8 as f64).collect();
 
     if !cfg.verl_metrics_only {
+        let n_kept = (0..final_mask.len())
+            .filter(|&i| ctx.mask[i] && final_mask[i] > 0.0)
+            .count() as u64;
+        let rejects: Vec<(&str, &[bool])> = criteria
+            .iter()
+            .map(|c| (c.name.as_str(), c.seq_reject.as_slice()))
+            .collect();
         trmask_metrics(
-            &ctx,
-            &criteria,
-            &seq_accept,
             &seq_len,
-            &final_mask,
-            weights.as_deref(),
+            &seq_accept,
+            &rejects,
+            ctx.n as u64,
+            n_kept,
             &mut metrics,
         );
-        let est = [
-            ("k1", k1),
-            ("k3", table.get("k3")?),
-            ("abs_log_ratio", table.get("abs")?),
-        ];
-        length_metrics(segs, est, &seq_accept, &criteria, &mut metrics);
+        let stats: Vec<(&str, &[f64])> = criteria
+            .iter()
+            .map(|c| (c.name.as_str(), c.seq_stat.as_slice()))
+            .collect();
+        length_metrics(&seq_len, &seq_accept, &stats, &mut metrics);
+        let cols = DiagColumns {
+            k1,
+            k3: table.get("k3")?,
+            log_ratio: table.get("log_ratio")?,
+            roll_lp: table.stats.get("rollout_log_prob").map(Vec::as_slice),
+            entropy: table.stats.get("training_entropy").map(Vec::as_slice),
+            adv: batch.advantages.as_deref(),
+            weights: weights.as_deref(),
+        };
+        let (feeds, diag) = from_columns(segs, &cols, &final_mask, &seq_accept);
+        diag.put(&feeds, &mut metrics);
         if let Some(uid) = &batch.uid {
             group_metrics(uid, &seq_accept, &mut metrics);
         }

@@ -13,6 +13,7 @@
 use crate::config::{IsLevel, IsSpec, LegacySpec};
 use crate::error::Result;
 use crate::metrics::ctx::{vmax, vmin, Ctx};
+use crate::metrics::diag::{from_columns, Columns as DiagColumns};
 use crate::metrics::trmask::trmask_metrics;
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
 use crate::partial::{exchange, Acc, Empty, Exchange, Partial};
@@ -258,15 +259,28 @@ pub(crate) fn compute(
         .map(|i| criteria.iter().all(|c| !c.seq_reject[i]))
         .collect();
     let final_mask: Vec<f64> = keep.iter().map(|&k| k as u8 as f64).collect();
-    trmask_metrics(
-        ctx,
-        &criteria,
-        &seq_accept,
-        &seq_len,
-        &final_mask,
-        weights.as_deref(),
-        m,
-    );
+    let n_kept = (0..final_mask.len())
+        .filter(|&i| ctx.mask[i] && final_mask[i] > 0.0)
+        .count() as u64;
+    let rejects: Vec<(&str, &[bool])> = criteria
+        .iter()
+        .map(|c| (c.name.as_str(), c.seq_reject.as_slice()))
+        .collect();
+    trmask_metrics(&seq_len, &seq_accept, &rejects, ctx.n as u64, n_kept, m);
+    if let Some(w) = weights.as_deref() {
+        let cols = DiagColumns {
+            k1: table.get("k1")?,
+            k3: table.get("k3")?,
+            log_ratio: table.get("log_ratio")?,
+            roll_lp: None,
+            entropy: None,
+            adv: None,
+            weights: Some(w),
+        };
+        from_columns(ctx.segs, &cols, &final_mask, &seq_accept)
+            .1
+            .put_ess(m);
+    }
     Ok(Corrections {
         weights,
         mask: final_mask,

@@ -80,9 +80,6 @@ pub(crate) fn correct_shard(
             // the kept mass is read on the input's valid tokens (the replay keeps the mask)
             p.extend(k.metrics(&s.batch));
         }
-        p.extend(crate::metrics::breakdown::breakdown_partial(
-            &s.batch, &s.table, &c,
-        ));
     }
     let merged = exchange(ex, p)?;
     check_valid_tokens(&merged, s.batch.layout())?;

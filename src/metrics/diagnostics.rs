@@ -5,7 +5,6 @@
 
 use crate::input::batch::Segments;
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
-use crate::stats::CriterionResult;
 use std::collections::BTreeMap;
 
 /// Upper ends of the response-position (and length) buckets of `trmask/<stat>_pos_<lo>_<hi>`
@@ -50,7 +49,7 @@ pub(crate) fn position_means(
     metrics: &mut Partial,
 ) -> usize {
     let nb = POSITION_BUCKETS.len();
-    let (mut sum, mut cnt) = (vec![Sum::default(); nb], vec![0u64; nb]);
+    let (mut sum, mut cnt) = ([Sum::default(); 6], [0u64; 6]);
     for &(a, b) in segments.ranges() {
         let valid = v[a..b]
             .iter()
@@ -62,6 +61,19 @@ pub(crate) fn position_means(
             cnt[k] += 1;
         }
     }
+    debug_assert_eq!(nb, sum.len());
+    put_position_means(name, &sum, &cnt, with_mean, metrics) as usize
+}
+
+/// The metrics of [`position_means`] from each bucket's sum and count (the one place they are
+/// written: the fused pass's diagnostics and the exact divergences both come here).
+pub(crate) fn put_position_means(
+    name: &str,
+    sum: &[Sum; 6],
+    cnt: &[u64; 6],
+    with_mean: bool,
+    metrics: &mut Partial,
+) -> u64 {
     let mean = |sum: Sum, n: u64| Acc::Mean {
         sum,
         n,
@@ -77,7 +89,7 @@ pub(crate) fn position_means(
         sum.iter().for_each(|s| all.merge(*s));
         metrics.put(format!("trmask/{name}_mean"), mean(all, n));
     }
-    n as usize
+    n
 }
 
 /// Pearson correlation of `x` and `y` (`None` with fewer than 2 points or a constant side).
@@ -88,23 +100,17 @@ pub(crate) fn pearson(x: &[f64], y: &[f64]) -> Option<f64> {
     p.finish_one("r").ok().flatten()
 }
 
-/// Length-aware diagnostics from the per-token estimators (`k1`, `k3`, `abs` = |log ρ|):
-/// `trmask/{k1,k3,abs_log_ratio}_pos_<lo>_<hi>` and `_mean`; over non-empty sequences,
-/// `trmask/reject_rate_len_<lo>_<hi>` (share of the sequences whose valid length lies in
-/// `[lo, hi)` that were rejected, for buckets holding a sequence) and
-/// `trmask/len_corr/<criterion>` (Pearson correlation of the valid length with the criterion's
-/// per-sequence statistic; absent when undefined).
+/// Length-aware diagnostics over non-empty sequences: `trmask/reject_rate_len_<lo>_<hi>`
+/// (share of the sequences whose valid length lies in `[lo, hi)` that were rejected, for
+/// buckets holding a sequence) and `trmask/len_corr/<criterion>` (Pearson correlation of the
+/// valid length with the criterion's per-sequence statistic; absent when undefined). The
+/// per-position estimator means come from the diagnostics accumulator (`metrics::diag`).
 pub(crate) fn length_metrics(
-    segments: &Segments,
-    estimators: [(&str, &[f64]); 3],
+    len: &[usize],
     seq_accept: &[bool],
-    criteria: &[CriterionResult],
+    criteria: &[(&str, &[f64])],
     m: &mut Partial,
 ) {
-    for (name, v) in estimators {
-        position_means(name, v, segments, true, m);
-    }
-    let len = segments.lengths();
     let nonempty: Vec<usize> = (0..len.len()).filter(|&i| len[i] > 0).collect();
     let nb = POSITION_BUCKETS.len();
     let (mut rej, mut cnt) = (vec![0usize; nb], vec![0usize; nb]);
@@ -120,12 +126,9 @@ pub(crate) fn length_metrics(
         );
     }
     let x: Vec<f64> = nonempty.iter().map(|&i| len[i] as f64).collect();
-    for c in criteria {
-        let y: Vec<f64> = nonempty.iter().map(|&i| c.seq_stat[i]).collect();
-        m.put(
-            format!("trmask/len_corr/{}", c.name),
-            Acc::co_moments(&x, &y),
-        );
+    for (name, stat) in criteria {
+        let y: Vec<f64> = nonempty.iter().map(|&i| stat[i]).collect();
+        m.put(format!("trmask/len_corr/{name}"), Acc::co_moments(&x, &y));
     }
 }
 

@@ -1,11 +1,9 @@
 //! trmask's own `trmask/*` metrics: acceptance, lengths, per-criterion rejection, weights, and
 //! the shares and position buckets of exact divergences, as mergeable partials.
 
-use super::ctx::Ctx;
 use super::diagnostics::position_means;
 use crate::input::batch::Segments;
-use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
-use crate::stats::CriterionResult;
+use crate::partial::{Acc, Empty, FracMode, Partial};
 
 /// Exact divergences that get threshold shares and position buckets (see
 /// [`divergence_metrics`]).
@@ -37,39 +35,35 @@ pub fn divergence_metrics(name: &str, v: &[f64], segments: &Segments, metrics: &
     }
 }
 
-/// `(Σw, Σw², n)` of a weight set: its ESS `(Σw)² / (n Σw²)`.
-fn ess(v: &[f64]) -> Acc {
-    Acc::Ess {
-        s1: Sum::of(v.iter().copied()),
-        s2: Sum::of(v.iter().map(|x| x * x)),
-        n: v.len() as u64,
-    }
-}
-
+/// trmask's sequence-level metrics: `trmask/reject_rate` and `trmask/reject_rate/<criterion>`
+/// over non-empty sequences, `trmask/token_reject_rate` (valid tokens the final mask drops, of
+/// `n_valid`), and the quantiles of `trmask/seq_len` and `trmask/accepted_seq_len`. Both
+/// executors call it with their per-sequence decisions.
 pub(crate) fn trmask_metrics(
-    ctx: &Ctx,
-    criteria: &[CriterionResult],
-    seq_accept: &[bool],
     seq_len: &[usize],
-    final_mask: &[f64],
-    weights: Option<&[f64]>,
+    seq_accept: &[bool],
+    criteria: &[(&str, &[bool])],
+    n_valid: u64,
+    n_kept: u64,
     m: &mut Partial,
 ) {
-    let nonempty: Vec<usize> = (0..ctx.b).filter(|&i| seq_len[i] > 0).collect();
+    let nonempty: Vec<usize> = (0..seq_len.len()).filter(|&i| seq_len[i] > 0).collect();
     let ne = nonempty.len();
     let frac = |k: usize| Acc::frac(k, ne, FracMode::F64, Empty::Compute);
     let rejected = nonempty.iter().filter(|&&i| !seq_accept[i]).count();
     m.put("trmask/reject_rate", frac(rejected));
-    for c in criteria {
-        let k = nonempty.iter().filter(|&&i| c.seq_reject[i]).count();
-        m.put(format!("trmask/reject_rate/{}", c.name), frac(k));
+    for (name, seq_reject) in criteria {
+        let k = nonempty.iter().filter(|&&i| seq_reject[i]).count();
+        m.put(format!("trmask/reject_rate/{name}"), frac(k));
     }
-    let kept = (0..final_mask.len())
-        .filter(|&i| ctx.mask[i] && final_mask[i] > 0.0)
-        .count();
     m.put(
         "trmask/token_reject_rate",
-        Acc::frac(kept, ctx.n, FracMode::Complement, Empty::Compute),
+        Acc::frac(
+            n_kept as usize,
+            n_valid as usize,
+            FracMode::Complement,
+            Empty::Compute,
+        ),
     );
     let lens = |idx: &mut dyn Iterator<Item = &usize>| {
         Acc::Quantiles(idx.map(|&i| seq_len[i] as f64).collect())
@@ -79,25 +73,6 @@ pub(crate) fn trmask_metrics(
         "trmask/accepted_seq_len",
         lens(&mut nonempty.iter().filter(|&&i| seq_accept[i])),
     );
-    if let Some(w) = weights {
-        // final weights on the tokens the final mask keeps
-        let kept_tok: Vec<f64> = (0..w.len())
-            .filter(|&i| ctx.mask[i] && final_mask[i] > 0.0)
-            .map(|i| w[i])
-            .collect();
-        m.put("trmask/ess_token", ess(&kept_tok));
-        let mut sw = vec![0.0; ctx.b];
-        let mut cnt = vec![0usize; ctx.b];
-        for i in (0..w.len()).filter(|&i| ctx.mask[i] && final_mask[i] > 0.0) {
-            sw[ctx.owner[i]] += w[i];
-            cnt[ctx.owner[i]] += 1;
-        }
-        let seq_w: Vec<f64> = (0..ctx.b)
-            .filter(|&i| cnt[i] > 0)
-            .map(|i| sw[i] / cnt[i] as f64)
-            .collect();
-        m.put("trmask/ess_seq", ess(&seq_w));
-    }
 }
 
 #[cfg(test)]

@@ -288,6 +288,85 @@ fn lean_pass_equals_the_full_path() {
     assert!(lean_runs > 60, "the lean pass ran {lean_runs} times");
 }
 
+/// With trmask's own metrics (the trainer's diagnostics: advantages and GRPO group ids given),
+/// the fused pass feeds the same diagnostics accumulator from its tiles as the full path from
+/// its table: the same keys, the same values to 1e-12 (per-sequence plain sums), the same
+/// mask and weights to the bit.
+#[test]
+fn lean_pass_with_diagnostics_equals_the_full_path() {
+    let mut rng = Rng::new(seed(3801));
+    let mut lean_runs = 0;
+    for (ci, (name, cfg)) in configs().iter().enumerate() {
+        let corrector = Corrector::new(CpuEngine::new(), cfg).unwrap();
+        // sequence IS normalised over the batch: the full path's normaliser sums each
+        // sequence's weight once per token, the lean pass multiplies it by the length (as for
+        // the metrics above), so a weight may differ in its last bits through the normaliser
+        let ulps = if name.contains("\"sequence\"") && name.contains("batch_normalize\": true") {
+            4
+        } else {
+            0
+        };
+        for trial in 0..5 {
+            let (b, t) = [(3, 5), (7, 33), (16, 300), (2, 9000), (5, 17)][trial];
+            let raw = random(&mut rng, b, t);
+            let k = ci + trial;
+            let (roll, old) = (Held::new(&raw.roll, k), Held::new(&raw.old, k + trial % 2));
+            let mask = HeldMask::new(&raw.mask, k);
+            // per-token advantages: a sign per sequence, some zero, some mixed within a row
+            let adv: Vec<f64> = (0..b * t)
+                .map(|i| match (i / t) % 4 {
+                    0 => 1.5,
+                    1 => -0.5,
+                    2 => 0.0,
+                    _ => rng.range(-1.0, 1.0),
+                })
+                .collect();
+            let adv = Held::new(&adv, k + 1);
+            let uid: Vec<i64> = (0..b as i64).map(|s| s / 2).collect();
+            let step = Step::padded(raw.b, raw.t)
+                .response_mask(mask.values())
+                .rollout_log_prob(roll.values())
+                .old_log_prob(old.values())
+                .advantages(adv.values())
+                .uid(&uid);
+            let what = format!("{name} [{b}, {t}] trial {trial} (diagnostics)");
+            let full = corrector.correct(&step);
+            let mut bufs = Bufs::new(b * t);
+            let lean = corrector.correct_into(&step, bufs.outputs(corrector.has_weights(), k));
+            let (full, lean) = match (full, lean) {
+                (Ok(f), Ok(l)) => (f, l),
+                (Err(f), Err(l)) => {
+                    assert_eq!(f.to_string(), l.to_string(), "{what}: errors");
+                    continue;
+                }
+                (f, l) => panic!("{what}: full {:?} lean {:?}", f.err(), l.err()),
+            };
+            if corrector.has_lean_pass() {
+                lean_runs += 1;
+            }
+            let (w, m) = bufs.read(k);
+            assert!(m == full.mask, "{what}: mask");
+            if corrector.has_weights() {
+                let want = want_weights(&full, k);
+                let bad = (0..w.len()).find(|&i| w[i].to_bits().abs_diff(want[i].to_bits()) > ulps);
+                assert!(
+                    bad.is_none(),
+                    "{what}: weight {bad:?}: lean {:?} full {:?}",
+                    bad.map(|i| w[i]),
+                    bad.map(|i| want[i])
+                );
+            }
+            same_details(&lean, &full, &what);
+            assert!(
+                full.metrics.contains_key("trmask/adv_pos/token_fraction")
+                    || raw.mask.iter().all(|m| !m)
+            );
+            same_metrics(&lean.metrics, &full.metrics, t, &what);
+        }
+    }
+    assert!(lean_runs > 50, "the lean pass ran {lean_runs} times");
+}
+
 #[test]
 fn lean_pass_serves_the_benchmark_and_verl_presets() {
     for (name, cfg) in configs().iter().take(8) {

@@ -500,3 +500,56 @@ fn fused_sequence_sums_are_compensated() {
         }
     }
 }
+
+/// `backend auto` chooses the executor by the work: on a GPU engine, a corrector that chooses
+/// by the work runs the fused CPU pass for host log-probs (same mask, weights and metrics as
+/// the CPU engine's), one that does not runs the GPU's full path.
+#[test]
+fn auto_runs_host_log_probs_on_the_fused_cpu_pass() {
+    use trmask::{Corrector, MaskOut, Outputs, Step, WeightsOut};
+    let Some(gpu) = common::gpu() else { return };
+    let cfg = trmask::CorrectionConfig::preset("decoupled_k3_rs_token_tis").unwrap();
+    let plain = Corrector::new((*gpu).clone(), &cfg).unwrap();
+    let by_work = Corrector::new((*gpu).clone(), &cfg)
+        .unwrap()
+        .choose_executor_by_work(true);
+    assert!(!plain.has_lean_pass());
+    assert!(by_work.has_lean_pass());
+    let cpu = Corrector::new(trmask::cpu::CpuEngine::new(), &cfg).unwrap();
+    let (b, t) = (4usize, 50usize);
+    let roll: Vec<f32> = (0..b * t).map(|i| -0.5 - (i % 7) as f32 * 0.1).collect();
+    let old: Vec<f32> = (0..b * t)
+        .map(|i| roll[i] + if i / t == 2 { 0.3 } else { 0.01 })
+        .collect();
+    let mask: Vec<f32> = (0..b * t)
+        .map(|i| f32::from(i % t < 10 + 9 * (i / t)))
+        .collect();
+    let step = Step::padded(b, t)
+        .response_mask(&mask[..])
+        .rollout_log_prob(&roll[..])
+        .old_log_prob(&old[..]);
+    let run = |c: &Corrector| {
+        let (mut w, mut m) = (vec![0f32; b * t], vec![0f32; b * t]);
+        let out = c
+            .correct_into(
+                &step,
+                Outputs {
+                    weights: Some(WeightsOut::F32(&mut w)),
+                    mask: MaskOut::F32(&mut m),
+                },
+            )
+            .unwrap();
+        (w, m, out.metrics)
+    };
+    let (w1, m1, k1) = run(&by_work);
+    let (w2, m2, k2) = run(&cpu);
+    assert!(
+        w1 == w2 && m1 == m2,
+        "the fused pass on a GPU engine = the CPU engine's"
+    );
+    assert_eq!(k1, k2);
+    assert!(
+        m1[2 * t..2 * t + 10].iter().all(|&x| x == 0.0),
+        "sequence 2 rejected"
+    );
+}

@@ -4,6 +4,9 @@
 use super::plan::{is_weight, LAgg, LCrit, LeanPlan, MAX_CRITERIA};
 use crate::config::{IsLevel, IsSpec};
 use crate::metrics::ctx::{f32_frac, vmax, vmin};
+use crate::metrics::diag::{DiagAcc, Feeds};
+use crate::metrics::diagnostics::{group_metrics, length_metrics};
+use crate::metrics::trmask::trmask_metrics;
 use crate::metrics::verl::seq_mean_metrics;
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use crate::stats::{Corrections, CriterionResult, SAFETY_BOUND};
@@ -408,5 +411,43 @@ pub(crate) fn details(plan: &LeanPlan, recs: &[SeqRec]) -> Corrections {
         seq_reject_bits: bits,
         criteria,
         metrics: Default::default(),
+    }
+}
+
+/// trmask's own metrics of a lean call (`plan.diag`): the sequence-level ones from the
+/// decisions `c` and the records, the per-token diagnostics from the tiles' accumulator, the
+/// GRPO groups from `uid` — each through the one function the full path calls.
+pub(crate) fn diag_partial(
+    c: &Corrections,
+    recs: &[SeqRec],
+    diag: &DiagAcc,
+    feeds: &Feeds,
+    uid: Option<&[i64]>,
+    m: &mut Partial,
+) {
+    let n_valid: u64 = recs.iter().map(|r| r.n).sum();
+    let n_rej: u64 = recs.iter().map(|r| r.n_rej_any).sum();
+    let rejects: Vec<(&str, &[bool])> = c
+        .criteria
+        .iter()
+        .map(|k| (k.name.as_str(), k.seq_reject.as_slice()))
+        .collect();
+    trmask_metrics(
+        &c.seq_len,
+        &c.seq_accept,
+        &rejects,
+        n_valid,
+        n_valid - n_rej,
+        m,
+    );
+    let stats: Vec<(&str, &[f64])> = c
+        .criteria
+        .iter()
+        .map(|k| (k.name.as_str(), k.seq_stat.as_slice()))
+        .collect();
+    length_metrics(&c.seq_len, &c.seq_accept, &stats, m);
+    diag.put(feeds, m);
+    if let Some(u) = uid {
+        group_metrics(u, &c.seq_accept, m);
     }
 }

@@ -1,12 +1,13 @@
 //! The per-sequence kernel of the lean pass and its parallel driver.
 
-use super::finish::{chunk_partial, details, SeqRec};
+use super::finish::{chunk_partial, details, diag_partial, SeqRec};
 use super::plan::{is_weight, LAgg, LeanPlan};
 use super::tile::{Cols, SeqLanes, TILE};
 use crate::config::{IsLevel, IsSpec};
 use crate::error::Result;
 use crate::input::values::{MaskOut, MaskValues, Outputs, Values, WeightsOut};
 use crate::math::{exp_bounded, LANES};
+use crate::metrics::diag::{DiagAcc, Feeds, SeqDiag};
 use crate::partial::{exchange, Acc, Exchange, Partial};
 use crate::stats::{Corrections, SAFETY_BOUND};
 use rayon::prelude::*;
@@ -30,6 +31,10 @@ pub(crate) struct LeanInputs<'a> {
     pub(crate) mask: Option<MaskValues<'a>>,
     pub(crate) roll: Values<'a>,
     pub(crate) train: Values<'a>,
+    /// Per-token advantages (trmask's diagnostics only).
+    pub(crate) adv: Option<Values<'a>>,
+    /// Each sequence's group id (trmask's diagnostics only).
+    pub(crate) uid: Option<&'a [i64]>,
 }
 
 impl LeanInputs<'_> {
@@ -65,7 +70,11 @@ impl LeanInputs<'_> {
                 )
             }
         };
-        (self.roll.len() == slots && self.train.len() == slots).then_some(ranges)
+        let fits = self.roll.len() == slots
+            && self.train.len() == slots
+            && self.adv.is_none_or(|a| a.len() == slots)
+            && self.uid.is_none_or(|u| u.len() == ranges.len());
+        fits.then_some(ranges)
     }
 }
 
@@ -100,13 +109,26 @@ pub(crate) fn run(
     }
     let deferred = plan.is.is_some_and(|is| is.batch_normalize);
     let tasks = split_tasks(&ranges, slots, out);
-    let chunks = run_tasks(tasks, |mut t| kernel(plan, inp, &ranges, &mut t, deferred));
+    let feeds = Feeds {
+        prob: true,
+        entropy: false,
+        adv: inp.adv.is_some(),
+        weights: plan.is.is_some(),
+    };
+    let chunks = run_tasks(tasks, |mut t| {
+        let mut diag = plan.diag.then(DiagAcc::default);
+        kernel(plan, inp, &ranges, &mut t, deferred, &feeds, diag.as_mut()).map(|r| (r, diag))
+    });
     let mut recs = Vec::with_capacity(ranges.len());
+    let mut diag = plan.diag.then(DiagAcc::default);
     for c in chunks {
-        let Some(Some(r)) = c else {
+        let Some(Some((r, d))) = c else {
             return Ok(None);
         };
         recs.extend(r);
+        if let (Some(all), Some(d)) = (diag.as_mut(), d) {
+            all.merge(&d);
+        }
     }
     // this shard's metrics: one partial of every sequence's record, in order
     let mut merged = chunk_partial(plan, &recs);
@@ -120,8 +142,15 @@ pub(crate) fn run(
         tasks
             .into_par_iter()
             .for_each(|mut t| write_normalised(plan, inp, &ranges, &recs, &mut t, wmean));
+        if let Some(d) = diag.as_mut() {
+            d.ess_scale = 1.0 / wmean;
+        }
     }
-    Ok(Some((details(plan, &recs), merged)))
+    let c = details(plan, &recs);
+    if let Some(d) = &diag {
+        diag_partial(&c, &recs, d, &feeds, inp.uid, &mut merged);
+    }
+    Ok(Some((c, merged)))
 }
 
 /// `f` of every task, in order: the calling thread and `current_num_threads − 1` of rayon's
@@ -209,12 +238,15 @@ fn split_tasks<'o>(
 /// One task: every sequence's record, its weights (unless `deferred`) and mask written;
 /// `None` on an input the pass does not vouch for. On x86-64 CPUs with AVX2 the same code runs
 /// compiled for it (wider vectors, no FMA: the same bits as without).
+#[allow(clippy::too_many_arguments)]
 fn kernel(
     plan: &LeanPlan,
     inp: &LeanInputs<'_>,
     ranges: &[(usize, usize)],
     t: &mut Task<'_>,
     deferred: bool,
+    feeds: &Feeds,
+    diag: Option<&mut DiagAcc>,
 ) -> Option<Vec<SeqRec>> {
     let mut cols = Cols::take();
     let c = &mut cols;
@@ -223,14 +255,16 @@ fn kernel(
         {
             if std::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU has AVX-512F (checked just above).
-                break 'run unsafe { kernel_avx512(plan, inp, ranges, t, deferred, c) };
+                break 'run unsafe {
+                    kernel_avx512(plan, inp, ranges, t, deferred, c, feeds, diag)
+                };
             }
             if std::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2 (checked just above).
-                break 'run unsafe { kernel_avx2(plan, inp, ranges, t, deferred, c) };
+                break 'run unsafe { kernel_avx2(plan, inp, ranges, t, deferred, c, feeds, diag) };
             }
         }
-        kernel_body(plan, inp, ranges, t, deferred, c)
+        kernel_body(plan, inp, ranges, t, deferred, c, feeds, diag)
     };
     Cols::give(cols);
     recs
@@ -241,6 +275,7 @@ macro_rules! kernel_for {
     ($name:ident, $feature:literal) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $feature)]
+        #[allow(clippy::too_many_arguments)]
         unsafe fn $name(
             plan: &LeanPlan,
             inp: &LeanInputs<'_>,
@@ -248,8 +283,10 @@ macro_rules! kernel_for {
             t: &mut Task<'_>,
             deferred: bool,
             cols: &mut Cols,
+            feeds: &Feeds,
+            diag: Option<&mut DiagAcc>,
         ) -> Option<Vec<SeqRec>> {
-            kernel_body(plan, inp, ranges, t, deferred, cols)
+            kernel_body(plan, inp, ranges, t, deferred, cols, feeds, diag)
         }
     };
 }
@@ -257,6 +294,7 @@ kernel_for!(kernel_avx512, "avx512f");
 kernel_for!(kernel_avx2, "avx2");
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn kernel_body(
     plan: &LeanPlan,
     inp: &LeanInputs<'_>,
@@ -264,6 +302,8 @@ fn kernel_body(
     t: &mut Task<'_>,
     deferred: bool,
     cols: &mut Cols,
+    feeds: &Feeds,
+    mut diag: Option<&mut DiagAcc>,
 ) -> Option<Vec<SeqRec>> {
     if inp.mask.is_none() {
         cols.m.fill(1); // every slot valid (the columns may hold an earlier call's mask)
@@ -286,6 +326,7 @@ fn kernel_body(
         }
         let mut rec = SeqRec::default();
         lanes.start(plan, &mut rec);
+        let mut sd = SeqDiag::default();
         let mut k = a;
         while k < e {
             let len = TILE.min(e - k);
@@ -337,6 +378,7 @@ fn kernel_body(
             };
             // a tile of padding only (0 everywhere, no bad value): nothing to read or add
             if used == 0 {
+                sd.gap();
                 t.mask.clear(off, len);
                 if let (Some(wo), Some(_), false) = (t.weights.as_mut(), &token_is, deferred) {
                     wo.fill(off, len, 0.0);
@@ -351,6 +393,15 @@ fn kernel_body(
             let used8 = used.next_multiple_of(LANES);
             cols.m[used..used8].fill(0);
             cols.tile(used8, plan, token_is.as_ref(), &mut rec, &mut lanes)?;
+            if diag.is_some() {
+                if let Some(av) = &inp.adv {
+                    av.load(k, &mut cols.a[..used]);
+                }
+                cols.feed_diag(used, feeds, token_is.is_some(), &mut sd);
+                if used < len {
+                    sd.gap();
+                }
+            }
             if inp.mask.is_none() {
                 cols.m[used..used8].fill(1);
             }
@@ -377,11 +428,20 @@ fn kernel_body(
         }
         if let Some(is) = plan.is.filter(|is| is.level == IsLevel::Sequence) {
             let ws = rec.finish_seq_weight(&is);
+            sd.seq_weight(ws);
             if !deferred {
                 if let Some(wo) = t.weights.as_mut() {
                     write_seq_weight(inp, wo, (a, e), t.start, ws, &mut cols.m, &mut cols.w)?;
                 }
             }
+        }
+        if let Some(d) = diag.as_deref_mut() {
+            let token_rejected = plan
+                .criteria
+                .iter()
+                .zip(&rec.crit)
+                .any(|(c, r)| c.agg == LAgg::Token && r.rej > 0);
+            d.fold(&sd, seq_rejected, seq_rejected || token_rejected);
         }
         recs.push(rec);
         cursor = e;
@@ -567,6 +627,8 @@ mod tests {
                 mask: Some(MaskValues::F32(&mask)),
                 roll: Values::F32(&roll),
                 train: Values::F32(&old),
+                adv: None,
+                uid: None,
             };
             let ranges = inp.ranges().unwrap();
             type Kernel = fn(
@@ -576,20 +638,22 @@ mod tests {
                 &mut Task<'_>,
                 bool,
                 &mut Cols,
+                &Feeds,
+                Option<&mut DiagAcc>,
             ) -> Option<Vec<SeqRec>>;
             let mut builds: Vec<(&str, Kernel)> = vec![("baseline", kernel_body)];
             #[cfg(target_arch = "x86_64")]
             {
                 if std::is_x86_feature_detected!("avx2") {
                     // SAFETY: AVX2 is there (checked).
-                    builds.push(("avx2", |p, i, r, t, d, c| unsafe {
-                        kernel_avx2(p, i, r, t, d, c)
+                    builds.push(("avx2", |p, i, r, t, d, c, f, g| unsafe {
+                        kernel_avx2(p, i, r, t, d, c, f, g)
                     }));
                 }
                 if std::is_x86_feature_detected!("avx512f") {
                     // SAFETY: AVX-512F is there (checked).
-                    builds.push(("avx512", |p, i, r, t, d, c| unsafe {
-                        kernel_avx512(p, i, r, t, d, c)
+                    builds.push(("avx512", |p, i, r, t, d, c, f, g| unsafe {
+                        kernel_avx512(p, i, r, t, d, c, f, g)
                     }));
                 }
             }
@@ -603,7 +667,10 @@ mod tests {
                 let mut recs = Vec::new();
                 for mut task in split_tasks(&ranges, b * t, &mut out) {
                     let mut cols = Cols::take();
-                    recs.extend(k(&plan, &inp, &ranges, &mut task, false, &mut cols).unwrap());
+                    let f = Feeds::default();
+                    recs.extend(
+                        k(&plan, &inp, &ranges, &mut task, false, &mut cols, &f, None).unwrap(),
+                    );
                     Cols::give(cols);
                 }
                 let sums: Vec<String> = recs.iter().map(|r| format!("{r:?}")).collect();

@@ -47,6 +47,8 @@ impl LCrit {
 pub struct LeanPlan {
     pub(crate) criteria: Vec<LCrit>,
     pub(crate) is: Option<IsSpec>,
+    /// trmask's own metrics too (the diagnostics fed from each tile), not verl's only.
+    pub(crate) diag: bool,
 }
 
 /// The lean pass's plan for `r`, `None` where it does not serve the config.
@@ -54,7 +56,6 @@ pub(crate) fn plan(r: &Resolved) -> Option<LeanPlan> {
     if r.legacy.is_some()
         || r.dppo.is_some()
         || r.token_veto.is_some()
-        || !r.verl_metrics_only
         || r.criteria.len() > MAX_CRITERIA
     {
         return None;
@@ -91,7 +92,11 @@ pub(crate) fn plan(r: &Resolved) -> Option<LeanPlan> {
             name: c.name.clone(),
         });
     }
-    Some(LeanPlan { criteria, is: r.is })
+    Some(LeanPlan {
+        criteria,
+        is: r.is,
+        diag: !r.verl_metrics_only,
+    })
 }
 
 /// IS weight of a raw ratio: TIS `min(raw, U)` or IcePop (`raw` inside `[L, U]`, else 0).

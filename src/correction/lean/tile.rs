@@ -9,6 +9,7 @@ use super::plan::{LAgg, LCrit, LeanPlan, Src, MAX_CRITERIA};
 use crate::config::IsSpec;
 use crate::input::values::MASK_BAD;
 use crate::math::{exp_bounded, k3_from_log_ratio, LaneSum, LANES};
+use crate::metrics::diag::{Feeds, SeqDiag, Slot};
 use crate::partial::Sum;
 use crate::stats::SAFETY_BOUND;
 
@@ -190,8 +191,15 @@ pub(crate) struct Cols {
     pub(crate) m_next: [u8; TILE],
     pub(crate) w: [f64; TILE],
     pub(crate) keep: [bool; TILE],
+    /// The advantages of the tile's slots (diagnostics with advantages only).
+    pub(crate) a: [f64; TILE],
     /// All ones at a valid slot, 0 at padding.
     valid: [u64; TILE],
+    /// The tile took the column path (a log-ratio beyond the safety bound): `lr` holds the
+    /// unclamped log-ratios.
+    wide: bool,
+    /// k3 per slot (diagnostics only).
+    k3: [f64; TILE],
     lr: [f64; TILE],
     c: [f64; TILE],
     rho: [f64; TILE],
@@ -225,7 +233,10 @@ impl Cols {
             m_next: [1; TILE],
             w: [0.0; TILE],
             keep: [false; TILE],
+            a: [0.0; TILE],
             valid: [0; TILE],
+            wide: false,
+            k3: [0.0; TILE],
             lr: [0.0; TILE],
             c: [0.0; TILE],
             rho: [0.0; TILE],
@@ -246,7 +257,8 @@ impl Cols {
         rec: &mut SeqRec,
         lanes: &mut SeqLanes,
     ) -> Option<()> {
-        if !self.base_fused(len, rec, lanes)? {
+        self.wide = !self.base_fused(len, rec, lanes)?;
+        if self.wide {
             self.base_columns(len, rec, lanes);
         }
         let v = &self.valid[..len];
@@ -364,6 +376,37 @@ impl Cols {
         add_valid(&mut lanes.s_rho2, x, v, y);
         for (k, &v) in self.keep[..len].iter_mut().zip(v) {
             *k = v != 0;
+        }
+    }
+}
+
+impl Cols {
+    /// The first `used` slots of the tile (after [`Cols::tile`]) fed to the sequence's
+    /// diagnostics: k3 by the criteria's own formula, the log-ratio as given, the token
+    /// criteria's keep, the token IS weight (`token_is`), the advantage when `f.adv`.
+    #[inline(always)]
+    pub(crate) fn feed_diag(&mut self, used: usize, f: &Feeds, token_is: bool, d: &mut SeqDiag) {
+        let n8 = used.next_multiple_of(LANES);
+        statistic(Src::K3, &self.c[..n8], &self.rho[..n8], &mut self.k3[..n8]);
+        for j in 0..used {
+            if self.valid[j] == 0 {
+                d.gap();
+                continue;
+            }
+            let c = self.c[j];
+            d.slot(
+                f,
+                Slot {
+                    c,
+                    lr: if self.wide { self.lr[j] } else { c },
+                    k3: self.k3[j],
+                    roll_lp: self.r[j],
+                    entropy: 0.0,
+                    adv: self.a[j],
+                    weight: if token_is { self.w[j] } else { 0.0 },
+                    keep: self.keep[j],
+                },
+            );
         }
     }
 }

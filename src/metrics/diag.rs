@@ -1,0 +1,568 @@
+//! trmask's per-token diagnostics — the estimators by response position, the breakdowns by
+//! rollout probability, entropy, advantage sign and turn, and the effective sample sizes of the
+//! weights the mask keeps — in one accumulator that both executors feed slot by slot, in slot
+//! order: the fused CPU pass from a tile's columns, the engines' full path from the statistics
+//! table. [`SeqDiag`] holds one sequence (plain f64 sums: a sequence is short), [`DiagAcc`] a
+//! shard's sequences (compensated sums, merged in sequence order), and [`DiagAcc::put`] writes
+//! every metric once, as mergeable partials.
+
+use super::breakdown::{turn_label, ENTROPY_BUCKETS, PROB_BUCKETS, TURNS};
+use super::diagnostics::{bucket_of, put_position_means, POSITION_BUCKETS};
+use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
+
+const NPOS: usize = POSITION_BUCKETS.len();
+const NPROB: usize = PROB_BUCKETS.len();
+const NENT: usize = ENTROPY_BUCKETS.len();
+const NTURN: usize = TURNS + 1;
+
+/// The bucket of a rollout log-prob among [`PROB_BUCKETS`] (probability edges compared in log
+/// space: `ln p < ln hi`).
+#[inline(always)]
+fn prob_bucket(log_p: f64) -> usize {
+    // ln 0.01, ln 0.1, ln 0.5, ln 0.9
+    const EDGES: [f64; 4] = [
+        -2.0 * std::f64::consts::LN_10,
+        -std::f64::consts::LN_10,
+        -std::f64::consts::LN_2,
+        -0.105_360_515_657_826_3,
+    ];
+    EDGES.iter().map(|&e| usize::from(log_p >= e)).sum()
+}
+
+/// The bucket of a training entropy among [`ENTROPY_BUCKETS`].
+#[inline(always)]
+fn entropy_bucket(h: f64) -> usize {
+    ENTROPY_BUCKETS[..NENT - 1]
+        .iter()
+        .map(|&(hi, _)| usize::from(h >= hi))
+        .sum()
+}
+
+/// What a batch feeds the diagnostics besides the log-ratios.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Feeds {
+    /// The rollout log-prob of each slot (the probability breakdown).
+    pub(crate) prob: bool,
+    /// The training entropy (logits only).
+    pub(crate) entropy: bool,
+    /// Advantages (per token, or per sequence broadcast).
+    pub(crate) adv: bool,
+    /// IS weights.
+    pub(crate) weights: bool,
+}
+
+/// One valid slot's values.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Slot {
+    /// The log-ratio clamped to the safety bound (k1 = −c, |log ρ| = |c|).
+    pub(crate) c: f64,
+    /// The log-ratio as given (the breakdowns' `log_ratio_mean`).
+    pub(crate) lr: f64,
+    pub(crate) k3: f64,
+    pub(crate) roll_lp: f64,
+    pub(crate) entropy: f64,
+    pub(crate) adv: f64,
+    pub(crate) weight: f64,
+    /// The token criteria keep it (a rejected sequence is folded in as a whole).
+    pub(crate) keep: bool,
+}
+
+/// Sums by bucket: k3, log-ratio, valid and (token-)rejected counts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tally<const N: usize> {
+    k3: [f64; N],
+    lr: [f64; N],
+    n: [u64; N],
+    rej: [u64; N],
+}
+
+impl<const N: usize> Default for Tally<N> {
+    fn default() -> Self {
+        Tally {
+            k3: [0.0; N],
+            lr: [0.0; N],
+            n: [0; N],
+            rej: [0; N],
+        }
+    }
+}
+
+impl<const N: usize> Tally<N> {
+    #[inline(always)]
+    fn add(&mut self, b: usize, s: &Slot) {
+        self.k3[b] += s.k3;
+        self.lr[b] += s.lr;
+        self.n[b] += 1;
+        self.rej[b] += u64::from(!s.keep);
+    }
+}
+
+/// The same, compensated, over a shard's sequences.
+#[derive(Clone, Copy, Debug)]
+struct TallyAcc<const N: usize> {
+    k3: [Sum; N],
+    lr: [Sum; N],
+    n: [u64; N],
+    rej: [u64; N],
+}
+
+impl<const N: usize> Default for TallyAcc<N> {
+    fn default() -> Self {
+        TallyAcc {
+            k3: [Sum::default(); N],
+            lr: [Sum::default(); N],
+            n: [0; N],
+            rej: [0; N],
+        }
+    }
+}
+
+impl<const N: usize> TallyAcc<N> {
+    fn fold(&mut self, t: &Tally<N>, rejected: bool) {
+        for b in 0..N {
+            if t.n[b] == 0 {
+                continue;
+            }
+            self.k3[b].add(t.k3[b]);
+            self.lr[b].add(t.lr[b]);
+            self.n[b] += t.n[b];
+            self.rej[b] += if rejected { t.n[b] } else { t.rej[b] };
+        }
+    }
+
+    fn merge(&mut self, o: &TallyAcc<N>) {
+        for b in 0..N {
+            self.k3[b].merge(o.k3[b]);
+            self.lr[b].merge(o.lr[b]);
+            self.n[b] += o.n[b];
+            self.rej[b] += o.rej[b];
+        }
+    }
+
+    /// `<prefix>/k3_mean`, `/log_ratio_mean`, `/token_fraction` (of `valid`) and, with
+    /// `rejected`, `/rejected_fraction` (of the bucket's tokens the final mask drops).
+    fn put(&self, p: &mut Partial, labels: &[String], valid: u64, rejected: bool) {
+        let mean = |sum: Sum, n: u64| Acc::Mean {
+            sum,
+            n,
+            offset: 0.0,
+            empty: Empty::Absent,
+        };
+        for (b, prefix) in labels.iter().enumerate() {
+            p.put(format!("{prefix}/k3_mean"), mean(self.k3[b], self.n[b]));
+            p.put(
+                format!("{prefix}/log_ratio_mean"),
+                mean(self.lr[b], self.n[b]),
+            );
+            p.put(
+                format!("{prefix}/token_fraction"),
+                Acc::frac(
+                    self.n[b] as usize,
+                    valid as usize,
+                    FracMode::F64,
+                    Empty::Absent,
+                ),
+            );
+            if rejected {
+                p.put(
+                    format!("{prefix}/rejected_fraction"),
+                    Acc::frac(
+                        self.rej[b] as usize,
+                        self.n[b] as usize,
+                        FracMode::F64,
+                        Empty::Absent,
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// One sequence's diagnostics, fed its slots in order ([`SeqDiag::slot`] for a valid slot,
+/// [`SeqDiag::gap`] for padding inside the row: it ends a turn).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SeqDiag {
+    /// Σ k1, k3, |log ρ| by response position.
+    pos: [[f64; 3]; NPOS],
+    pos_n: [u64; NPOS],
+    prob: Tally<NPROB>,
+    ent: Tally<NENT>,
+    adv: Tally<3>,
+    turn: Tally<NTURN>,
+    /// Valid slots so far, and turns (maximal runs of valid slots).
+    t: u64,
+    turns: u64,
+    in_turn: bool,
+    adv_sum: f64,
+    /// Σ w, Σ w² and the count over the slots the token criteria keep.
+    w1: f64,
+    w2: f64,
+    n_kept: u64,
+}
+
+/// The sign class of an advantage: 0 positive, 1 negative, 2 zero.
+#[inline(always)]
+fn sign(a: f64) -> usize {
+    if a > 0.0 {
+        0
+    } else if a < 0.0 {
+        1
+    } else {
+        2
+    }
+}
+
+impl SeqDiag {
+    /// Sequence-level IS: every kept token carries the sequence's weight `ws`.
+    pub(crate) fn seq_weight(&mut self, ws: f64) {
+        self.w1 = ws * self.n_kept as f64;
+        self.w2 = ws * ws * self.n_kept as f64;
+    }
+
+    /// A padding slot inside the sequence's range: the current turn ends.
+    #[inline(always)]
+    pub(crate) fn gap(&mut self) {
+        self.in_turn = false;
+    }
+
+    /// A valid slot.
+    #[inline(always)]
+    pub(crate) fn slot(&mut self, f: &Feeds, s: Slot) {
+        if !self.in_turn {
+            self.turns += 1;
+            self.in_turn = true;
+        }
+        let pb = bucket_of(self.t as usize);
+        let p = &mut self.pos[pb];
+        p[0] += -s.c;
+        p[1] += s.k3;
+        p[2] += s.c.abs();
+        self.pos_n[pb] += 1;
+        self.t += 1;
+        if f.prob {
+            self.prob.add(prob_bucket(s.roll_lp), &s);
+        }
+        if f.entropy {
+            self.ent.add(entropy_bucket(s.entropy), &s);
+        }
+        if f.adv {
+            self.adv.add(sign(s.adv), &s);
+            self.adv_sum += s.adv;
+        }
+        self.turn.add((self.turns as usize - 1).min(TURNS), &s);
+        if s.keep {
+            self.w1 += s.weight;
+            self.w2 += s.weight * s.weight;
+            self.n_kept += 1;
+        }
+    }
+}
+
+/// A shard's diagnostics: its sequences folded in order.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DiagAcc {
+    pos: [[Sum; 3]; NPOS],
+    pos_n: [u64; NPOS],
+    prob: TallyAcc<NPROB>,
+    ent: TallyAcc<NENT>,
+    adv: TallyAcc<3>,
+    turn: TallyAcc<NTURN>,
+    /// Non-empty sequences and the rejected ones, by the sign of their mean advantage.
+    adv_seq: [(u64, u64); 3],
+    turns: Sum,
+    turns_n: u64,
+    turns_max: f64,
+    ess_tok: (Sum, Sum, u64),
+    ess_seq: (Sum, Sum, u64),
+    valid: u64,
+    /// The factor the folded weights take (1/the batch normaliser when it was applied after
+    /// them; 1 when 0, the default).
+    pub(crate) ess_scale: f64,
+}
+
+impl DiagAcc {
+    /// Folds one finished sequence: `dropped` when a sequence criterion dropped all its tokens
+    /// (else the slots' `keep` is the final mask), `rejected` when any criterion rejected it
+    /// (the sequence is not accepted).
+    pub(crate) fn fold(&mut self, d: &SeqDiag, dropped: bool, rejected: bool) {
+        if d.t == 0 {
+            return;
+        }
+        for b in 0..NPOS {
+            if d.pos_n[b] > 0 {
+                for (s, &x) in self.pos[b].iter_mut().zip(&d.pos[b]) {
+                    s.add(x);
+                }
+                self.pos_n[b] += d.pos_n[b];
+            }
+        }
+        self.prob.fold(&d.prob, dropped);
+        self.ent.fold(&d.ent, dropped);
+        self.adv.fold(&d.adv, dropped);
+        self.turn.fold(&d.turn, dropped);
+        let g = &mut self.adv_seq[sign(d.adv_sum / d.t as f64)];
+        g.0 += 1;
+        g.1 += u64::from(rejected);
+        self.turns.add(d.turns as f64);
+        self.turns_n += 1;
+        self.turns_max = self.turns_max.max(d.turns as f64);
+        if !dropped && d.n_kept > 0 {
+            let (w1, w2) = (d.w1, d.w2);
+            self.ess_tok.0.add(w1);
+            self.ess_tok.1.add(w2);
+            self.ess_tok.2 += d.n_kept;
+            let m = w1 / d.n_kept as f64;
+            self.ess_seq.0.add(m);
+            self.ess_seq.1.add(m * m);
+            self.ess_seq.2 += 1;
+        }
+        self.valid += d.t;
+    }
+
+    /// Merges the next shard's accumulator (sequence order kept).
+    pub(crate) fn merge(&mut self, o: &DiagAcc) {
+        for b in 0..NPOS {
+            for (s, x) in self.pos[b].iter_mut().zip(o.pos[b]) {
+                s.merge(x);
+            }
+            self.pos_n[b] += o.pos_n[b];
+        }
+        self.prob.merge(&o.prob);
+        self.ent.merge(&o.ent);
+        self.adv.merge(&o.adv);
+        self.turn.merge(&o.turn);
+        for (a, b) in self.adv_seq.iter_mut().zip(o.adv_seq) {
+            a.0 += b.0;
+            a.1 += b.1;
+        }
+        self.turns.merge(o.turns);
+        self.turns_n += o.turns_n;
+        self.turns_max = self.turns_max.max(o.turns_max);
+        self.ess_tok.0.merge(o.ess_tok.0);
+        self.ess_tok.1.merge(o.ess_tok.1);
+        self.ess_tok.2 += o.ess_tok.2;
+        self.ess_seq.0.merge(o.ess_seq.0);
+        self.ess_seq.1.merge(o.ess_seq.1);
+        self.ess_seq.2 += o.ess_seq.2;
+        self.valid += o.valid;
+    }
+
+    /// Every diagnostic metric, as mergeable partials: `trmask/{k1,k3,abs_log_ratio}_pos_*`
+    /// and `_mean`, `trmask/by_prob/*`, `trmask/by_entropy/*`, `trmask/adv_{pos,neg,zero}/*`,
+    /// `trmask/turn/*`, `trmask/turns_{mean,max}`, and with weights `trmask/ess_{token,seq}`.
+    pub(crate) fn put(&self, f: &Feeds, m: &mut Partial) {
+        for (i, name) in ["k1", "k3", "abs_log_ratio"].iter().enumerate() {
+            let sums: [Sum; NPOS] = std::array::from_fn(|b| self.pos[b][i]);
+            put_position_means(name, &sums, &self.pos_n, true, m);
+        }
+        let labels = |name: &str, edges: &[(f64, &str)]| -> Vec<String> {
+            edges
+                .iter()
+                .map(|(_, l)| format!("trmask/{name}/{l}"))
+                .collect()
+        };
+        if f.prob {
+            self.prob
+                .put(m, &labels("by_prob", &PROB_BUCKETS), self.valid, false);
+        }
+        if f.entropy {
+            self.ent.put(
+                m,
+                &labels("by_entropy", &ENTROPY_BUCKETS),
+                self.valid,
+                false,
+            );
+        }
+        if f.adv {
+            let names = ["pos", "neg", "zero"].map(|l| format!("trmask/adv_{l}"));
+            self.adv.put(m, &names, self.valid, true);
+            for (g, prefix) in names.iter().enumerate() {
+                let (n, r) = self.adv_seq[g];
+                m.put(
+                    format!("{prefix}/seq_rejected_fraction"),
+                    Acc::frac(r as usize, n as usize, FracMode::F64, Empty::Absent),
+                );
+            }
+        }
+        let turns: Vec<String> = (0..NTURN)
+            .map(|k| format!("trmask/turn/{}", turn_label(k)))
+            .collect();
+        self.turn.put(m, &turns, self.valid, true);
+        m.put(
+            "trmask/turns_mean",
+            Acc::Mean {
+                sum: self.turns,
+                n: self.turns_n,
+                offset: 0.0,
+                empty: Empty::Absent,
+            },
+        );
+        m.put(
+            "trmask/turns_max",
+            Acc::Max {
+                v: if self.turns_n > 0 {
+                    self.turns_max
+                } else {
+                    f64::NEG_INFINITY
+                },
+                empty: Empty::Absent,
+            },
+        );
+        if f.weights {
+            self.put_ess(m);
+        }
+    }
+
+    /// `trmask/ess_token` (the weights of the tokens the final mask keeps) and
+    /// `trmask/ess_seq` (each kept sequence's mean kept weight). Weights folded before a batch
+    /// normalisation are scaled here by `scale` (its inverse; the ESS does not depend on it).
+    pub(crate) fn put_ess(&self, m: &mut Partial) {
+        let k = if self.ess_scale == 0.0 {
+            1.0
+        } else {
+            self.ess_scale
+        };
+        let scaled = |s: Sum, f: f64| Sum {
+            hi: s.hi * f,
+            lo: s.lo * f,
+        };
+        let ess = |(s1, s2, n): (Sum, Sum, u64)| Acc::Ess {
+            s1: scaled(s1, k),
+            s2: scaled(s2, k * k),
+            n,
+        };
+        m.put("trmask/ess_token", ess(self.ess_tok));
+        m.put("trmask/ess_seq", ess(self.ess_seq));
+    }
+}
+
+/// Per-slot columns of a whole batch (the engines' full path), read by [`from_columns`].
+pub(crate) struct Columns<'a> {
+    /// k1 = −c per slot.
+    pub(crate) k1: &'a [f64],
+    pub(crate) k3: &'a [f64],
+    pub(crate) log_ratio: &'a [f64],
+    pub(crate) roll_lp: Option<&'a [f64]>,
+    pub(crate) entropy: Option<&'a [f64]>,
+    pub(crate) adv: Option<&'a [f64]>,
+    pub(crate) weights: Option<&'a [f64]>,
+}
+
+/// The diagnostics of a batch from its columns, its final mask (`keep`, per slot) and
+/// per-sequence decisions: the same [`SeqDiag`] feed as the fused pass's tiles.
+pub(crate) fn from_columns(
+    segments: &crate::input::batch::Segments,
+    cols: &Columns<'_>,
+    keep: &[f64],
+    seq_accept: &[bool],
+) -> (Feeds, DiagAcc) {
+    let f = Feeds {
+        prob: cols.roll_lp.is_some(),
+        entropy: cols.entropy.is_some(),
+        adv: cols.adv.is_some(),
+        weights: cols.weights.is_some(),
+    };
+    let mask = segments.mask();
+    let at = |v: Option<&[f64]>, i: usize| v.map_or(0.0, |v| v[i]);
+    let mut acc = DiagAcc::default();
+    for (s, &(a, b)) in segments.ranges().iter().enumerate() {
+        let mut d = SeqDiag::default();
+        for i in a..b {
+            if !mask[i] {
+                d.gap();
+                continue;
+            }
+            d.slot(
+                &f,
+                Slot {
+                    c: -cols.k1[i],
+                    lr: cols.log_ratio[i],
+                    k3: cols.k3[i],
+                    roll_lp: at(cols.roll_lp, i),
+                    entropy: at(cols.entropy, i),
+                    adv: at(cols.adv, i),
+                    weight: at(cols.weights, i),
+                    keep: keep[i] > 0.0,
+                },
+            );
+        }
+        acc.fold(&d, false, !seq_accept[s]);
+    }
+    (f, acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Turns, advantage signs and probability buckets by hand, through the engines' feed.
+    #[test]
+    fn turns_signs_and_buckets_by_hand() {
+        use crate::input::batch::Segments;
+        let mask = [1., 1., 0., 1., 0., 1., 1., 1., 1., 0., 0., 0., 0., 0.];
+        let valid: Vec<bool> = mask.iter().map(|&m| m > 0.0).collect();
+        let segs = Segments::new(vec![(0, 7), (7, 14)], valid).unwrap();
+        let adv: Vec<f64> = [1.0; 7].into_iter().chain([-2.0; 7]).collect();
+        let k3: Vec<f64> = (0..14).map(|i| i as f64).collect();
+        let lr: Vec<f64> = (0..14).map(|i| -(i as f64)).collect();
+        let k1: Vec<f64> = lr.iter().map(|x| -x).collect();
+        let lp: Vec<f64> = (0..14)
+            .map(|i| if i % 2 == 0 { -0.01 } else { -3.0 })
+            .collect();
+        // slot 5 dropped by a token criterion; sequence 1 rejected as a whole
+        let keep: Vec<f64> = (0..14)
+            .map(|i| if i == 5 || i >= 7 { 0.0 } else { mask[i] })
+            .collect();
+        let cols = Columns {
+            k1: &k1,
+            k3: &k3,
+            log_ratio: &lr,
+            roll_lp: Some(&lp),
+            entropy: None,
+            adv: Some(&adv),
+            weights: None,
+        };
+        let (f, acc) = from_columns(&segs, &cols, &keep, &[true, false]);
+        let mut p = Partial::new();
+        acc.put(&f, &mut p);
+        let m = p.finish().unwrap();
+        assert_eq!(m["trmask/turns_max"], 3.0);
+        assert_eq!(m["trmask/turns_mean"], 2.0);
+        assert_eq!(m["trmask/turn/1/k3_mean"], (0.0 + 1.0 + 7.0 + 8.0) / 4.0);
+        assert_eq!(m["trmask/turn/2/k3_mean"], 3.0);
+        assert_eq!(m["trmask/turn/3/k3_mean"], 5.5);
+        assert_eq!(m["trmask/turn/3/rejected_fraction"], 0.5);
+        assert_eq!(m["trmask/turn/1/rejected_fraction"], 0.5);
+        assert_eq!(m["trmask/turn/1/token_fraction"], 4.0 / 7.0);
+        assert!(!m.contains_key("trmask/turn/4/k3_mean"));
+        assert_eq!(m["trmask/adv_pos/token_fraction"], 5.0 / 7.0);
+        assert_eq!(m["trmask/adv_pos/rejected_fraction"], 0.2);
+        assert_eq!(m["trmask/adv_neg/rejected_fraction"], 1.0);
+        assert_eq!(m["trmask/adv_neg/seq_rejected_fraction"], 1.0);
+        assert_eq!(m["trmask/adv_pos/seq_rejected_fraction"], 0.0);
+        assert!(!m.contains_key("trmask/adv_zero/k3_mean"));
+        // p = e^-0.01 → 0.9-1 (slots 0, 6, 8), p = e^-3 ≈ 0.05 → 0.01-0.1 (1, 3, 5, 7)
+        assert_eq!(m["trmask/by_prob/0.9-1/k3_mean"], (0.0 + 6.0 + 8.0) / 3.0);
+        assert_eq!(m["trmask/by_prob/0.01-0.1/token_fraction"], 4.0 / 7.0);
+        assert_eq!(m["trmask/k3_mean"], 30.0 / 7.0);
+        assert_eq!(m["trmask/k1_pos_0_16"], 30.0 / 7.0);
+    }
+
+    #[test]
+    fn probability_and_entropy_buckets_at_their_edges() {
+        for (p, b) in [
+            (0.005, 0),
+            (0.01, 1),
+            (0.05, 1),
+            (0.1, 2),
+            (0.7, 3),
+            (0.9, 4),
+            (1.0, 4),
+        ] {
+            assert_eq!(prob_bucket(f64::ln(p)), b, "p = {p}");
+        }
+        for (h, b) in [(0.0, 0), (0.5, 1), (1.5, 2), (2.0, 3), (4.0, 4), (9.0, 4)] {
+            assert_eq!(entropy_bucket(h), b, "h = {h}");
+        }
+    }
+}
