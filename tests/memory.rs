@@ -119,3 +119,69 @@ fn cpu_scratch_does_not_grow_with_the_vocabulary() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `trmask watch` over a 10,000-step metrics JSONL (each line the ~200 metrics `analyze
+/// --metrics-jsonl` writes for a real step): the file is read a line at a time and only the
+/// page's series are kept, so the peak stays far below the file's size.
+#[cfg(unix)]
+#[test]
+fn watch_memory_stays_bounded_over_ten_thousand_steps() {
+    let d = std::env::temp_dir().join(format!("trmask-memory-watch-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let one = d.join("one.jsonl");
+    let o = Command::new(BIN)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "analyze",
+            "data/trainer-dumps/prime-rl/token_exports/step_1",
+            "--backend",
+            "cpu",
+            "--preset",
+            "decoupled_k3_rs_token_tis",
+            "--metrics-jsonl",
+        ])
+        .arg(&one)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let line: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&one).unwrap().trim()).unwrap();
+    let run = d.join("run.jsonl");
+    {
+        // written a line at a time: this process stays small (a child's peak counts the
+        // pages it shares with its parent at the fork)
+        use std::io::Write as _;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&run).unwrap());
+        for s in 0..10_000u64 {
+            let mut v = line.clone();
+            v["step"] = s.into();
+            let k3 = v["trmask/k3_mean"].as_f64().unwrap() * (1.0 + 0.01 * (s % 13) as f64);
+            v["trmask/k3_mean"] = k3.into();
+            writeln!(f, "{v}").unwrap();
+        }
+    }
+    let bytes = std::fs::metadata(&run).unwrap().len();
+    let page = d.join("run.html");
+    let o = Command::new(BIN)
+        .arg("watch")
+        .arg(&run)
+        .arg("--page")
+        .arg(&page)
+        .arg("--once")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let peak = children_peak_rss_bytes();
+    let html = std::fs::metadata(&page).unwrap().len();
+    eprintln!(
+        "watch --once over {} steps ({} MB of JSONL): peak RSS {:.1} MiB (of every child so \
+         far), page {} kB",
+        10_000,
+        bytes / 1_000_000,
+        peak as f64 / (1 << 20) as f64,
+        html / 1000
+    );
+    assert!(peak < 64 << 20, "peak RSS {peak} bytes");
+    assert!(html < 2_000_000, "page of {html} bytes");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -26,6 +26,8 @@ mod check;
 mod compare;
 #[path = "cli/devices.rs"]
 mod devices;
+#[path = "cli/watch.rs"]
+mod watch;
 use std::process::ExitCode;
 use trmask::backend::{open_engine, Backend};
 use trmask::Engine;
@@ -129,6 +131,10 @@ enum Command {
     Compare(compare::Args),
     /// A CI gate: exit 3 (one `violation:` line each) when a batch exceeds a mismatch limit.
     Check(check::Args),
+    /// Follow a run: analyse each new step dump as it appears (or read each new line of a
+    /// metrics JSONL), print one line per step, keep the trend page up to date, and raise an
+    /// `alert:` when the mismatch jumps.
+    Watch(watch::Args),
     /// List GPU adapters and the capabilities trmask uses.
     Devices,
 }
@@ -443,6 +449,7 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
         Command::Check(a) => check::run(a),
         Command::Compare(a) => compare::run(a).map(|()| 0),
         Command::Calibrate(a) => calibrate::run(a).map(|()| 0),
+        Command::Watch(a) => watch::run(a),
     }
 }
 
@@ -451,20 +458,41 @@ mod ranked;
 #[path = "cli/tokens.rs"]
 mod tokens;
 
-/// `trmask report --jsonl RUN.jsonl -o run.html`.
+/// `trmask report --jsonl RUN.jsonl -o run.html`: the file read a line at a time (only the
+/// metrics the page draws are kept), steps sorted, a repeated step keeping its last line.
 fn trend(run: &Path, output: &Path) -> Result<(), trmask::Error> {
     check_outputs(&[run.to_path_buf()], None, &[("--output", Some(output))])?;
     check_report_name(output)?;
     let name = run.display().to_string();
-    let text = trmask::io::read_text(run, trmask::io::JSON_LIMIT)?;
-    let steps = trmask::trend::parse_jsonl(&text, &name)?;
-    let html = trmask::report::render_trend_html(&steps, &name);
+    let mut t = trmask::trend::Trend::new();
+    trmask::io::read_lines(run, (0, 1), true, u64::MAX, &mut |n, line| {
+        let at = format!("{name}: line {n}");
+        for (s, _) in trmask::trend::parse_line(line, &at, &trmask::report::trend_key)? {
+            t.push(s);
+        }
+        Ok(())
+    })?;
+    if t.steps().is_empty() {
+        return Err(trmask::Error::file(&name, "has no metrics line"));
+    }
+    let warnings: Vec<String> = t.duplicate_warning(&name).into_iter().collect();
+    for w in &warnings {
+        eprintln!("{w}");
+    }
+    let html = trmask::report::render_trend_page(
+        t.steps(),
+        &trmask::report::TrendPage {
+            name: &name,
+            warnings: &warnings,
+            ..Default::default()
+        },
+    );
     let mut commit = trmask::io::Commit::new();
     commit.stage(output, html.into_bytes())?;
     commit.print(&format!(
         "wrote {} ({} steps)",
         output.display(),
-        steps.len()
+        t.steps().len()
     ));
     commit.finish()?;
     Ok(())
@@ -485,7 +513,8 @@ fn main() -> ExitCode {
         .mut_subcommand("analyze", |c| c.after_help(presets.clone()))
         .mut_subcommand("report", |c| c.after_help(presets.clone()))
         .mut_subcommand("check", |c| c.after_help(presets.clone()))
-        .mut_subcommand("compare", |c| c.after_help(presets.clone()));
+        .mut_subcommand("compare", |c| c.after_help(presets.clone()))
+        .mut_subcommand("watch", |c| c.after_help(presets.clone()));
     let parsed = command
         .try_get_matches_from(os::glue_negative_numbers(std::env::args_os().collect()))
         .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
@@ -515,7 +544,7 @@ fn main() -> ExitCode {
         Command::Calibrate(a) => {
             !(a.backend.eq_ignore_ascii_case("cpu") || a.backend.eq_ignore_ascii_case("cpu-fast"))
         }
-        Command::Devices => true,
+        Command::Devices | Command::Watch(_) => true,
         Command::Bounds(_) => false,
     };
     let _runtime = os::runtime_dir(gpu);

@@ -318,6 +318,14 @@ pub fn aliases() -> impl Iterator<Item = (&'static Alias, &'static str)> {
         .flat_map(|t| t.aliases.iter().map(move |a| (a, t.name)))
 }
 
+/// The key `framework` writes for the trmask tensor `target`, from the aliases (`None`: the
+/// table lists none).
+pub fn alias_of(framework: &str, target: &str) -> Option<&'static str> {
+    aliases()
+        .find(|(a, t)| *t == target && a.frameworks.contains(&framework))
+        .map(|(a, _)| a.source)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -198,6 +198,78 @@ pub fn read_text_checked(
     String::from_utf8(buf).map_err(|e| Error::file(&p, format!("not UTF-8 text: {e}")))
 }
 
+/// Reads a text file line by line from byte offset `from` (a file being appended to: one line
+/// in memory at a time, whatever the file's size), calling `each(line_number, line)` with the
+/// line's number counted from `first_line`. Only lines ending in a newline are read, unless
+/// `tail` (the writer is done): then a last line without one is read too. At most `max`
+/// lines are read per call. Returns the offset after the last line read, where the next call
+/// starts. A line longer than [`JSON_LIMIT`] is an error naming it.
+pub fn read_lines(
+    path: &Path,
+    (from, first_line): (u64, u64),
+    tail: bool,
+    max: u64,
+    each: &mut dyn FnMut(u64, &str) -> Result<()>,
+) -> Result<u64> {
+    use std::io::{BufRead as _, Read as _, Seek as _};
+    let p = path.display().to_string();
+    let (mut f, _) = open_input(path)?;
+    f.seek(std::io::SeekFrom::Start(from))
+        .map_err(|e| Error::io(&p, &e))?;
+    let mut r = std::io::BufReader::with_capacity(1 << 16, f).take(u64::MAX);
+    let mut buf = Vec::new();
+    let (mut at, mut n) = (from, first_line);
+    while n - first_line < max {
+        buf.clear();
+        r.set_limit(JSON_LIMIT + 1);
+        let got = r
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| Error::io(&p, &e))?;
+        if got == 0 {
+            return Ok(at);
+        }
+        if got as u64 > JSON_LIMIT {
+            return Err(Error::file(
+                format!("{p}: line {n}"),
+                format!("is longer than the {JSON_LIMIT}-byte limit"),
+            ));
+        }
+        let complete = buf.last() == Some(&b'\n');
+        if !complete && !tail {
+            return Ok(at);
+        }
+        let text = std::str::from_utf8(&buf)
+            .map_err(|e| Error::file(format!("{p}: line {n}"), format!("not UTF-8 text: {e}")))?;
+        each(n, text.trim_end_matches(['\n', '\r']))?;
+        at += got as u64;
+        n += 1;
+    }
+    Ok(at)
+}
+
+/// The first non-blank line of a text file (at most [`JSON_LIMIT`] bytes read), `None` when
+/// it has none.
+pub fn first_line(path: &Path) -> Result<Option<String>> {
+    use std::io::{BufRead as _, Read as _};
+    let p = path.display().to_string();
+    let (f, _) = open_input(path)?;
+    let mut r = std::io::BufReader::new(f).take(JSON_LIMIT);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        if r.read_until(b'\n', &mut buf)
+            .map_err(|e| Error::io(&p, &e))?
+            == 0
+        {
+            return Ok(None);
+        }
+        let line = String::from_utf8_lossy(&buf);
+        if !line.trim().is_empty() {
+            return Ok(Some(line.into_owned()));
+        }
+    }
+}
+
 /// One output of a run, not yet visible under its name.
 enum Action {
     /// A complete, `fsync`ed temporary file to rename over `target`.
@@ -374,6 +446,7 @@ impl Commit {
 }
 
 fn append(path: &Path, bytes: &[u8], done: &mut Vec<(PathBuf, u64)>) -> Result<()> {
+    use std::io::{Read as _, Seek as _};
     let p = path.display().to_string();
     let mut f = fs::OpenOptions::new()
         .create(true)
@@ -385,9 +458,25 @@ fn append(path: &Path, bytes: &[u8], done: &mut Vec<(PathBuf, u64)>) -> Result<(
     if is_file {
         done.push((path.to_path_buf(), len));
     }
-    let r = f
-        .write_all(bytes)
-        .and_then(|_| if is_file { f.sync_all() } else { Ok(()) });
+    // A file whose last line lacks its newline (a writer killed mid-line, an editor) gets
+    // one first: the appended line starts a line of its own instead of gluing onto that one.
+    let unterminated = is_file
+        && len > 0
+        && fs::File::open(path)
+            .and_then(|mut r| {
+                r.seek(std::io::SeekFrom::Start(len - 1))?;
+                let mut last = [0u8; 1];
+                r.read_exact(&mut last)?;
+                Ok(last[0] != b'\n')
+            })
+            .unwrap_or(false);
+    let r = (if unterminated {
+        f.write_all(b"\n")
+    } else {
+        Ok(())
+    })
+    .and_then(|_| f.write_all(bytes))
+    .and_then(|_| if is_file { f.sync_all() } else { Ok(()) });
     r.map_err(|e| Error::io(&p, &e))
 }
 

@@ -2,7 +2,8 @@
 //! per-sequence outputs and metrics.
 //!
 //! Tensor names are trmask's or a framework's (verl, TRL, prime-rl, SkyRL, slime), both from
-//! the one tensor table, [`crate::input::tensors::TENSORS`]. Other tensors are ignored.
+//! the one tensor table, [`crate::input::tensors::TENSORS`]. Other tensors are ignored. The
+//! per-token dumps prime-rl and NeMo-RL write on their own are read too ([`dumps`]).
 //!
 //! Layout rules — never guessed: with `cu_seqlens` the batch is packed (`[N]` tensors, `[N, V]`
 //! logits); with `response_mask` it is padded (`[B, T]`). With neither, reading fails naming
@@ -11,13 +12,16 @@
 //! `Infinity` / `-Infinity` and `null` at padding positions; `null` at a valid position is an
 //! error naming the tensor and the position.
 
+pub mod dumps;
 mod files;
 mod json_stream;
 pub mod names;
 mod raw;
 mod write;
 
-pub use files::{check_distinct, open_input, read_text, Commit, JSON_LIMIT};
+pub use files::{
+    check_distinct, first_line, open_input, read_lines, read_text, Commit, JSON_LIMIT,
+};
 pub use json_stream::label_id;
 pub use names::Renames;
 pub use write::{
@@ -65,6 +69,13 @@ pub fn read_input(path: &Path, opts: &ReadOptions) -> Result<Input> {
     // A pipe (`<(…)`, a FIFO, piped stdin) has no useful name: it is read as JSON, like
     // `--config` reads one. Safetensors inputs are memory-mapped and must be regular files.
     let stream = files::is_stream(path);
+    // A trainer's own dump (a prime-rl step directory or rank file, a NeMo-RL train_data
+    // file), recognised by its content.
+    if !stream && !has_extension(path, "safetensors") {
+        if let Some(format) = dumps::detect(path)? {
+            return build(dumps::read(path, format)?, opts);
+        }
+    }
     let raw = if is_json || stream || (!has_extension(path, "safetensors") && starts_as_json(path))
     {
         let text = files::read_text_checked(path, files::JSON_LIMIT, |head| {

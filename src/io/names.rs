@@ -37,6 +37,9 @@ const HINTS: [(&str, &str); 3] = [
 pub struct Renames {
     /// `(source, target)` pairs, in file order of the targets.
     pub applied: Vec<(String, String)>,
+    /// The trainer dump format the input was read as (prime-rl's token export, NeMo-RL's
+    /// train data), with what was read: the note then names it.
+    pub format: Option<String>,
 }
 
 impl Renames {
@@ -57,15 +60,18 @@ impl Renames {
 
     /// The one-line note printed on stderr (`None` when no key was renamed).
     pub fn note(&self) -> Option<String> {
-        if self.applied.is_empty() {
-            return None;
-        }
-        let who = self.framework().unwrap_or("framework");
         let pairs: Vec<String> = self
             .applied
             .iter()
             .map(|(s, t)| format!("{s} → {t}"))
             .collect();
+        if let Some(f) = &self.format {
+            return Some(format!("input: {f}; read as {}", pairs.join(", ")));
+        }
+        if self.applied.is_empty() {
+            return None;
+        }
+        let who = self.framework().unwrap_or("framework");
         Some(format!("input: {who} names ({})", pairs.join(", ")))
     }
 }
@@ -108,7 +114,10 @@ pub fn apply<T>(tensors: &mut BTreeMap<String, T>, known: &[&str]) -> Result<Ren
             tensors.insert(dst.clone(), v);
         }
     }
-    Ok(Renames { applied: moves })
+    Ok(Renames {
+        applied: moves,
+        format: None,
+    })
 }
 
 /// Keys of the input that may be what a missing `target` is, each with a word on why

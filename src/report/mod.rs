@@ -18,5 +18,5 @@ pub use compare::render_compare_html;
 pub use html::render_html;
 pub use subject::Subject;
 pub use summary::{bound_reading, summary};
-pub use trend::render_trend_html;
+pub use trend::{render_trend_html, render_trend_page, trend_key, TrendPage};
 pub use warnings::{aggregate_warnings, kind as warning_kind, warnings, WarningInputs};

@@ -33,8 +33,17 @@ pub struct Axis {
     pub integer: bool,
 }
 
+/// The largest magnitude an axis spans: a value beyond it (or a non-finite one) sits at the
+/// frame's edge, where [`Frame::clip_mark`] marks it. Far enough below `f64::MAX` that spans and
+/// tick steps stay finite.
+pub const AXIS_LIMIT: f64 = 1e300;
+
+/// Most ticks an axis draws.
+const MAX_TICKS: usize = 12;
+
 impl Axis {
-    /// An axis covering `values` (finite ones; positive ones for a log axis).
+    /// An axis covering `values` (finite ones, at most [`AXIS_LIMIT`] in magnitude; positive
+    /// ones for a log axis). Its bounds are always finite and ordered, whatever the values.
     pub fn fit(values: impl Iterator<Item = f64>, log: bool) -> Axis {
         let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
         let mut nonpositive = false;
@@ -43,6 +52,7 @@ impl Axis {
                 nonpositive = true;
                 continue;
             }
+            let v = v.clamp(-AXIS_LIMIT, AXIS_LIMIT);
             lo = lo.min(v);
             hi = hi.max(v);
         }
@@ -50,14 +60,19 @@ impl Axis {
             (lo, hi) = if log { (1e-6, 1.0) } else { (0.0, 1.0) };
         }
         if log {
-            // values ≤ 0 sit on the floor (hollow, see `Frame::point`): a decade below the rest
-            lo = 10f64.powf(lo.log10().floor() - if nonpositive { 1.0 } else { 0.0 });
-            hi = 10f64.powf(hi.log10().ceil().max(lo.log10() + 1.0));
+            // decades within ±300 (10^e stays a normal, finite f64); values ≤ 0 sit on the
+            // floor (hollow, see `Frame::point`): a decade below the rest
+            let floor = (lo.max(1e-300).log10().floor() - if nonpositive { 1.0 } else { 0.0 })
+                .clamp(-300.0, 299.0);
+            let ceil = hi.log10().ceil().clamp(floor + 1.0, 300.0);
+            lo = 10f64.powf(floor);
+            hi = 10f64.powf(ceil);
         } else {
-            if hi == lo {
-                hi = lo + 1.0;
-            }
             lo = lo.min(0.0);
+            if hi <= lo {
+                // a span that stays nonzero next to a huge value (1e300 + 1 == 1e300)
+                hi = lo + lo.abs().max(1.0);
+            }
         }
         Axis {
             lo,
@@ -72,41 +87,74 @@ impl Axis {
     pub fn counts(values: impl Iterator<Item = f64>) -> Axis {
         let a = Axis::fit(values, false);
         Axis {
-            hi: (a.hi * 1.04).ceil().max(1.0),
+            hi: (a.hi * 1.04).ceil().clamp(1.0, AXIS_LIMIT),
             integer: true,
             ..a
         }
     }
+    /// Where `v` falls on the axis, from 0 (low end) to 1 (high end); a value beyond the
+    /// bounds (±∞ included) is clipped to the nearer end, NaN to the low end.
     fn t(&self, v: f64) -> f64 {
         let (a, b, v) = if self.log {
             (self.lo.log10(), self.hi.log10(), v.max(self.lo).log10())
         } else {
             (self.lo, self.hi, v)
         };
-        ((v - a) / (b - a)).clamp(0.0, 1.0)
+        let t = (v - a) / (b - a);
+        if t.is_nan() {
+            0.0
+        } else {
+            t.clamp(0.0, 1.0)
+        }
     }
+    /// Whether `v` lies outside the axis (it is drawn clipped at an end): non-finite, or beyond
+    /// a bound. On a log axis, values ≤ 0 are not clipped but drawn hollow on the floor.
+    pub fn clips(&self, v: f64) -> bool {
+        if !v.is_finite() {
+            return true;
+        }
+        if self.log && v <= 0.0 {
+            return false;
+        }
+        v < self.lo || v > self.hi
+    }
+    /// The tick values: at most [`MAX_TICKS`], computed without a loop over the range (an
+    /// axis may span 600 decades).
     fn ticks(&self) -> Vec<f64> {
-        if self.categorical {
-            Vec::new()
-        } else if self.log {
-            let (a, b) = (self.lo.log10() as i32, self.hi.log10() as i32);
+        if self.categorical || !(self.lo.is_finite() && self.hi.is_finite() && self.hi > self.lo) {
+            return Vec::new();
+        }
+        if self.log {
+            let (a, b) = (
+                self.lo.log10().round().clamp(-330.0, 330.0) as i32,
+                self.hi.log10().round().clamp(-330.0, 330.0) as i32,
+            );
             let step = ((b - a) / 6).max(1);
             (a..=b)
                 .step_by(step as usize)
+                .take(MAX_TICKS)
                 .map(|e| 10f64.powi(e))
                 .collect()
         } else {
-            let raw = (self.hi - self.lo) / 5.0;
+            // the span halved first: hi − lo may overflow where hi/2 − lo/2 does not
+            let raw = (self.hi / 2.0 - self.lo / 2.0) / 2.5;
             let raw = if self.integer { raw.max(1.0) } else { raw };
+            if !(raw.is_finite() && raw > 0.0) {
+                return vec![self.lo, self.hi];
+            }
             let mag = 10f64.powf(raw.log10().floor());
             let step = [1.0, 2.0, 5.0, 10.0]
                 .iter()
                 .map(|m| m * mag)
                 .find(|s| *s >= raw)
                 .unwrap_or(raw);
-            let first = (self.lo / step).ceil() as i64;
-            let last = (self.hi / step).floor() as i64;
-            (first..=last).map(|k| k as f64 * step).collect()
+            let (first, last) = ((self.lo / step).ceil(), (self.hi / step).floor());
+            if !(first.is_finite() && last.is_finite()) || last - first > MAX_TICKS as f64 {
+                return vec![self.lo, self.hi];
+            }
+            (0..=(last - first) as usize)
+                .map(|k| (first + k as f64) * step)
+                .collect()
         }
     }
 }
@@ -240,6 +288,36 @@ impl Frame {
             );
         }
     }
+    /// A value the y axis clips ([`Axis::clips`]), marked at the edge it is clipped to: a
+    /// triangle pointing out of the frame (up for +∞ or above the axis, down for −∞ or below),
+    /// a cross on the floor for NaN; `title` is its tooltip (the value as written).
+    pub fn clip_mark(&mut self, x: f64, y: f64, color: &str, title: &str) {
+        if !x.is_finite() {
+            return;
+        }
+        let px = self.px(x);
+        let shape = if y.is_nan() {
+            let py = self.py(self.y.lo);
+            format!(
+                "<path d=\"M{:.1},{:.1}l8,-8m0,8l-8,-8\" stroke=\"{color}\" stroke-width=\"2\"/>",
+                px - 4.0,
+                py
+            )
+        } else {
+            // the tip on the edge, the base 9 px inside the frame
+            let up = y > self.y.hi;
+            let py = self.py(if up { self.y.hi } else { self.y.lo });
+            format!(
+                "<path d=\"M{px:.1},{py:.1}l5,{}l-10,0z\" fill=\"{color}\"/>",
+                if up { 9 } else { -9 }
+            )
+        };
+        let _ = write!(
+            self.svg,
+            "<g class=\"clipped\"><title>{}</title>{shape}</g>",
+            esc(title)
+        );
+    }
     /// A bar from y = axis bottom to `y` over `[x0, x1]`.
     pub fn bar(&mut self, x0: f64, x1: f64, y: f64, color: &str) {
         let (a, b) = (self.px(x0), self.px(x1));
@@ -362,4 +440,51 @@ pub fn strip(cells: &[(f64, String)], max: f64) -> String {
     }
     s.push_str("</svg>");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The values that made `Axis::ticks` allocate 16 GiB (a log axis up to 1.1e308: 10^309 is
+    /// infinite) or loop for minutes: every axis stays finite, ordered, with few ticks.
+    #[test]
+    fn axes_from_huge_tiny_and_infinite_values_have_finite_bounds_and_few_ticks() {
+        let cases: [&[f64]; 7] = [
+            &[1e-3, 1.1e308],
+            &[1.1e308],
+            &[f64::INFINITY, 1.0],
+            &[5e-324, 1.0],
+            &[-1.1e308, 1.1e308],
+            &[f64::MAX, f64::MIN_POSITIVE],
+            &[f64::NAN],
+        ];
+        for vals in cases {
+            for log in [false, true] {
+                let a = Axis::fit(vals.iter().copied(), log);
+                assert!(
+                    a.lo.is_finite() && a.hi.is_finite() && a.lo < a.hi,
+                    "{vals:?} {log}"
+                );
+                let t = a.ticks();
+                assert!(
+                    !t.is_empty() && t.len() <= MAX_TICKS,
+                    "{vals:?} {log}: {t:?}"
+                );
+                assert!(t.iter().all(|x| x.is_finite()), "{vals:?} {log}: {t:?}");
+                let c = Axis::counts(vals.iter().copied());
+                assert!(c.ticks().len() <= MAX_TICKS);
+                for v in vals {
+                    let p = a.t(*v);
+                    assert!((0.0..=1.0).contains(&p), "{v} → {p}");
+                }
+            }
+        }
+        // a hand-made axis with infinite bounds draws no tick rather than loop
+        let inf = Axis {
+            hi: f64::INFINITY,
+            ..Axis::fit([1.0].into_iter(), true)
+        };
+        assert!(inf.ticks().is_empty());
+    }
 }

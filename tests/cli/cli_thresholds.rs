@@ -509,8 +509,12 @@ fn report_jsonl_trend_marks_the_jump() {
     assert!(html.contains("run22.json"), "the jump is not step 22's");
     for title in [
         "Mismatch",
-        "Rejection rates",
-        "Kept token fraction",
+        "Largest |log rho|",
+        "IS weight max",
+        "Truncated IS weights",
+        "Rejected sequences",
+        "Rejected tokens",
+        "Kept fraction",
         "Effective sample size",
         "Bound B*",
     ] {
