@@ -58,6 +58,7 @@ mod legacy;
 mod m2po;
 mod opsm;
 pub(crate) mod run;
+pub(crate) mod step;
 
 pub use crate::stats::{Corrections, CriterionResult};
 pub(crate) use head::check_valid_tokens;
