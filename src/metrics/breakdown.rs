@@ -210,7 +210,10 @@ mod tests {
         stats.insert("k3".to_string(), k3.to_vec());
         stats.insert("log_ratio".to_string(), lr.to_vec());
         stats.insert("rollout_log_prob".to_string(), lp.to_vec());
-        StatTable { stats, topk: None }
+        StatTable {
+            stats,
+            ..StatTable::default()
+        }
     }
 
     #[test]

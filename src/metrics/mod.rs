@@ -5,6 +5,7 @@
 pub(crate) mod breakdown;
 pub(crate) mod ctx;
 pub(crate) mod diagnostics;
+pub mod routing;
 pub(crate) mod trmask;
 pub(crate) mod verl;
 

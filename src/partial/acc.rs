@@ -159,6 +159,8 @@ pub enum Acc {
     Cert(Option<CertAcc>),
     /// A count that is not a metric itself (keys starting with `#`).
     Count(u64),
+    /// A ratio of two sums `num / den` (a share); absent when `den` is 0.
+    Ratio { num: Sum, den: Sum },
 }
 
 /// Error keys a [`Acc::VerlEss`] can name (its `key`).
@@ -266,6 +268,7 @@ impl Acc {
             Acc::Const(_) => "constant",
             Acc::Cert(_) => "certificate",
             Acc::Count(_) => "count",
+            Acc::Ratio { .. } => "ratio",
         }
     }
 
@@ -369,6 +372,10 @@ impl Acc {
                 _ => {}
             },
             (Acc::Count(a), Acc::Count(b)) => *a += b,
+            (Acc::Ratio { num, den }, Acc::Ratio { num: a, den: b }) => {
+                num.merge(*a);
+                den.merge(*b);
+            }
             _ => return Err(mismatch()),
         }
         Ok(())
@@ -532,6 +539,11 @@ impl Acc {
             }
             Acc::Const(v) => put(key, *v),
             Acc::Cert(_) | Acc::Count(_) => {}
+            Acc::Ratio { num, den } => {
+                if den.value() != 0.0 {
+                    put(key, num.value() / den.value());
+                }
+            }
         }
         Ok(())
     }

@@ -248,6 +248,11 @@ fn encode(w: &mut W, a: &Acc) {
             w.u8(14);
             w.u64(*c);
         }
+        Acc::Ratio { num, den } => {
+            w.u8(15);
+            w.sum(*num);
+            w.sum(*den);
+        }
     }
 }
 
@@ -345,6 +350,10 @@ fn decode(r: &mut R) -> Result<Acc> {
             }
         },
         14 => Acc::Count(r.u64()?),
+        15 => Acc::Ratio {
+            num: r.sum()?,
+            den: r.sum()?,
+        },
         t => return Err(bad(format!("unknown accumulator tag {t}"))),
     })
 }

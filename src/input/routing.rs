@@ -1,0 +1,374 @@
+//! Mixture-of-experts routing: the experts the rollout engine routed each token to
+//! (`rollout_routed_experts`) and the trainer's own choice without routing replay
+//! (`old_routed_experts`), `[slots, L, K]` each; `-1` marks a (token, layer) row that was not
+//! recorded.
+//!
+//! [`Routing::new`] validates both sides once (ids at valid slots: integers ≥ −1 that fit 32
+//! bits, no id twice in a row, the same `[L, K]` on both sides; padding is never read) and
+//! [`Routing::token_stats`] is the one place the per-token outputs and the per-layer counts
+//! are computed, for every engine and every metric:
+//!
+//! * a layer l of a valid token t is *recorded* when neither side's row holds a −1; its
+//!   overlap is `o = |S_roll ∩ S_train| / K` (sets: order ignored);
+//! * `route_overlap` = the mean of `o` over the token's recorded layers (1 with none),
+//!   `route_flip` = 1 iff some recorded layer has `o < 1`, `route_first_layer` = the smallest
+//!   such layer (−1 if none), `route_recorded` = 1 iff the token has a recorded layer.
+//!
+//! ```
+//! use trmask::routing::Routing;
+//! // 2 slots (the second is padding), L = 2 layers, K = 2
+//! let mask = [true, false];
+//! let roll = [3, 1, 0, 2, /* padding */ -7, -7, 5, 5];
+//! let old = [1, 3, 2, 4, 0, 0, 0, 0];
+//! let r = Routing::new(&roll, &old, 2, 2, &mask, &|i| format!("[{i}]"))?;
+//! let t = r.token_stats(&mask);
+//! assert_eq!((t.overlap[0], t.flip[0], t.first_layer[0]), (0.75, 1.0, 1.0));
+//! assert_eq!(t.layer_intersections, vec![2, 1]);
+//! # Ok::<(), trmask::Error>(())
+//! ```
+
+use crate::error::{Error, Result};
+use rayon::prelude::*;
+
+/// The rollout side's tensor name.
+pub const ROLLOUT: &str = "rollout_routed_experts";
+/// The trainer side's tensor name.
+pub const OLD: &str = "old_routed_experts";
+
+/// Slots per parallel task.
+const BLOCK: usize = 2048;
+
+/// Both sides' routed experts, validated: `[slots, layers, top_k]` each, row-major, `-1` at
+/// unrecorded rows and at every padding slot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    layers: usize,
+    top_k: usize,
+    rollout: Vec<i32>,
+    old: Vec<i32>,
+}
+
+/// The per-token routing outputs of a batch (one value per slot, the documented neutral value
+/// at padding: overlap 1, flip 0, first layer −1, recorded 0) and its per-layer counts over
+/// valid tokens.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RouteTokens {
+    /// `route_overlap`: mean `o_{t,l}` over the token's recorded layers (1 with none).
+    pub overlap: Vec<f64>,
+    /// `route_flip`: 1 iff a recorded layer has `o_{t,l} < 1`.
+    pub flip: Vec<f64>,
+    /// `route_first_layer`: the smallest layer with `o_{t,l} < 1`, −1 if none.
+    pub first_layer: Vec<f64>,
+    /// 1 iff the token has at least one recorded layer (the denominator of
+    /// `seq_mean_route_flip`).
+    pub recorded: Vec<f64>,
+    /// Per layer: `Σ |S_roll ∩ S_train|` over recorded (token, layer) pairs.
+    pub layer_intersections: Vec<u64>,
+    /// Per layer: the number of recorded (token, layer) pairs.
+    pub layer_pairs: Vec<u64>,
+    /// Valid tokens.
+    pub valid_tokens: u64,
+    /// Experts per row (K).
+    pub top_k: usize,
+}
+
+impl RouteTokens {
+    /// Number of layers.
+    pub fn layers(&self) -> usize {
+        self.layer_pairs.len()
+    }
+}
+
+/// One side's ids at valid slots checked and narrowed to i32; padding slots become −1.
+fn narrow<T: Copy + Into<i64> + Sync>(
+    name: &str,
+    ids: &[T],
+    row: usize,
+    k: usize,
+    mask: &[bool],
+    position: &(dyn Fn(usize) -> String + Sync),
+) -> Result<Vec<i32>> {
+    let mut out: Vec<i32> = Vec::new();
+    out.try_reserve_exact(ids.len())
+        .map_err(|_| Error::OutOfMemory(format!("{} ids of {name}", ids.len())))?;
+    out.resize(ids.len(), -1);
+    let step = BLOCK * row;
+    out.par_chunks_mut(step.max(1))
+        .zip(ids.par_chunks(step.max(1)))
+        .enumerate()
+        .try_for_each(|(c, (dst, src))| {
+            for (j, (d, s)) in dst.chunks_mut(k).zip(src.chunks(k)).enumerate() {
+                let slot = (c * step + j * k) / row;
+                if !mask[slot] {
+                    continue;
+                }
+                let layer = (j * k % row) / k;
+                let at = || format!("valid position {}, layer {layer}", position(slot));
+                let mut bits = 0u64;
+                for (i, (x, &v)) in d.iter_mut().zip(s).enumerate() {
+                    let v: i64 = v.into();
+                    if v < -1 {
+                        return Err(Error::input(
+                            name,
+                            format!(
+                                "expert id {v} at {} is below -1 (-1 marks a layer that was not \
+                                 recorded)",
+                                at()
+                            ),
+                        ));
+                    }
+                    if v > i64::from(i32::MAX) {
+                        return Err(Error::input(
+                            name,
+                            format!("expert id {v} at {} is beyond 2^31 - 1", at()),
+                        ));
+                    }
+                    let dup = if (0..64).contains(&v) {
+                        let b = 1u64 << v;
+                        let seen = bits & b != 0;
+                        bits |= b;
+                        seen
+                    } else {
+                        v >= 64 && s[..i].iter().any(|&w| Into::<i64>::into(w) == v)
+                    };
+                    if dup {
+                        return Err(Error::input(
+                            name,
+                            format!("expert id {v} appears twice at {}", at()),
+                        ));
+                    }
+                    *x = v as i32;
+                }
+            }
+            Ok(())
+        })?;
+    Ok(out)
+}
+
+/// `|a ∩ b|` of two validated rows, `None` when either holds a −1 (not recorded).
+#[inline]
+fn intersection(a: &[i32], b: &[i32]) -> Option<u32> {
+    let (mut ma, mut mb, mut wide) = (0u64, 0u64, false);
+    for (&x, &y) in a.iter().zip(b) {
+        if x < 0 || y < 0 {
+            return None;
+        }
+        wide |= x >= 64 || y >= 64;
+        ma |= 1u64 << (x & 63);
+        mb |= 1u64 << (y & 63);
+    }
+    if !wide {
+        return Some((ma & mb).count_ones());
+    }
+    Some(a.iter().filter(|x| b.contains(x)).count() as u32)
+}
+
+impl Routing {
+    /// Both sides' routed experts over `mask.len()` slots, `[slots, layers, top_k]` each
+    /// (row-major; any integer type). Ids at padding slots are never read. Errors name the
+    /// tensor: a length that is not `slots · L · K`, `L` or `K` of 0, an id below −1 or beyond
+    /// 2^31 − 1, an id twice in one (token, layer) row.
+    pub fn new<T: Copy + Into<i64> + Sync>(
+        rollout: &[T],
+        old: &[T],
+        layers: usize,
+        top_k: usize,
+        mask: &[bool],
+        position: &(dyn Fn(usize) -> String + Sync),
+    ) -> Result<Self> {
+        if layers == 0 || top_k == 0 {
+            return Err(Error::input(
+                ROLLOUT,
+                format!(
+                    "has {layers} layers of {top_k} experts: routing needs at least one MoE \
+                     layer and one expert per token"
+                ),
+            ));
+        }
+        let row = layers
+            .checked_mul(top_k)
+            .ok_or_else(|| Error::input(ROLLOUT, "shape overflows"))?;
+        let want = mask.len().checked_mul(row);
+        for (name, v) in [(ROLLOUT, rollout.len()), (OLD, old.len())] {
+            if Some(v) != want {
+                return Err(Error::input(
+                    name,
+                    format!(
+                        "has {v} values, expected {} token slots x {layers} layers x {top_k} \
+                         experts",
+                        mask.len()
+                    ),
+                ));
+            }
+        }
+        Ok(Routing {
+            layers,
+            top_k,
+            rollout: narrow(ROLLOUT, rollout, row, top_k, mask, position)?,
+            old: narrow(OLD, old, row, top_k, mask, position)?,
+        })
+    }
+
+    /// Number of MoE layers (L).
+    pub fn layers(&self) -> usize {
+        self.layers
+    }
+    /// Experts per token and layer (K).
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+    /// Number of token slots.
+    pub fn slots(&self) -> usize {
+        self.rollout.len() / (self.layers * self.top_k)
+    }
+
+    /// The per-token outputs and per-layer counts over the valid slots of `mask` (which must
+    /// be the mask the routing was validated with).
+    pub fn token_stats(&self, mask: &[bool]) -> RouteTokens {
+        let (l, k) = (self.layers, self.top_k);
+        let n = mask.len().min(self.slots());
+        let mut t = RouteTokens {
+            overlap: vec![1.0; n],
+            flip: vec![0.0; n],
+            first_layer: vec![-1.0; n],
+            recorded: vec![0.0; n],
+            top_k: k,
+            ..RouteTokens::default()
+        };
+        // per block: [intersections | pairs] per layer, then valid tokens
+        let counts: Vec<u64> = t
+            .overlap
+            .par_chunks_mut(BLOCK)
+            .zip(t.flip.par_chunks_mut(BLOCK))
+            .zip(t.first_layer.par_chunks_mut(BLOCK))
+            .zip(t.recorded.par_chunks_mut(BLOCK))
+            .enumerate()
+            .map(|(c, (((ov, fl), first), rec))| {
+                let mut acc = vec![0u64; 2 * l + 1];
+                for j in 0..ov.len() {
+                    let slot = c * BLOCK + j;
+                    if !mask[slot] {
+                        continue;
+                    }
+                    acc[2 * l] += 1;
+                    let (mut inter, mut pairs, mut flipped) = (0u64, 0u64, None);
+                    for layer in 0..l {
+                        let at = (slot * l + layer) * k;
+                        let Some(x) =
+                            intersection(&self.rollout[at..at + k], &self.old[at..at + k])
+                        else {
+                            continue;
+                        };
+                        inter += u64::from(x);
+                        pairs += 1;
+                        acc[layer] += u64::from(x);
+                        acc[l + layer] += 1;
+                        if (x as usize) < k {
+                            flipped.get_or_insert(layer);
+                        }
+                    }
+                    if pairs > 0 {
+                        ov[j] = inter as f64 / (k as u64 * pairs) as f64;
+                        rec[j] = 1.0;
+                    }
+                    if let Some(f) = flipped {
+                        fl[j] = 1.0;
+                        first[j] = f as f64;
+                    }
+                }
+                acc
+            })
+            .reduce(
+                || vec![0u64; 2 * l + 1],
+                |mut a, b| {
+                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                    a
+                },
+            );
+        t.layer_intersections = counts[..l].to_vec();
+        t.layer_pairs = counts[l..2 * l].to_vec();
+        t.valid_tokens = counts[2 * l];
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pos(i: usize) -> String {
+        format!("[{i}]")
+    }
+
+    #[test]
+    fn overlap_flip_and_first_layer() {
+        // 3 valid tokens, L = 3, K = 2
+        let mask = [true, true, true];
+        let roll = [
+            1, 2, 3, 4, 5, 6, // token 0: same sets, other order in layer 1
+            1, 2, 3, 4, -1, 6, // token 1: layer 2 unrecorded, layer 1 differs by one
+            -1, -1, -1, -1, -1, -1, // token 2: nothing recorded
+        ];
+        let old = [
+            2, 1, 4, 3, 5, 6, //
+            1, 2, 3, 9, 5, 6, //
+            1, 2, 3, 4, 5, 6,
+        ];
+        let r = Routing::new(&roll, &old, 3, 2, &mask, &pos).unwrap();
+        let t = r.token_stats(&mask);
+        assert_eq!(t.overlap, [1.0, 0.75, 1.0]);
+        assert_eq!(t.flip, [0.0, 1.0, 0.0]);
+        assert_eq!(t.first_layer, [-1.0, 1.0, -1.0]);
+        assert_eq!(t.recorded, [1.0, 1.0, 0.0]);
+        assert_eq!(t.layer_pairs, [2, 2, 1]);
+        assert_eq!(t.layer_intersections, [4, 3, 2]);
+        assert_eq!(t.valid_tokens, 3);
+    }
+
+    #[test]
+    fn wide_ids_take_the_general_path() {
+        let mask = [true];
+        let r = Routing::new(&[100i64, 3], &[3i64, 164], 1, 2, &mask, &pos).unwrap();
+        let t = r.token_stats(&mask);
+        assert_eq!((t.overlap[0], t.flip[0]), (0.5, 1.0));
+        let r = Routing::new(&[100i64, 3], &[3i64, 100], 1, 2, &mask, &pos).unwrap();
+        assert_eq!(r.token_stats(&mask).flip[0], 0.0);
+    }
+
+    #[test]
+    fn padding_is_never_read() {
+        let mask = [true, false];
+        let roll = [1i64, 2, -5, i64::MAX];
+        let old = [2i64, 1, 7, 7];
+        let t = Routing::new(&roll, &old, 1, 2, &mask, &pos)
+            .unwrap()
+            .token_stats(&mask);
+        assert_eq!((t.overlap, t.flip), (vec![1.0, 1.0], vec![0.0, 0.0]));
+    }
+
+    #[test]
+    fn bad_input_names_the_tensor() {
+        let mask = [true];
+        let err = |r: &[i64], o: &[i64], l, k| {
+            Routing::new(r, o, l, k, &mask, &pos)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(&[1, 1], &[1, 2], 1, 2);
+        assert!(e.contains(ROLLOUT) && e.contains("twice"), "{e}");
+        let e = err(&[1, 2], &[70, 70], 1, 2);
+        assert!(e.contains(OLD) && e.contains("twice"), "{e}");
+        let e = err(&[1, 2], &[-2, 1], 1, 2);
+        assert!(e.contains(OLD) && e.contains("below -1"), "{e}");
+        let e = err(&[1, 2], &[1, 2, 3], 1, 2);
+        assert!(
+            e.contains(OLD) && e.contains("expected 1 token slots"),
+            "{e}"
+        );
+        let e = err(&[1, 1i64 << 40], &[1, 2], 1, 2);
+        assert!(e.contains("2^31"), "{e}");
+        assert!(err(&[], &[], 0, 2).contains("at least one"));
+        // two -1s are an unrecorded row, not a duplicate
+        assert!(Routing::new(&[-1i64, -1], &[1, 2], 1, 2, &mask, &pos).is_ok());
+    }
+}
