@@ -410,6 +410,7 @@ pub fn render_html(s: &Subject) -> String {
         let _ = write!(h, "<h2>Rejections by criterion</h2>{rej}");
     }
     h.push_str(&super::breakdown::breakdown_html(&s.analysis.metrics));
+    h.push_str(&super::routing::routing_html(s));
     let _ = write!(h, "<h2>Worst sequences</h2>{}", worst_table(s));
     let _ = write!(h, "<h2>Bound certificate</h2>{}", certificate(s));
     h.push_str("</body></html>\n");

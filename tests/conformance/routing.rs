@@ -37,11 +37,20 @@ impl Moe {
     fn load() -> Moe {
         let bytes = std::fs::read(sample("batch.safetensors")).unwrap();
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let shape = st.tensor("rollout_routed_experts").unwrap().shape().to_vec();
+        let shape = st
+            .tensor("rollout_routed_experts")
+            .unwrap()
+            .shape()
+            .to_vec();
         let (b, t, l, k) = (shape[0], shape[1], shape[2], shape[3]);
         let mask = tensor_f32s(&st, "response_mask");
         let lens = (0..b)
-            .map(|r| mask[r * t..(r + 1) * t].iter().filter(|&&m| m == 1.0).count())
+            .map(|r| {
+                mask[r * t..(r + 1) * t]
+                    .iter()
+                    .filter(|&&m| m == 1.0)
+                    .count()
+            })
             .collect();
         Moe {
             b,
@@ -153,7 +162,9 @@ fn output<'a>(a: &'a Analysis, name: &str) -> &'a [f64] {
 fn check_metrics(what: &str, m: &BTreeMap<String, f64>, cpu: bool) {
     let want = reference();
     assert_eq!(
-        m.keys().filter(|k| k.starts_with("trmask/routing/")).count(),
+        m.keys()
+            .filter(|k| k.starts_with("trmask/routing/"))
+            .count(),
         want.len(),
         "{what}: the routing metrics"
     );
@@ -185,7 +196,11 @@ fn moe_sample_metrics_and_outputs_on_every_engine_padded_and_packed() {
         check_metrics(&format!("{} padded", engine.name()), &a.metrics, cpu);
         let p = analyze(engine.as_ref(), &packed, &cfg).unwrap();
         check_metrics(&format!("{} packed", engine.name()), &p.metrics, cpu);
-        for k in a.metrics.keys().filter(|k| k.starts_with("trmask/routing/")) {
+        for k in a
+            .metrics
+            .keys()
+            .filter(|k| k.starts_with("trmask/routing/"))
+        {
             assert_eq!(a.metrics[k], p.metrics[k], "{k}: padded vs packed");
         }
         // per-token outputs, exact, in both layouts
@@ -277,14 +292,23 @@ fn route_flip_criteria_on_both_engines() {
             for (r, &(f, rec)) in flips.iter().enumerate() {
                 let mean = if rec > 0.0 { f / rec } else { 0.0 };
                 let got = c[0].seq_stat[r];
-                assert!((got - mean).abs() <= 1e-6 * mean, "{}: {got} {mean}", engine.name());
+                assert!(
+                    (got - mean).abs() <= 1e-6 * mean,
+                    "{}: {got} {mean}",
+                    engine.name()
+                );
                 assert_eq!(c[1].seq_stat[r], f, "{} seq_sum row {r}", engine.name());
                 assert_eq!(c[2].seq_stat[r], (f > 0.0) as u8 as f64, "seq_max row {r}");
                 assert!(!c[3].seq_reject[r], "token_route_flip <= 1 keeps all");
                 let keep = mean <= 0.02 && f <= 4.0;
                 // decisions may differ only within f32 rounding of the threshold
                 if (mean - 0.02).abs() > 1e-6 {
-                    assert_eq!(a.corrections.seq_accept[r], keep, "{} row {r}", engine.name());
+                    assert_eq!(
+                        a.corrections.seq_accept[r],
+                        keep,
+                        "{} row {r}",
+                        engine.name()
+                    );
                 }
             }
             decisions.push(a.corrections.seq_accept.clone());
@@ -292,7 +316,10 @@ fn route_flip_criteria_on_both_engines() {
         }
         assert!(decisions.windows(2).all(|w| w[0] == w[1]));
         let rejected = decisions[0].iter().filter(|&&k| !k).count();
-        assert!(rejected > 0 && rejected < moe.b, "the criteria decide: {rejected}");
+        assert!(
+            rejected > 0 && rejected < moe.b,
+            "the criteria decide: {rejected}"
+        );
     }
     // without routing tensors the criterion names what it needs
     let bare = Batch::padded(1, 1, &[1.0])
@@ -301,7 +328,9 @@ fn route_flip_criteria_on_both_engines() {
         .unwrap()
         .with_log_probs("old_log_prob", vec![-1.0])
         .unwrap();
-    let e = analyze(&CpuEngine::new(), &bare, &cfg).unwrap_err().to_string();
+    let e = analyze(&CpuEngine::new(), &bare, &cfg)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("rollout_routed_experts"), "{e}");
 }
 
@@ -376,13 +405,22 @@ fn bad_routing_input_is_named() {
     let mut dup = r.to_vec();
     dup[1] = dup[0];
     let e = err(&dup, o, moe.l, moe.k);
-    assert!(e.contains("rollout_routed_experts") && e.contains("[0, 0], layer 0"), "{e}");
+    assert!(
+        e.contains("rollout_routed_experts") && e.contains("[0, 0], layer 0"),
+        "{e}"
+    );
     let mut neg = o.to_vec();
     neg[lk + 3] = -2;
     let e = err(r, &neg, moe.l, moe.k);
-    assert!(e.contains("old_routed_experts") && e.contains("[0, 1], layer 1"), "{e}");
+    assert!(
+        e.contains("old_routed_experts") && e.contains("[0, 1], layer 1"),
+        "{e}"
+    );
     let e = err(r, &o[..o.len() - moe.k], moe.l, moe.k);
-    assert!(e.contains("old_routed_experts") && e.contains("expected"), "{e}");
+    assert!(
+        e.contains("old_routed_experts") && e.contains("expected"),
+        "{e}"
+    );
     // one line each
     assert!(!e.contains('\n'));
 }
