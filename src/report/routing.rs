@@ -108,7 +108,7 @@ fn abs_log_ratio_chart(s: &Subject) -> Option<String> {
     };
     let mut f = Frame::new(x, y, "|log rho| (log scale)", "share of the group's tokens");
     let colors = ["#1f6fb4", "#c0392b"];
-    for g in 0..2 {
+    for (g, color) in colors.into_iter().enumerate() {
         let pts: Vec<(f64, f64)> = (0..bins)
             .flat_map(|b| {
                 let (a, z) = (
@@ -118,7 +118,7 @@ fn abs_log_ratio_chart(s: &Subject) -> Option<String> {
                 [(10f64.powf(a), share(g, b)), (10f64.powf(z), share(g, b))]
             })
             .collect();
-        f.line(&pts, colors[g], g == 0);
+        f.line(&pts, color, g == 0);
     }
     let m = &s.analysis.metrics;
     for (i, (g, name)) in [(1, "flipped"), (0, "unflipped")].into_iter().enumerate() {
