@@ -14,5 +14,6 @@ mod compare;
 mod hostile;
 mod recipes;
 mod report_html;
+mod routing;
 mod sweep;
 mod warnings;
