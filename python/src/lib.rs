@@ -268,6 +268,9 @@ fn correct_with<'py>(
         }
         .map_err(to_py)?;
     }
+    if let Some((r, o, l, k)) = batch::routed_experts(&arrs)? {
+        step = step.routed_experts(r, o, l, k);
+    }
     match logits.as_slice() {
         [(_, r), (_, o)] => step = step.logits(r, o),
         [] => {}

@@ -60,7 +60,12 @@ pub struct Step<'a> {
     old_logits: Option<&'a Logits>,
     kept_ids: Option<&'a [i64]>,
     kept_offsets: Option<&'a [i64]>,
+    /// Both sides' routed experts `[slots, L, K]` with `(L, K)`.
+    routed: Option<RoutedExperts<'a>>,
 }
+
+/// `(rollout, old, layers, top_k)` of [`Step::routed_experts`].
+type RoutedExperts<'a> = (&'a [i64], &'a [i64], usize, usize);
 
 impl<'a> Step<'a> {
     fn with_layout(layout: StepLayout<'a>) -> Self {
@@ -77,6 +82,7 @@ impl<'a> Step<'a> {
             old_logits: None,
             kept_ids: None,
             kept_offsets: None,
+            routed: None,
         }
     }
     /// A padded `[batch, seq_len]` step; set its [`response_mask`](Self::response_mask).
@@ -164,6 +170,20 @@ impl<'a> Step<'a> {
         }
         Ok(self)
     }
+    /// Both sides' MoE routed experts, `[slots, layers, top_k]` each, row-major:
+    /// `rollout_routed_experts` (the rollout engine's) and `old_routed_experts` (the
+    /// trainer's own choice, without replay); `-1` marks an unrecorded (token, layer). They
+    /// give the `route_flip` criteria and the `trmask/routing/*` metrics.
+    pub fn routed_experts(
+        mut self,
+        rollout: &'a [i64],
+        old: &'a [i64],
+        layers: usize,
+        top_k: usize,
+    ) -> Self {
+        self.routed = Some((rollout, old, layers, top_k));
+        self
+    }
     /// Full rollout and trainer logits `[slots, V]` for exact divergences.
     pub fn logits(mut self, rollout: &'a Logits, old: &'a Logits) -> Self {
         self.rollout_logits = Some(rollout);
@@ -182,6 +202,7 @@ impl<'a> Step<'a> {
             || self.old_logits.is_some()
             || self.kept_ids.is_some()
             || self.kept_offsets.is_some()
+            || self.routed.is_some()
         {
             return None;
         }
@@ -280,6 +301,9 @@ impl<'a> Step<'a> {
                     format!("is missing: it is required with {given}"),
                 ));
             }
+        }
+        if let Some((r, o, l, k)) = self.routed {
+            batch = batch.with_routed_experts(r, o, l, k)?;
         }
         batch.validate()?;
         Ok(batch)

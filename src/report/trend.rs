@@ -1,5 +1,5 @@
 //! `trmask report --jsonl RUN.jsonl`: a run's trend page, one chart per quantity against the
-//! step (mismatch, rejection rates, kept token fraction, ESS, B*), jumps of the mismatch marked.
+//! step (mismatch, rejection rates, kept token fraction, ESS, B*, MoE routing), jumps of the mismatch marked.
 
 use super::subject::num;
 use super::svg::{esc, Axis, Frame};
@@ -12,7 +12,7 @@ const COLORS: [&str; 4] = ["#1f6fb4", "#d1741f", "#2e9e4f", "#8e44ad"];
 type Chart = (&'static str, bool, &'static [(&'static str, &'static str)]);
 
 /// The charts of the page.
-const CHARTS: [Chart; 5] = [
+const CHARTS: [Chart; 6] = [
     (
         "Mismatch",
         true,
@@ -45,6 +45,15 @@ const CHARTS: [Chart; 5] = [
         &[
             ("B* all sequences", "trmask/bound_all_unified"),
             ("B* accepted", "trmask/bound_accepted_unified"),
+        ],
+    ),
+    (
+        "MoE routing",
+        false,
+        &[
+            ("flipped tokens", "trmask/routing/token_flip_fraction"),
+            ("k3 share of flipped", "trmask/routing/k3_share_flipped"),
+            ("unrecorded pairs", "trmask/routing/unrecorded_fraction"),
         ],
     ),
 ];
