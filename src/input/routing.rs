@@ -104,7 +104,7 @@ fn narrow<T: Copy + Into<i64> + Sync>(
                 }
                 let layer = (j * k % row) / k;
                 let at = || format!("valid position {}, layer {layer}", position(slot));
-                let mut bits = 0u64;
+                let mut bits = [0u64; 4];
                 for (i, (x, &v)) in d.iter_mut().zip(s).enumerate() {
                     let v: i64 = v.into();
                     if v < -1 {
@@ -123,13 +123,13 @@ fn narrow<T: Copy + Into<i64> + Sync>(
                             format!("expert id {v} at {} is beyond 2^31 - 1", at()),
                         ));
                     }
-                    let dup = if (0..64).contains(&v) {
-                        let b = 1u64 << v;
-                        let seen = bits & b != 0;
-                        bits |= b;
+                    let dup = if (0..256).contains(&v) {
+                        let (w, b) = ((v >> 6) as usize, 1u64 << (v & 63));
+                        let seen = bits[w] & b != 0;
+                        bits[w] |= b;
                         seen
                     } else {
-                        v >= 64 && s[..i].iter().any(|&w| Into::<i64>::into(w) == v)
+                        v >= 256 && s[..i].iter().any(|&w| Into::<i64>::into(w) == v)
                     };
                     if dup {
                         return Err(Error::input(
@@ -145,20 +145,22 @@ fn narrow<T: Copy + Into<i64> + Sync>(
     Ok(out)
 }
 
-/// `|a ∩ b|` of two validated rows, `None` when either holds a −1 (not recorded).
+/// `|a ∩ b|` of two validated rows (no id twice), `None` when either holds a −1 (not
+/// recorded): a 256-bit set per side where every id is below 256 (up to DeepSeek's 256
+/// experts), else a comparison of every pair.
 #[inline]
 fn intersection(a: &[i32], b: &[i32]) -> Option<u32> {
-    let (mut ma, mut mb, mut wide) = (0u64, 0u64, false);
+    let (mut ma, mut mb, mut wide) = ([0u64; 4], [0u64; 4], false);
     for (&x, &y) in a.iter().zip(b) {
         if x < 0 || y < 0 {
             return None;
         }
-        wide |= x >= 64 || y >= 64;
-        ma |= 1u64 << (x & 63);
-        mb |= 1u64 << (y & 63);
+        wide |= x >= 256 || y >= 256;
+        ma[(x as usize >> 6) & 3] |= 1u64 << (x & 63);
+        mb[(y as usize >> 6) & 3] |= 1u64 << (y & 63);
     }
     if !wide {
-        return Some((ma & mb).count_ones());
+        return Some(ma.iter().zip(&mb).map(|(p, q)| (p & q).count_ones()).sum());
     }
     Some(a.iter().filter(|x| b.contains(x)).count() as u32)
 }
@@ -328,11 +330,20 @@ mod tests {
     #[test]
     fn wide_ids_take_the_general_path() {
         let mask = [true];
+        // 100 and 164 share their low 6 bits; 300 and 44 their low 8
         let r = Routing::new(&[100i64, 3], &[3i64, 164], 1, 2, &mask, &pos).unwrap();
         let t = r.token_stats(&mask);
         assert_eq!((t.overlap[0], t.flip[0]), (0.5, 1.0));
         let r = Routing::new(&[100i64, 3], &[3i64, 100], 1, 2, &mask, &pos).unwrap();
         assert_eq!(r.token_stats(&mask).flip[0], 0.0);
+        let r = Routing::new(&[300i64, 3], &[3i64, 44], 1, 2, &mask, &pos).unwrap();
+        assert_eq!(r.token_stats(&mask).overlap[0], 0.5);
+        let r = Routing::new(&[300i64, 3, 255], &[255i64, 3, 300], 1, 3, &mask, &pos).unwrap();
+        assert_eq!(r.token_stats(&mask).overlap[0], 1.0);
+        let e = Routing::new(&[300i64, 300], &[1i64, 2], 1, 2, &mask, &pos).unwrap_err();
+        assert!(e.to_string().contains("twice"));
+        let e = Routing::new(&[200i64, 200], &[1i64, 2], 1, 2, &mask, &pos).unwrap_err();
+        assert!(e.to_string().contains("twice"));
     }
 
     #[test]
