@@ -53,13 +53,19 @@ fn best(repeat: usize, mut f: impl FnMut()) -> f64 {
 
 fn main() {
     let (b, t) = (arg("--batch", 64), arg("--seq", 4096));
-    let (l, k, e) = (arg("--layers", 48), arg("--top-k", 8), arg("--experts", 128) as u64);
+    let (l, k, e) = (
+        arg("--layers", 48),
+        arg("--top-k", 8),
+        arg("--experts", 128) as u64,
+    );
     let repeat = arg("--repeat", 3);
     let mut rng = Rng(42);
     let mut mask = vec![0.0; b * t];
     for row in 0..b {
         let len = t / 2 + rng.below(t as u64 / 2 + 1) as usize;
-        mask[row * t..row * t + len].iter_mut().for_each(|m| *m = 1.0);
+        mask[row * t..row * t + len]
+            .iter_mut()
+            .for_each(|m| *m = 1.0);
     }
     let rows = b * t * l;
     let (mut roll, mut old) = (vec![0i32; rows * k], vec![0i32; rows * k]);
@@ -78,7 +84,11 @@ fn main() {
         }
     }
     let lp: Vec<f64> = (0..b * t).map(|i| -1.0 - (i % 97) as f64 / 97.0).collect();
-    let lq: Vec<f64> = lp.iter().enumerate().map(|(i, x)| x + 1e-3 * ((i % 13) as f64 - 6.0)).collect();
+    let lq: Vec<f64> = lp
+        .iter()
+        .enumerate()
+        .map(|(i, x)| x + 1e-3 * ((i % 13) as f64 - 6.0))
+        .collect();
     let base = Batch::padded(b, t, &mask)
         .unwrap()
         .with_log_probs("rollout_log_prob", lp)

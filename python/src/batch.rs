@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::collections::BTreeMap;
 use trmask::io::Renames;
+use trmask::routing::ExpertIds;
 use trmask::tensors::{self, Role, Shape};
 use trmask::{Batch, Error, MaskValues};
 
@@ -95,10 +96,9 @@ pub fn check_shapes(
 
 /// Both sides' routed experts (`[.., L, K]`, shapes checked by [`check_shapes`]) with
 /// `(L, K)`, when given; one side alone, or `[L, K]` that differ, is an error naming the tensor.
-#[allow(clippy::type_complexity)]
 pub fn routed_experts<'a>(
     arrs: &'a BTreeMap<&str, Arr<'_>>,
-) -> PyResult<Option<(&'a [i64], &'a [i64], usize, usize)>> {
+) -> PyResult<Option<(ExpertIds<'a>, ExpertIds<'a>, usize, usize)>> {
     use trmask::routing::{OLD, ROLLOUT};
     match (arrs.get(ROLLOUT), arrs.get(OLD)) {
         (Some(r), Some(o)) => {
@@ -111,7 +111,7 @@ pub fn routed_experts<'a>(
                 )));
             }
             let (l, k) = (rs[rs.len() - 2], rs[rs.len() - 1]);
-            Ok(Some((r.ids(ROLLOUT)?, o.ids(OLD)?, l, k)))
+            Ok(Some((r.experts(ROLLOUT)?, o.experts(OLD)?, l, k)))
         }
         (None, None) => Ok(None),
         (r, _) => {

@@ -32,6 +32,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::input::batch::Batch;
 use crate::input::logits::Logits;
+use crate::input::routing::ExpertIds;
 use crate::input::tensors::{self, Role, Shape};
 pub use crate::input::values::{MaskOut, MaskValues, Outputs, Values, WeightsOut};
 use crate::partial::{exchange, Exchange, SingleProcess};
@@ -65,7 +66,7 @@ pub struct Step<'a> {
 }
 
 /// `(rollout, old, layers, top_k)` of [`Step::routed_experts`].
-type RoutedExperts<'a> = (&'a [i64], &'a [i64], usize, usize);
+type RoutedExperts<'a> = (ExpertIds<'a>, ExpertIds<'a>, usize, usize);
 
 impl<'a> Step<'a> {
     fn with_layout(layout: StepLayout<'a>) -> Self {
@@ -170,18 +171,18 @@ impl<'a> Step<'a> {
         }
         Ok(self)
     }
-    /// Both sides' MoE routed experts, `[slots, layers, top_k]` each, row-major:
+    /// Both sides' MoE routed experts, `[slots, layers, top_k]` each, row-major, i32 or i64:
     /// `rollout_routed_experts` (the rollout engine's) and `old_routed_experts` (the
     /// trainer's own choice, without replay); `-1` marks an unrecorded (token, layer). They
     /// give the `route_flip` criteria and the `trmask/routing/*` metrics.
     pub fn routed_experts(
         mut self,
-        rollout: &'a [i64],
-        old: &'a [i64],
+        rollout: impl Into<ExpertIds<'a>>,
+        old: impl Into<ExpertIds<'a>>,
         layers: usize,
         top_k: usize,
     ) -> Self {
-        self.routed = Some((rollout, old, layers, top_k));
+        self.routed = Some((rollout.into(), old.into(), layers, top_k));
         self
     }
     /// Full rollout and trainer logits `[slots, V]` for exact divergences.

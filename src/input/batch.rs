@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 
 use crate::input::logits::impossible_sample;
 use crate::input::logits::Logits;
-use crate::input::routing::Routing;
+use crate::input::routing::{ExpertIds, Routing};
 use crate::input::tensors;
 use crate::sampling::kept_set::KeptSets;
 
@@ -411,19 +411,20 @@ impl Batch {
         Ok(self)
     }
 
-    /// Attaches both sides' MoE routed experts, `[slots, layers, top_k]` each, row-major, any
-    /// integer type (`rollout_routed_experts`: the rollout engine's; `old_routed_experts`: the
+    /// Attaches both sides' MoE routed experts, `[slots, layers, top_k]` each, row-major, i32
+    /// or i64 (`rollout_routed_experts`: the rollout engine's; `old_routed_experts`: the
     /// trainer's own choice). Ids at padding are never read; see [`Routing::new`] for the
     /// checks.
-    pub fn with_routed_experts<T: Copy + Into<i64> + Sync>(
+    pub fn with_routed_experts<'a>(
         mut self,
-        rollout: &[T],
-        old: &[T],
+        rollout: impl Into<ExpertIds<'a>>,
+        old: impl Into<ExpertIds<'a>>,
         layers: usize,
         top_k: usize,
     ) -> Result<Self> {
         let pos = |i: usize| self.position(i);
-        let r = Routing::new(rollout, old, layers, top_k, self.mask(), &pos)?;
+        let (r, o) = (rollout.into(), old.into());
+        let r = Routing::from_ids(r, o, layers, top_k, self.mask(), &pos)?;
         self.routing = Some(r);
         Ok(self)
     }

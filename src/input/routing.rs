@@ -38,6 +38,37 @@ pub const OLD: &str = "old_routed_experts";
 /// Slots per parallel task.
 const BLOCK: usize = 2048;
 
+/// One side's routed experts as the caller holds them: int32 (what engines record) or int64.
+#[derive(Clone, Copy, Debug)]
+pub enum ExpertIds<'a> {
+    I32(&'a [i32]),
+    I64(&'a [i64]),
+}
+
+impl<'a> From<&'a [i32]> for ExpertIds<'a> {
+    fn from(v: &'a [i32]) -> Self {
+        ExpertIds::I32(v)
+    }
+}
+
+impl<'a> From<&'a [i64]> for ExpertIds<'a> {
+    fn from(v: &'a [i64]) -> Self {
+        ExpertIds::I64(v)
+    }
+}
+
+impl<'a> From<&'a Vec<i32>> for ExpertIds<'a> {
+    fn from(v: &'a Vec<i32>) -> Self {
+        ExpertIds::I32(v)
+    }
+}
+
+impl<'a> From<&'a Vec<i64>> for ExpertIds<'a> {
+    fn from(v: &'a Vec<i64>) -> Self {
+        ExpertIds::I64(v)
+    }
+}
+
 /// Both sides' routed experts, validated: `[slots, layers, top_k]` each, row-major, `-1` at
 /// unrecorded rows and at every padding slot.
 #[derive(Clone, Debug, PartialEq)]
@@ -79,7 +110,32 @@ impl RouteTokens {
     }
 }
 
-/// One side's ids at valid slots checked and narrowed to i32; padding slots become −1.
+/// The exact check of one (token, layer) row (the fast path's fallback): the first id below
+/// −1, beyond i32, or seen twice, as an error naming `name` and `at`.
+fn check_row<T: Copy + Into<i64>>(name: &str, row: &[T], at: &dyn Fn() -> String) -> Result<()> {
+    for (i, &v) in row.iter().enumerate() {
+        let v: i64 = v.into();
+        let problem = if v < -1 {
+            "is below -1 (-1 marks a layer that was not recorded)"
+        } else if v > i64::from(i32::MAX) {
+            "is beyond 2^31 - 1"
+        } else if v >= 0 && row[..i].iter().any(|&w| w.into() == v) {
+            "appears twice"
+        } else {
+            continue;
+        };
+        return Err(Error::input(
+            name,
+            format!("expert id {v} at {} {problem}", at()),
+        ));
+    }
+    Ok(())
+}
+
+/// One side's ids at valid slots checked and narrowed to i32; padding slots become −1. Each
+/// row takes one branch-free pass (its extrema, and its ids as a 256-bit set whose size must
+/// equal the number of ids ≥ 0); rows that fail it (a problem, or ids ≥ 256) get the exact
+/// check.
 fn narrow<T: Copy + Into<i64> + Sync>(
     name: &str,
     ids: &[T],
@@ -93,51 +149,32 @@ fn narrow<T: Copy + Into<i64> + Sync>(
         .map_err(|_| Error::OutOfMemory(format!("{} ids of {name}", ids.len())))?;
     out.resize(ids.len(), -1);
     let step = BLOCK * row;
-    out.par_chunks_mut(step.max(1))
-        .zip(ids.par_chunks(step.max(1)))
+    out.par_chunks_mut(step)
+        .zip(ids.par_chunks(step))
         .enumerate()
         .try_for_each(|(c, (dst, src))| {
-            for (j, (d, s)) in dst.chunks_mut(k).zip(src.chunks(k)).enumerate() {
-                let slot = (c * step + j * k) / row;
+            for (j, (d, x)) in dst.chunks_mut(row).zip(src.chunks(row)).enumerate() {
+                let slot = c * BLOCK + j;
                 if !mask[slot] {
                     continue;
                 }
-                let layer = (j * k % row) / k;
-                let at = || format!("valid position {}, layer {layer}", position(slot));
-                let mut bits = [0u64; 4];
-                for (i, (x, &v)) in d.iter_mut().zip(s).enumerate() {
-                    let v: i64 = v.into();
-                    if v < -1 {
-                        return Err(Error::input(
-                            name,
-                            format!(
-                                "expert id {v} at {} is below -1 (-1 marks a layer that was not \
-                                 recorded)",
-                                at()
-                            ),
-                        ));
+                for (layer, (dr, xr)) in d.chunks_mut(k).zip(x.chunks(k)).enumerate() {
+                    let (mut bits, mut n) = ([0u64; 4], 0u32);
+                    let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+                    for (o, &v) in dr.iter_mut().zip(xr) {
+                        let v: i64 = v.into();
+                        lo = lo.min(v);
+                        hi = hi.max(v);
+                        *o = v as i32;
+                        let on = u32::from(v >= 0);
+                        n += on;
+                        bits[((v >> 6) & 3) as usize] |= u64::from(on) << (v & 63);
                     }
-                    if v > i64::from(i32::MAX) {
-                        return Err(Error::input(
-                            name,
-                            format!("expert id {v} at {} is beyond 2^31 - 1", at()),
-                        ));
+                    let size: u32 = bits.iter().map(|w| w.count_ones()).sum();
+                    if lo < -1 || hi >= 256 || size != n {
+                        let at = || format!("valid position {}, layer {layer}", position(slot));
+                        check_row(name, xr, &at)?;
                     }
-                    let dup = if (0..256).contains(&v) {
-                        let (w, b) = ((v >> 6) as usize, 1u64 << (v & 63));
-                        let seen = bits[w] & b != 0;
-                        bits[w] |= b;
-                        seen
-                    } else {
-                        v >= 256 && s[..i].iter().any(|&w| Into::<i64>::into(w) == v)
-                    };
-                    if dup {
-                        return Err(Error::input(
-                            name,
-                            format!("expert id {v} appears twice at {}", at()),
-                        ));
-                    }
-                    *x = v as i32;
                 }
             }
             Ok(())
@@ -170,9 +207,9 @@ impl Routing {
     /// (row-major; any integer type). Ids at padding slots are never read. Errors name the
     /// tensor: a length that is not `slots · L · K`, `L` or `K` of 0, an id below −1 or beyond
     /// 2^31 − 1, an id twice in one (token, layer) row.
-    pub fn new<T: Copy + Into<i64> + Sync>(
-        rollout: &[T],
-        old: &[T],
+    pub fn new<R: Copy + Into<i64> + Sync, O: Copy + Into<i64> + Sync>(
+        rollout: &[R],
+        old: &[O],
         layers: usize,
         top_k: usize,
         mask: &[bool],
@@ -209,6 +246,25 @@ impl Routing {
             rollout: narrow(ROLLOUT, rollout, row, top_k, mask, position)?,
             old: narrow(OLD, old, row, top_k, mask, position)?,
         })
+    }
+
+    /// [`Routing::new`] for ids in either integer width, as [`ExpertIds`].
+    pub fn from_ids(
+        rollout: ExpertIds<'_>,
+        old: ExpertIds<'_>,
+        layers: usize,
+        top_k: usize,
+        mask: &[bool],
+        position: &(dyn Fn(usize) -> String + Sync),
+    ) -> Result<Self> {
+        use ExpertIds::{I32, I64};
+        let (l, k) = (layers, top_k);
+        match (rollout, old) {
+            (I32(r), I32(o)) => Routing::new(r, o, l, k, mask, position),
+            (I32(r), I64(o)) => Routing::new(r, o, l, k, mask, position),
+            (I64(r), I32(o)) => Routing::new(r, o, l, k, mask, position),
+            (I64(r), I64(o)) => Routing::new(r, o, l, k, mask, position),
+        }
     }
 
     /// Number of MoE layers (L).
