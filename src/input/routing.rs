@@ -3,10 +3,10 @@
 //! (`old_routed_experts`), `[slots, L, K]` each; `-1` marks a (token, layer) row that was not
 //! recorded.
 //!
-//! [`Routing::new`] validates both sides once (ids at valid slots: integers ≥ −1 that fit 32
-//! bits, no id twice in a row, the same `[L, K]` on both sides; padding is never read) and
-//! [`Routing::token_stats`] is the one place the per-token outputs and the per-layer counts
-//! are computed, for every engine and every metric:
+//! [`Routing::new`] is the one place both sides are read: in one pass it checks the ids at
+//! valid slots (integers ≥ −1 that fit 32 bits, no id twice in a row; padding is never read)
+//! and computes the per-token outputs and the per-layer counts ([`Routing::token_stats`]) that
+//! every engine and every metric use:
 //!
 //! * a layer l of a valid token t is *recorded* when neither side's row holds a −1; its
 //!   overlap is `o = |S_roll ∩ S_train| / K` (sets: order ignored);
@@ -21,7 +21,7 @@
 //! let roll = [3, 1, 0, 2, /* padding */ -7, -7, 5, 5];
 //! let old = [1, 3, 2, 4, 0, 0, 0, 0];
 //! let r = Routing::new(&roll, &old, 2, 2, &mask, &|i| format!("[{i}]"))?;
-//! let t = r.token_stats(&mask);
+//! let t = r.token_stats().clone();
 //! assert_eq!((t.overlap[0], t.flip[0], t.first_layer[0]), (0.75, 1.0, 1.0));
 //! assert_eq!(t.layer_intersections, vec![2, 1]);
 //! # Ok::<(), trmask::Error>(())
@@ -69,14 +69,14 @@ impl<'a> From<&'a Vec<i64>> for ExpertIds<'a> {
     }
 }
 
-/// Both sides' routed experts, validated: `[slots, layers, top_k]` each, row-major, `-1` at
-/// unrecorded rows and at every padding slot.
+/// Both sides' routed experts, validated, reduced to what every output and metric reads: the
+/// per-token outputs and per-layer counts ([`RouteTokens`]), computed in the same pass that
+/// checks the ids (the ids themselves are not kept).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Routing {
     layers: usize,
     top_k: usize,
-    rollout: Vec<i32>,
-    old: Vec<i32>,
+    tokens: RouteTokens,
 }
 
 /// The per-token routing outputs of a batch (one value per slot, the documented neutral value
@@ -132,74 +132,56 @@ fn check_row<T: Copy + Into<i64>>(name: &str, row: &[T], at: &dyn Fn() -> String
     Ok(())
 }
 
-/// One side's ids at valid slots checked and narrowed to i32; padding slots become −1. Each
-/// row takes one branch-free pass (its extrema, and its ids as a 256-bit set whose size must
-/// equal the number of ids ≥ 0); rows that fail it (a problem, or ids ≥ 256) get the exact
-/// check.
-fn narrow<T: Copy + Into<i64> + Sync>(
-    name: &str,
-    ids: &[T],
-    row: usize,
-    k: usize,
-    mask: &[bool],
-    position: &(dyn Fn(usize) -> String + Sync),
-) -> Result<Vec<i32>> {
-    let mut out: Vec<i32> = Vec::new();
-    out.try_reserve_exact(ids.len())
-        .map_err(|_| Error::OutOfMemory(format!("{} ids of {name}", ids.len())))?;
-    out.resize(ids.len(), -1);
-    let step = BLOCK * row;
-    out.par_chunks_mut(step)
-        .zip(ids.par_chunks(step))
-        .enumerate()
-        .try_for_each(|(c, (dst, src))| {
-            for (j, (d, x)) in dst.chunks_mut(row).zip(src.chunks(row)).enumerate() {
-                let slot = c * BLOCK + j;
-                if !mask[slot] {
-                    continue;
-                }
-                for (layer, (dr, xr)) in d.chunks_mut(k).zip(x.chunks(k)).enumerate() {
-                    let (mut bits, mut n) = ([0u64; 4], 0u32);
-                    let (mut lo, mut hi) = (i64::MAX, i64::MIN);
-                    for (o, &v) in dr.iter_mut().zip(xr) {
-                        let v: i64 = v.into();
-                        lo = lo.min(v);
-                        hi = hi.max(v);
-                        *o = v as i32;
-                        let on = u32::from(v >= 0);
-                        n += on;
-                        bits[((v >> 6) & 3) as usize] |= u64::from(on) << (v & 63);
-                    }
-                    let size: u32 = bits.iter().map(|w| w.count_ones()).sum();
-                    if lo < -1 || hi >= 256 || size != n {
-                        let at = || format!("valid position {}, layer {layer}", position(slot));
-                        check_row(name, xr, &at)?;
-                    }
-                }
-            }
-            Ok(())
-        })?;
-    Ok(out)
+/// One row in one branch-free pass: its ids below 256 as a 256-bit set, how many ids are
+/// ≥ 0, and its extrema. The row is clean (no id below −1 or twice, none ≥ 256) iff
+/// `lo ≥ −1`, `hi < 256` and the set holds `n` ids; recorded iff `lo ≥ 0`.
+struct RowSet {
+    bits: [u64; 4],
+    n: u32,
+    lo: i64,
+    hi: i64,
 }
 
-/// `|a ∩ b|` of two validated rows (no id twice), `None` when either holds a −1 (not
-/// recorded): a 256-bit set per side where every id is below 256 (up to DeepSeek's 256
-/// experts), else a comparison of every pair.
-#[inline]
-fn intersection(a: &[i32], b: &[i32]) -> Option<u32> {
-    let (mut ma, mut mb, mut wide) = ([0u64; 4], [0u64; 4], false);
-    for (&x, &y) in a.iter().zip(b) {
-        if x < 0 || y < 0 {
-            return None;
+impl RowSet {
+    #[inline]
+    fn of<T: Copy + Into<i64>>(row: &[T]) -> RowSet {
+        let (mut bits, mut n, mut lo, mut hi) = ([0u64; 4], 0u32, i64::MAX, i64::MIN);
+        for &v in row {
+            let v: i64 = v.into();
+            lo = lo.min(v);
+            hi = hi.max(v);
+            let on = u32::from(v >= 0);
+            n += on;
+            bits[((v >> 6) & 3) as usize] |= u64::from(on) << (v & 63);
         }
-        wide |= x >= 256 || y >= 256;
-        ma[(x as usize >> 6) & 3] |= 1u64 << (x & 63);
-        mb[(y as usize >> 6) & 3] |= 1u64 << (y & 63);
+        RowSet { bits, n, lo, hi }
     }
-    if !wide {
-        return Some(ma.iter().zip(&mb).map(|(p, q)| (p & q).count_ones()).sum());
+    #[inline]
+    fn clean(&self) -> bool {
+        self.lo >= -1
+            && self.hi < 256
+            && self.bits.iter().map(|w| w.count_ones()).sum::<u32>() == self.n
     }
-    Some(a.iter().filter(|x| b.contains(x)).count() as u32)
+}
+
+/// `|a ∩ b|` of two checked rows without −1 (sets: no id twice).
+#[inline]
+fn intersection<R: Copy + Into<i64>, O: Copy + Into<i64>>(
+    a: (&RowSet, &[R]),
+    b: (&RowSet, &[O]),
+) -> u32 {
+    if a.0.hi < 256 && b.0.hi < 256 {
+        return a
+            .0
+            .bits
+            .iter()
+            .zip(&b.0.bits)
+            .map(|(p, q)| (p & q).count_ones())
+            .sum();
+    }
+    a.1.iter()
+        .filter(|&&x| b.1.iter().any(|&y| y.into() == x.into()))
+        .count() as u32
 }
 
 impl Routing {
@@ -240,11 +222,11 @@ impl Routing {
                 ));
             }
         }
+        let tokens = scan(rollout, old, layers, top_k, mask, position)?;
         Ok(Routing {
             layers,
             top_k,
-            rollout: narrow(ROLLOUT, rollout, row, top_k, mask, position)?,
-            old: narrow(OLD, old, row, top_k, mask, position)?,
+            tokens,
         })
     }
 
@@ -277,77 +259,96 @@ impl Routing {
     }
     /// Number of token slots.
     pub fn slots(&self) -> usize {
-        self.rollout.len() / (self.layers * self.top_k)
+        self.tokens.overlap.len()
     }
 
-    /// The per-token outputs and per-layer counts over the valid slots of `mask` (which must
-    /// be the mask the routing was validated with).
-    pub fn token_stats(&self, mask: &[bool]) -> RouteTokens {
-        let (l, k) = (self.layers, self.top_k);
-        let n = mask.len().min(self.slots());
-        let mut t = RouteTokens {
-            overlap: vec![1.0; n],
-            flip: vec![0.0; n],
-            first_layer: vec![-1.0; n],
-            recorded: vec![0.0; n],
-            top_k: k,
-            ..RouteTokens::default()
-        };
-        // per block: [intersections | pairs] per layer, then valid tokens
-        let counts: Vec<u64> = t
-            .overlap
-            .par_chunks_mut(BLOCK)
-            .zip(t.flip.par_chunks_mut(BLOCK))
-            .zip(t.first_layer.par_chunks_mut(BLOCK))
-            .zip(t.recorded.par_chunks_mut(BLOCK))
-            .enumerate()
-            .map(|(c, (((ov, fl), first), rec))| {
-                let mut acc = vec![0u64; 2 * l + 1];
-                for j in 0..ov.len() {
-                    let slot = c * BLOCK + j;
-                    if !mask[slot] {
-                        continue;
+    /// The per-token outputs and per-layer counts over the batch's valid slots.
+    pub fn token_stats(&self) -> &RouteTokens {
+        &self.tokens
+    }
+}
+
+/// Checks both sides' ids at the valid slots of `mask` and computes the per-token outputs and
+/// per-layer counts, one pass over both tensors (blocks of slots in parallel; counts are
+/// integers, so the order of the blocks does not matter).
+fn scan<R: Copy + Into<i64> + Sync, O: Copy + Into<i64> + Sync>(
+    rollout: &[R],
+    old: &[O],
+    l: usize,
+    k: usize,
+    mask: &[bool],
+    position: &(dyn Fn(usize) -> String + Sync),
+) -> Result<RouteTokens> {
+    let n = mask.len();
+    let row = l * k;
+    let mut t = RouteTokens {
+        overlap: vec![1.0; n],
+        flip: vec![0.0; n],
+        first_layer: vec![-1.0; n],
+        recorded: vec![0.0; n],
+        top_k: k,
+        ..RouteTokens::default()
+    };
+    // per block: [intersections | pairs] per layer, then valid tokens
+    let counts: Vec<u64> = t
+        .overlap
+        .par_chunks_mut(BLOCK)
+        .zip(t.flip.par_chunks_mut(BLOCK))
+        .zip(t.first_layer.par_chunks_mut(BLOCK))
+        .zip(t.recorded.par_chunks_mut(BLOCK))
+        .enumerate()
+        .map(|(c, (((ov, fl), first), rec))| {
+            let mut acc = vec![0u64; 2 * l + 1];
+            for j in 0..ov.len() {
+                let slot = c * BLOCK + j;
+                if !mask[slot] {
+                    continue;
+                }
+                acc[2 * l] += 1;
+                let (mut inter, mut pairs, mut flipped) = (0u64, 0u64, None);
+                for layer in 0..l {
+                    let at = slot * row + layer * k;
+                    let (ra, oa) = (&rollout[at..at + k], &old[at..at + k]);
+                    let (rs, os) = (RowSet::of(ra), RowSet::of(oa));
+                    if !(rs.clean() && os.clean()) {
+                        let at = || format!("valid position {}, layer {layer}", position(slot));
+                        check_row(ROLLOUT, ra, &at)?;
+                        check_row(OLD, oa, &at)?;
                     }
-                    acc[2 * l] += 1;
-                    let (mut inter, mut pairs, mut flipped) = (0u64, 0u64, None);
-                    for layer in 0..l {
-                        let at = (slot * l + layer) * k;
-                        let Some(x) =
-                            intersection(&self.rollout[at..at + k], &self.old[at..at + k])
-                        else {
-                            continue;
-                        };
-                        inter += u64::from(x);
-                        pairs += 1;
-                        acc[layer] += u64::from(x);
-                        acc[l + layer] += 1;
-                        if (x as usize) < k {
-                            flipped.get_or_insert(layer);
-                        }
+                    if rs.lo < 0 || os.lo < 0 {
+                        continue; // a -1 on either side: not recorded
                     }
-                    if pairs > 0 {
-                        ov[j] = inter as f64 / (k as u64 * pairs) as f64;
-                        rec[j] = 1.0;
-                    }
-                    if let Some(f) = flipped {
-                        fl[j] = 1.0;
-                        first[j] = f as f64;
+                    let x = intersection((&rs, ra), (&os, oa));
+                    inter += u64::from(x);
+                    pairs += 1;
+                    acc[layer] += u64::from(x);
+                    acc[l + layer] += 1;
+                    if (x as usize) < k {
+                        flipped.get_or_insert(layer);
                     }
                 }
-                acc
-            })
-            .reduce(
-                || vec![0u64; 2 * l + 1],
-                |mut a, b| {
-                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                    a
-                },
-            );
-        t.layer_intersections = counts[..l].to_vec();
-        t.layer_pairs = counts[l..2 * l].to_vec();
-        t.valid_tokens = counts[2 * l];
-        t
-    }
+                if pairs > 0 {
+                    ov[j] = inter as f64 / (k as u64 * pairs) as f64;
+                    rec[j] = 1.0;
+                }
+                if let Some(f) = flipped {
+                    fl[j] = 1.0;
+                    first[j] = f as f64;
+                }
+            }
+            Ok(acc)
+        })
+        .try_reduce(
+            || vec![0u64; 2 * l + 1],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                Ok(a)
+            },
+        )?;
+    t.layer_intersections = counts[..l].to_vec();
+    t.layer_pairs = counts[l..2 * l].to_vec();
+    t.valid_tokens = counts[2 * l];
+    Ok(t)
 }
 
 #[cfg(test)]
@@ -373,7 +374,7 @@ mod tests {
             1, 2, 3, 4, 5, 6,
         ];
         let r = Routing::new(&roll, &old, 3, 2, &mask, &pos).unwrap();
-        let t = r.token_stats(&mask);
+        let t = r.token_stats().clone();
         assert_eq!(t.overlap, [1.0, 0.75, 1.0]);
         assert_eq!(t.flip, [0.0, 1.0, 0.0]);
         assert_eq!(t.first_layer, [-1.0, 1.0, -1.0]);
@@ -388,14 +389,14 @@ mod tests {
         let mask = [true];
         // 100 and 164 share their low 6 bits; 300 and 44 their low 8
         let r = Routing::new(&[100i64, 3], &[3i64, 164], 1, 2, &mask, &pos).unwrap();
-        let t = r.token_stats(&mask);
+        let t = r.token_stats().clone();
         assert_eq!((t.overlap[0], t.flip[0]), (0.5, 1.0));
         let r = Routing::new(&[100i64, 3], &[3i64, 100], 1, 2, &mask, &pos).unwrap();
-        assert_eq!(r.token_stats(&mask).flip[0], 0.0);
+        assert_eq!(r.token_stats().clone().flip[0], 0.0);
         let r = Routing::new(&[300i64, 3], &[3i64, 44], 1, 2, &mask, &pos).unwrap();
-        assert_eq!(r.token_stats(&mask).overlap[0], 0.5);
+        assert_eq!(r.token_stats().clone().overlap[0], 0.5);
         let r = Routing::new(&[300i64, 3, 255], &[255i64, 3, 300], 1, 3, &mask, &pos).unwrap();
-        assert_eq!(r.token_stats(&mask).overlap[0], 1.0);
+        assert_eq!(r.token_stats().clone().overlap[0], 1.0);
         let e = Routing::new(&[300i64, 300], &[1i64, 2], 1, 2, &mask, &pos).unwrap_err();
         assert!(e.to_string().contains("twice"));
         let e = Routing::new(&[200i64, 200], &[1i64, 2], 1, 2, &mask, &pos).unwrap_err();
@@ -409,7 +410,8 @@ mod tests {
         let old = [2i64, 1, 7, 7];
         let t = Routing::new(&roll, &old, 1, 2, &mask, &pos)
             .unwrap()
-            .token_stats(&mask);
+            .token_stats()
+            .clone();
         assert_eq!((t.overlap, t.flip), (vec![1.0, 1.0], vec![0.0, 0.0]));
     }
 

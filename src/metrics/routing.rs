@@ -99,7 +99,8 @@ mod tests {
         let pos = |i: usize| format!("[{i}]");
         let r = Routing::new(&roll, &old, 2, 2, &mask, &pos)
             .unwrap()
-            .token_stats(&mask);
+            .token_stats()
+            .clone();
         let lr = [0.1, -0.4, 0.2, f64::NAN];
         let k3 = [0.01, 0.1, 0.02, f64::NAN];
         let mut p = Partial::new();

@@ -248,7 +248,7 @@ fn table_inner(
     }
     if let Some(r) = &batch.routing {
         // the one computation of the routing outputs (input::routing)
-        let t = r.token_stats(mask);
+        let t = r.token_stats().clone();
         table.stats.insert("route_flip".into(), t.flip.clone());
         table.routing = Some(t);
     }
