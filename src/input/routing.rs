@@ -132,12 +132,13 @@ fn check_row<T: Copy + Into<i64>>(name: &str, row: &[T], at: &dyn Fn() -> String
     Ok(())
 }
 
-/// One row in one branch-free pass: its ids below 256 as a 256-bit set, how many ids are
-/// ≥ 0, and its extrema. The row is clean (no id below −1 or twice, none ≥ 256) iff
-/// `lo ≥ −1`, `hi < 256` and the set holds `n` ids; recorded iff `lo ≥ 0`.
+/// One row in one branch-free pass: its ids below 256 as a 256-bit set, whether an id ≥ 0
+/// met its own bit already set (a duplicate, or two ids ≥ 256 sharing low bits), and its
+/// extrema. The row is clean (no id below −1 or twice, none ≥ 256) iff `lo ≥ −1`, `hi < 256`
+/// and no such collision; recorded iff `lo ≥ 0`.
 struct RowSet {
     bits: [u64; 4],
-    n: u32,
+    collided: u64,
     lo: i64,
     hi: i64,
 }
@@ -145,39 +146,46 @@ struct RowSet {
 impl RowSet {
     #[inline]
     fn of<T: Copy + Into<i64>>(row: &[T]) -> RowSet {
-        let (mut bits, mut n, mut lo, mut hi) = ([0u64; 4], 0u32, i64::MAX, i64::MIN);
+        let (mut bits, mut collided) = ([0u64; 4], 0u64);
+        let (mut lo, mut hi) = (i64::MAX, i64::MIN);
         for &v in row {
             let v: i64 = v.into();
             lo = lo.min(v);
             hi = hi.max(v);
-            let on = u32::from(v >= 0);
-            n += on;
-            bits[((v >> 6) & 3) as usize] |= u64::from(on) << (v & 63);
+            let bit = u64::from(v >= 0) << (v & 63);
+            let w = &mut bits[((v >> 6) & 3) as usize];
+            collided |= *w & bit;
+            *w |= bit;
         }
-        RowSet { bits, n, lo, hi }
+        RowSet {
+            bits,
+            collided,
+            lo,
+            hi,
+        }
     }
     #[inline]
     fn clean(&self) -> bool {
-        self.lo >= -1
-            && self.hi < 256
-            && self.bits.iter().map(|w| w.count_ones()).sum::<u32>() == self.n
+        self.lo >= -1 && self.hi < 256 && self.collided == 0
+    }
+    #[inline]
+    fn has(&self, v: i64) -> bool {
+        self.bits[((v >> 6) & 3) as usize] >> (v & 63) & 1 == 1
     }
 }
 
-/// `|a ∩ b|` of two checked rows without −1 (sets: no id twice).
+/// `|a ∩ b|` of two checked rows without −1 (sets: no id twice): `K` when the sets are equal
+/// (the common case), else each id of `a` looked up in `b`'s set (or, with ids ≥ 256, in `b`).
 #[inline]
 fn intersection<R: Copy + Into<i64>, O: Copy + Into<i64>>(
     a: (&RowSet, &[R]),
     b: (&RowSet, &[O]),
 ) -> u32 {
     if a.0.hi < 256 && b.0.hi < 256 {
-        return a
-            .0
-            .bits
-            .iter()
-            .zip(&b.0.bits)
-            .map(|(p, q)| (p & q).count_ones())
-            .sum();
+        if a.0.bits == b.0.bits {
+            return a.1.len() as u32;
+        }
+        return a.1.iter().map(|&x| u32::from(b.0.has(x.into()))).sum();
     }
     a.1.iter()
         .filter(|&&x| b.1.iter().any(|&y| y.into() == x.into()))
