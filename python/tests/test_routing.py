@@ -117,3 +117,23 @@ def test_bad_routing_is_a_value_error():
             rollout_routed_experts=t["rollout_routed_experts"],
             old_routed_experts=t["old_routed_experts"].astype(np.float32),
         )
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_routing_is_borrowed_not_copied(dtype):
+    t = load()
+    r = np.ascontiguousarray(t["rollout_routed_experts"].astype(dtype))
+    o = np.ascontiguousarray(t["old_routed_experts"].astype(dtype))
+    w, mask, metrics = trmask.compute_rollout_correction_and_rejection_mask(
+        t["old_log_prob"],
+        t["rollout_log_prob"],
+        t["response_mask"],
+        rollout_routed_experts=r,
+        old_routed_experts=o,
+        backend="cpu",
+        trmask_metrics=True,
+    )
+    check(metrics)
+    got = {name: (addr, n) for name, addr, n in trmask._native.last_borrows()}
+    for name, a in (("rollout_routed_experts", r), ("old_routed_experts", o)):
+        assert got[name] == (a.ctypes.data, a.nbytes), name
