@@ -256,7 +256,8 @@ pub fn compare(a: &Analysis, b: &Analysis) -> Comparison {
         .filter(|r| r.p_value < ALPHA && r.delta != 0.0)
     {
         verdict.push_str(&format!(
-            "; routing flips on {:.2} % of B's recorded tokens vs {:.2} % of A's (p = {:.1e})",
+            "; the routing differs: it flips on {:.2} % of B's recorded tokens vs {:.2} % of \
+             A's (p = {:.1e})",
             100.0 * r.b,
             100.0 * r.a,
             r.p_value

@@ -67,7 +67,7 @@ fn compare_with_replay_gives_the_flip_delta_and_its_p_value() {
     assert!(p < 1e-6, "{line}");
     let verdict = out.lines().find(|l| l.starts_with("verdict:")).unwrap();
     assert!(
-        verdict.contains("routing flips on 0.00 % of B's"),
+        verdict.contains("the routing differs: it flips on 0.00 % of B's"),
         "{verdict}"
     );
     // a batch against itself: no delta, p = 1
