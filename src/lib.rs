@@ -61,6 +61,7 @@ pub use bounds::inverse as bounds_inverse;
 #[doc(hidden)]
 pub use engine::passes;
 pub use engine::{backend, plan};
+pub use input::routing;
 pub use input::tensors;
 #[cfg(feature = "mpi")]
 pub use partial::distributed;

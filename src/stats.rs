@@ -199,6 +199,10 @@ pub struct StatTable {
     /// The full top-K statistics (tails, `π_y − μ_y`, support sizes) when the batch has a
     /// rollout top-K, `responses` and `old_logits`; read by the DPPO / PDM mask.
     pub topk: Option<TopkStats>,
+    /// The MoE routing outputs (`route_overlap`, `route_first_layer`, the recorded tokens and
+    /// the per-layer counts) when the batch has both sides' routed experts; `route_flip` is
+    /// also in [`stats`](Self::stats), the statistic criteria read.
+    pub routing: Option<crate::input::routing::RouteTokens>,
 }
 
 impl StatTable {
@@ -212,6 +216,7 @@ impl StatTable {
                 "topk_kl" | "topk_tv" | "ddot" | "ddot_uniform" => {
                     "rollout_topk_ids, rollout_topk_log_prob, responses and old_logits"
                 }
+                "route_flip" => "rollout_routed_experts and old_routed_experts",
                 _ => "rollout_log_prob and old_log_prob (or logits with responses)",
             };
             Error::config(

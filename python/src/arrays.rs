@@ -39,6 +39,8 @@ pub enum Arr<'py> {
     Bool(PyReadonlyArrayDyn<'py, bool>),
     U8(PyReadonlyArrayDyn<'py, u8>),
     I64(PyReadonlyArrayDyn<'py, i64>),
+    /// int32: MoE routed experts only (the Python layer widens every other id tensor).
+    I32(PyReadonlyArrayDyn<'py, i32>),
 }
 
 fn bad(name: &str, problem: impl std::fmt::Display) -> PyErr {
@@ -71,7 +73,7 @@ impl<'py> Arr<'py> {
                 })+
             };
         }
-        try_as!(f64 => F64, f32 => F32, f16 => F16, bool => Bool, u8 => U8, i64 => I64);
+        try_as!(f64 => F64, f32 => F32, f16 => F16, bool => Bool, u8 => U8, i64 => I64, i32 => I32);
         let dtype = obj
             .getattr("dtype")
             .map(|d| d.to_string())
@@ -89,6 +91,7 @@ impl<'py> Arr<'py> {
             Arr::Bool(a) => a.shape().to_vec(),
             Arr::U8(a) => a.shape().to_vec(),
             Arr::I64(a) => a.shape().to_vec(),
+            Arr::I32(a) => a.shape().to_vec(),
         }
     }
 
@@ -125,6 +128,15 @@ impl<'py> Arr<'py> {
         match self {
             Arr::I64(a) => slice(name, a),
             _ => Err(bad(name, "must be an int64 array")),
+        }
+    }
+
+    /// MoE routed experts, int32 or int64, borrowed as they are.
+    pub fn experts(&self, name: &str) -> PyResult<trmask::routing::ExpertIds<'_>> {
+        match self {
+            Arr::I64(a) => Ok(slice(name, a)?.into()),
+            Arr::I32(a) => Ok(slice(name, a)?.into()),
+            _ => Err(bad(name, "must be an int32 or int64 array")),
         }
     }
 

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::collections::BTreeMap;
 use trmask::io::Renames;
+use trmask::routing::ExpertIds;
 use trmask::tensors::{self, Role, Shape};
 use trmask::{Batch, Error, MaskValues};
 
@@ -80,6 +81,7 @@ pub fn check_shapes(
         match t.shape {
             Shape::Token | Shape::TokenOrSeq => shapes.push((t.name, a.shape(), None)),
             Shape::TokenK => shapes.push((t.name, a.shape(), Some("K"))),
+            Shape::TokenLK => shapes.push((t.name, a.shape(), Some("L, K"))),
             _ => {}
         }
     }
@@ -90,7 +92,10 @@ pub fn check_shapes(
     }
     for (name, shape, extra) in shapes {
         let fits = match extra {
-            Some(_) => shape.len() == tshape.len() + 1 && shape[..tshape.len()] == *tshape,
+            Some(axes) => {
+                let more = axes.split(',').count();
+                shape.len() == tshape.len() + more && shape[..tshape.len()] == *tshape
+            }
             None => {
                 shape == tshape
                     || (per_row_advantages
@@ -111,6 +116,40 @@ pub fn check_shapes(
         }
     }
     Ok(())
+}
+
+/// Both sides' routed experts (`[.., L, K]`, shapes checked by [`check_shapes`]) with
+/// `(L, K)`, when given; one side alone, or `[L, K]` that differ, is an error naming the tensor.
+pub fn routed_experts<'a>(
+    arrs: &'a BTreeMap<&str, Arr<'_>>,
+) -> PyResult<Option<(ExpertIds<'a>, ExpertIds<'a>, usize, usize)>> {
+    use trmask::routing::{OLD, ROLLOUT};
+    match (arrs.get(ROLLOUT), arrs.get(OLD)) {
+        (Some(r), Some(o)) => {
+            let (rs, os) = (r.shape(), o.shape());
+            let lk = |s: &[usize]| s[s.len().saturating_sub(2)..].to_vec();
+            if rs.len() < 2 || lk(&rs) != lk(&os) {
+                return Err(to_py(Error::input(
+                    OLD,
+                    format!("shape {os:?} disagrees with {ROLLOUT}'s {rs:?} (the same [L, K])"),
+                )));
+            }
+            let (l, k) = (rs[rs.len() - 2], rs[rs.len() - 1]);
+            Ok(Some((r.experts(ROLLOUT)?, o.experts(OLD)?, l, k)))
+        }
+        (None, None) => Ok(None),
+        (r, _) => {
+            let (missing, given) = if r.is_none() {
+                (ROLLOUT, OLD)
+            } else {
+                (OLD, ROLLOUT)
+            };
+            Err(to_py(Error::input(
+                missing,
+                format!("is missing: it is required with {given}"),
+            )))
+        }
+    }
 }
 
 pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Renames)> {
@@ -248,6 +287,9 @@ pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Ren
                 "is missing: the rollout top-K needs both ids and log-probs",
             )));
         }
+    }
+    if let Some((r, o, l, k)) = routed_experts(&arrs)? {
+        batch = batch.with_routed_experts(r, o, l, k).map_err(to_py)?;
     }
     let (ids_name, off_name) = (trmask::kept_set::IDS, trmask::kept_set::OFFSETS);
     match (arrs.get(ids_name), arrs.get(off_name)) {

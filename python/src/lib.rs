@@ -291,6 +291,9 @@ fn borrowed_step<'a, 'py>(
         }
         .map_err(to_py)?;
     }
+    if let Some((r, o, l, k)) = batch::routed_experts(&arrs)? {
+        step = step.routed_experts(r, o, l, k);
+    }
     match logits.as_slice() {
         [(_, r), (_, o)] => step = step.logits(r, o),
         [] => {}
@@ -655,10 +658,15 @@ fn engine_name(py: Python<'_>, backend: &str) -> PyResult<(String, Vec<String>)>
 /// the one table.
 #[pyfunction]
 fn tensor_roles() -> Vec<(&'static str, &'static str)> {
-    let role = |n: &str| tensors::spec(n).map_or("values", |t| t.role.name());
+    // MoE routed experts are ids the Python layer keeps in int32 (engines record int32)
+    let py_role = |t: &tensors::TensorSpec| match t.shape {
+        Shape::TokenLK => "experts",
+        _ => t.role.name(),
+    };
+    let role = |n: &str| tensors::spec(n).map_or("values", py_role);
     tensors::TENSORS
         .iter()
-        .map(|t| (t.name, t.role.name()))
+        .map(|t| (t.name, py_role(t)))
         .chain(tensors::aliases().map(|(a, target)| (a.source, role(target))))
         .chain(
             tensors::PYTHON_NAMES

@@ -438,6 +438,8 @@ def compute_rollout_correction_and_rejection_mask(
     cu_seqlens: Any = None,
     rollout_sampling_mask_ids: Any = None,
     rollout_sampling_mask_offsets: Any = None,
+    rollout_routed_experts: Any = None,
+    old_routed_experts: Any = None,
     trmask_metrics: bool = False,
     return_details: bool = False,
     _exchange: Optional[Tuple[int, int, Any]] = None,
@@ -474,6 +476,11 @@ def compute_rollout_correction_and_rejection_mask(
       offsets, or ``slots + 1``). With ``rollout_logits`` they give the exact kept mass
       ``log S_t``; with ``sampling_replay=True`` every weight and mask uses the trainer's
       log-prob renormalised over them.
+    * ``rollout_routed_experts``, ``old_routed_experts``: MoE routing, ``[B, T, L, K]`` (or
+      ``[N, L, K]`` packed), any integer dtype, ``-1`` where a (token, layer) was not
+      recorded: the experts the rollout engine used and the trainer's own choice without
+      replay. They give the ``route_flip`` criteria (``seq_mean_route_flip`` …) and, with
+      ``trmask_metrics=True``, the ``trmask/routing/*`` metrics.
     * ``**options``: trmask's config keys, e.g. ``ln_trm={"eps": 5e-3, "delta": 1e-4}``,
       ``token_veto=1e-4``, ``dppo={"delta": 1e-4, "direction": "predictive_aggregated"}``,
       ``temperature=1.0``, ``bypass_mode=True``.
@@ -507,6 +514,8 @@ def compute_rollout_correction_and_rejection_mask(
         old_logits=old_logits,
         rollout_sampling_mask_ids=rollout_sampling_mask_ids,
         rollout_sampling_mask_offsets=rollout_sampling_mask_offsets,
+        rollout_routed_experts=rollout_routed_experts,
+        old_routed_experts=old_routed_experts,
     )
     for name, x in extra.items():
         if given.get(name) is not None:

@@ -69,7 +69,8 @@ def float_out_dtype(kind: Kind) -> Any:
 
 def borrow(x: Any, name: str, role: str) -> Tuple[Any, Kind]:
     """`x` as what the native module reads: a C-contiguous NumPy array of a supported dtype,
-    or `("bfloat16", uint16 bits)`. `role` is `values`, `mask`, `ids` or `logits`. A view of
+    or `("bfloat16", uint16 bits)`. `role` is `values`, `mask`, `ids`, `experts` (MoE routed
+    experts: int32 or int64 as they are) or `logits`. A view of
     the caller's memory whenever its dtype and layout allow (no copy); otherwise a converted
     copy."""
     if is_torch(x):
@@ -153,6 +154,11 @@ def _numpy(a: np.ndarray, name: str, role: str) -> np.ndarray:
         a = a.astype(np.float64)
     elif role == "mask" and a.dtype not in _MASK_DTYPES:
         a = a.astype(np.float64 if a.dtype.kind == "f" else np.int64)
+    elif role == "experts" and a.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        # MoE routed experts: int32 and int64 are read as they are, narrower ints widened
+        if a.dtype.kind not in "iu":
+            raise _bad(name, f"must hold integer expert ids, got dtype {a.dtype}")
+        a = a.astype(np.int32 if a.dtype.itemsize < 4 else np.int64)
     elif role == "ids" and a.dtype != np.int64:
         if a.dtype.kind not in "iub":
             raise _bad(name, f"must hold integer ids, got dtype {a.dtype}")

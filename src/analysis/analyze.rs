@@ -101,7 +101,8 @@ pub fn analyze_shard(
         .stats
         .keys()
         .map(String::as_str)
-        .filter(|n| !matches!(*n, "rollout_log_prob" | "train_log_prob"))
+        // route_flip's outputs and means are over recorded tokens (analysis::routing)
+        .filter(|n| !matches!(*n, "rollout_log_prob" | "train_log_prob" | "route_flip"))
         .collect();
     let mut stat_names: Vec<&str> = keys
         .iter()
@@ -150,6 +151,12 @@ pub fn analyze_shard(
             }
         }
     }
+    outputs.extend(crate::analysis::routing::routing_outputs(
+        engine,
+        batch,
+        &table,
+        &criterion_outputs,
+    )?);
     if let Some(w) = &corrections.weights {
         outputs.push(token_output(batch, "rollout_is_weights", w.clone()));
     }

@@ -96,6 +96,8 @@ pub fn noise_floor(batch: &Batch, c: &Criterion) -> Option<NoiseFloor> {
         Stat::Cppo => e,
         Stat::K2 | Stat::K3 | Stat::Kl | Stat::KlRev | Stat::TopkKl | Stat::BinaryKl => e * e / 2.0,
         Stat::M2po => e * e,
+        // expert choices, not log-probs: no quantisation floor
+        Stat::RouteFlip => return None,
     };
     if c.agg == Agg::SeqSum {
         let lens: Vec<f64> = batch

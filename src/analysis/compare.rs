@@ -73,10 +73,24 @@ pub struct CriterionDelta {
     pub delta: f64,
 }
 
+/// MoE routing in A and B (routing replay on vs off): the flipped-token fraction
+/// (`trmask/routing/token_flip_fraction`) of each and the p-value of the shift of the
+/// per-sequence flip fractions (`seq_mean_route_flip`, the same Mann–Whitney test).
+#[derive(Clone, Debug, Serialize)]
+pub struct RoutingDelta {
+    pub a: f64,
+    pub b: f64,
+    /// `b − a`.
+    pub delta: f64,
+    pub p_value: f64,
+}
+
 /// Everything `trmask compare` reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct Comparison {
     pub stats: Vec<StatComparison>,
+    /// When both batches carry both sides' routed experts.
+    pub routing: Option<RoutingDelta>,
     /// Per criterion, and `"any"` for the mask as a whole (sequences with a rejected token).
     pub rejected: Vec<CriterionDelta>,
     /// One sentence: which statistics shifted, and which way.
@@ -235,12 +249,38 @@ pub fn compare(a: &Analysis, b: &Analysis) -> Comparison {
             delta: fb - fa,
         });
     }
-    let verdict = verdict(&stats, &rejected);
+    let routing = routing_delta(a, b);
+    let mut verdict = verdict(&stats, &rejected);
+    if let Some(r) = routing
+        .as_ref()
+        .filter(|r| r.p_value < ALPHA && r.delta != 0.0)
+    {
+        verdict.push_str(&format!(
+            "; the routing differs: it flips on {:.2} % of B's recorded tokens vs {:.2} % of \
+             A's (p = {:.1e})",
+            100.0 * r.b,
+            100.0 * r.a,
+            r.p_value
+        ));
+    }
     Comparison {
         stats,
+        routing,
         rejected,
         verdict,
     }
+}
+
+fn routing_delta(a: &Analysis, b: &Analysis) -> Option<RoutingDelta> {
+    let key = "trmask/routing/token_flip_fraction";
+    let (fa, fb) = (*a.metrics.get(key)?, *b.metrics.get(key)?);
+    let (x, y) = (seq_means(a, "route_flip")?, seq_means(b, "route_flip")?);
+    Some(RoutingDelta {
+        a: fa,
+        b: fb,
+        delta: fb - fa,
+        p_value: mann_whitney(&x, &y),
+    })
 }
 
 fn verdict(stats: &[StatComparison], rejected: &[CriterionDelta]) -> String {

@@ -3,6 +3,7 @@
 
 pub mod calibrate;
 pub mod compare;
+pub mod routing;
 pub mod sweep;
 pub mod trend;
 

@@ -283,11 +283,15 @@ pub enum Stat {
     /// CPPO's position-weighted Binary-TV `w_t·|p_train − p_roll|` of the sampled token
     /// (`cppo` only; its keep test adds the prefix budget and the update direction).
     Cppo,
+    /// MoE routing: 1 where a recorded layer's rollout and trainer expert sets differ
+    /// (`route_flip`, from `rollout_routed_experts` / `old_routed_experts`); `seq_mean_` is
+    /// the fraction of a sequence's recorded tokens that flipped.
+    RouteFlip,
 }
 
 impl Stat {
     /// Every statistic a `<agg>_<stat>` option may name.
-    pub const ALL: [Stat; 11] = [
+    pub const ALL: [Stat; 12] = [
         Stat::K1,
         Stat::K2,
         Stat::K3,
@@ -299,6 +303,7 @@ impl Stat {
         Stat::TopkKl,
         Stat::TopkTv,
         Stat::BinaryKl,
+        Stat::RouteFlip,
     ];
 
     /// The name in options and in the statistics table (`k3`, `kl_rev`, `topk_kl`, `lntrm`).
@@ -319,6 +324,7 @@ impl Stat {
             Stat::Opsm => "opsm",
             Stat::M2po => "m2po",
             Stat::Cppo => "cppo",
+            Stat::RouteFlip => "route_flip",
         }
     }
 

@@ -189,6 +189,11 @@ pub(crate) fn compute_partial(
         if let Some(uid) = &batch.uid {
             group_metrics(uid, &seq_accept, &mut metrics);
         }
+        if let Some(r) = &table.routing {
+            let col = |n: &str| table.stats.get(n).map(Vec::as_slice);
+            let (lr, k3) = (col("log_ratio"), col("k3"));
+            crate::metrics::routing::routing_metrics(r, lr, k3, mask, &mut metrics);
+        }
     }
 
     let c = Corrections {
@@ -302,6 +307,15 @@ fn mask_plan<'a>(
         let agg = match c.agg {
             Agg::Token => MaskAgg::Token,
             Agg::SeqSum => MaskAgg::Sum,
+            // the fraction of the sequence's recorded tokens (routing.recorded) that flipped
+            Agg::SeqMean if c.stat == Stat::RouteFlip => match &table.routing {
+                Some(r) => MaskAgg::WeightedMean(col(&r.recorded)),
+                None => {
+                    return Err(table.get("route_flip").err().unwrap_or_else(|| {
+                        Error::config(&c.name, "needs both sides' routed experts")
+                    }))
+                }
+            },
             Agg::SeqMean if c.is_verl() => MaskAgg::MeanVerl,
             Agg::SeqMean => MaskAgg::Mean,
             Agg::SeqMax => MaskAgg::Max,

@@ -5,6 +5,7 @@ use crate::correction::lean::{LeanInputs, LeanLayout};
 use crate::error::{Error, Result};
 use crate::input::batch::Batch;
 use crate::input::logits::Logits;
+use crate::input::routing::ExpertIds;
 use crate::input::tensors::{self, Role, Shape};
 use crate::input::values::{MaskValues, Values};
 
@@ -32,7 +33,12 @@ pub struct Step<'a> {
     kept_offsets: Option<&'a [i64]>,
     rollout_topk: Option<(&'a [i64], Values<'a>)>,
     whole: Option<&'a Batch>,
+    /// Both sides' routed experts `[slots, L, K]` with `(L, K)`.
+    routed: Option<RoutedExperts<'a>>,
 }
+
+/// `(rollout, old, layers, top_k)` of [`Step::routed_experts`].
+type RoutedExperts<'a> = (ExpertIds<'a>, ExpertIds<'a>, usize, usize);
 
 impl<'a> Step<'a> {
     fn with_layout(layout: StepLayout<'a>) -> Self {
@@ -51,6 +57,7 @@ impl<'a> Step<'a> {
             kept_offsets: None,
             rollout_topk: None,
             whole: None,
+            routed: None,
         }
     }
 
@@ -149,6 +156,20 @@ impl<'a> Step<'a> {
         }
         Ok(self)
     }
+    /// Both sides' MoE routed experts, `[slots, layers, top_k]` each, row-major, i32 or i64:
+    /// `rollout_routed_experts` (the rollout engine's) and `old_routed_experts` (the
+    /// trainer's own choice, without replay); `-1` marks an unrecorded (token, layer). They
+    /// give the `route_flip` criteria and the `trmask/routing/*` metrics.
+    pub fn routed_experts(
+        mut self,
+        rollout: impl Into<ExpertIds<'a>>,
+        old: impl Into<ExpertIds<'a>>,
+        layers: usize,
+        top_k: usize,
+    ) -> Self {
+        self.routed = Some((rollout.into(), old.into(), layers, top_k));
+        self
+    }
     /// Full rollout and trainer logits `[slots, V]` for exact divergences.
     pub fn logits(mut self, rollout: &'a Logits, old: &'a Logits) -> Self {
         self.rollout_logits = Some(rollout);
@@ -189,6 +210,7 @@ impl<'a> Step<'a> {
             || self.kept_ids.is_some()
             || self.kept_offsets.is_some()
             || self.rollout_topk.is_some()
+            || self.routed.is_some()
         {
             return None;
         }
@@ -305,6 +327,9 @@ impl<'a> Step<'a> {
                     format!("is missing: it is required with {given}"),
                 ));
             }
+        }
+        if let Some((r, o, l, k)) = self.routed {
+            batch = batch.with_routed_experts(r, o, l, k)?;
         }
         batch.validate()?;
         Ok(batch)

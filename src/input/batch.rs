@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 
 use crate::input::logits::impossible_sample;
 use crate::input::logits::Logits;
+use crate::input::routing::{ExpertIds, Routing};
 use crate::input::tensors;
 use crate::sampling::kept_set::KeptSets;
 
@@ -138,6 +139,8 @@ pub struct Batch {
     pub uid: Option<Vec<i64>>,
     /// The ids a truncated sampler kept at each valid token (`rollout_sampling_mask_*`).
     pub kept_sets: Option<KeptSets>,
+    /// Both sides' MoE routed experts (`rollout_routed_experts`, `old_routed_experts`).
+    pub routing: Option<Routing>,
 }
 
 impl Batch {
@@ -238,6 +241,7 @@ impl Batch {
             topk: 0,
             uid: None,
             kept_sets: None,
+            routing: None,
         }
     }
 
@@ -404,6 +408,24 @@ impl Batch {
     pub fn with_kept_sets(mut self, ids: Vec<i64>, offsets: &[i64]) -> Result<Self> {
         let k = KeptSets::new(ids, offsets, self.mask(), &|i| self.position(i))?;
         self.kept_sets = Some(k);
+        Ok(self)
+    }
+
+    /// Attaches both sides' MoE routed experts, `[slots, layers, top_k]` each, row-major, i32
+    /// or i64 (`rollout_routed_experts`: the rollout engine's; `old_routed_experts`: the
+    /// trainer's own choice). Ids at padding are never read; see [`Routing::new`] for the
+    /// checks.
+    pub fn with_routed_experts<'a>(
+        mut self,
+        rollout: impl Into<ExpertIds<'a>>,
+        old: impl Into<ExpertIds<'a>>,
+        layers: usize,
+        top_k: usize,
+    ) -> Result<Self> {
+        let pos = |i: usize| self.position(i);
+        let (r, o) = (rollout.into(), old.into());
+        let r = Routing::from_ids(r, o, layers, top_k, self.mask(), &pos)?;
+        self.routing = Some(r);
         Ok(self)
     }
 

@@ -49,6 +49,8 @@ pub enum Shape {
     TokenK,
     /// The token shape plus a trailing vocabulary axis.
     TokenV,
+    /// The token shape plus trailing `[L, K]` axes (MoE routing: L layers, top-K experts).
+    TokenLK,
     /// One value per sequence (`[B]` or `[S]`).
     Seq,
     /// `S + 1` offsets (the packed layout).
@@ -95,6 +97,8 @@ const FLOATS: &[&str] = &["f64", "f32", "f16", "bf16"];
 const MASKS: &[&str] = &["bool", "u8", "i64", "f32", "f64"];
 const IDS: &[&str] = &["i64", "i32"];
 const LOGITS: &[&str] = &["f32", "f16", "bf16"];
+const EXPERT_IDS: &[&str] = &["i64", "i32", "i16", "i8", "u8"];
+const ROUTING_WORDS: &[&str] = &["routed", "expert", "routing"];
 const LOGP_WORDS: &[&str] = &["old", "train", "logp", "logprob", "prox"];
 
 // Framework sources of the aliases below: verl — verl/trainer/ppo/ray_trainer.py
@@ -117,9 +121,14 @@ const LOGP_WORDS: &[&str] = &["old", "train", "logp", "logprob", "prox"];
 // `sampling_mask`; vLLM writes no file, so its keys carry the `sampling_mask_` prefix). miles
 // (slime's fork) writes trmask's own names. prime-rl (src/prime_rl/trainer, 2026-08) has no
 // kept-set tensor, so none of its keys is listed.
+// Routed experts `[.., L, K]`: slime — slime/utils/types.py (`Sample.rollout_routed_experts`)
+// and slime/backends/megatron_utils (the R3 replay reads `rollout_routed_experts`); vLLM —
+// vllm/outputs.py (`CompletionOutput.routed_experts`, `[tokens, L, K]`), which SkyRL and
+// NeMo-RL pass through under the same key (the rollout side: they replay it, the trainer's own
+// choice has no framework key). docs/RECIPES.md cites the commits.
 
 /// Every input tensor, in the order the reader and the error messages use.
-pub const TENSORS: [TensorSpec; 14] = [
+pub const TENSORS: [TensorSpec; 16] = [
     TensorSpec {
         name: "rollout_log_prob",
         role: Role::Values,
@@ -269,6 +278,29 @@ pub const TENSORS: [TensorSpec; 14] = [
         hint_words: &[],
         about: "the trainer's full logits",
     },
+    TensorSpec {
+        name: "rollout_routed_experts",
+        role: Role::Ids,
+        shape: Shape::TokenLK,
+        dtypes: EXPERT_IDS,
+        aliases: &[
+            al("rollout_routed_experts", &["slime"]),
+            al("routed_experts", &["vLLM", "SkyRL", "NeMo-RL"]),
+        ],
+        hint_words: ROUTING_WORDS,
+        about: "the experts the rollout engine routed each token to, per MoE layer (-1: not \
+                recorded)",
+    },
+    TensorSpec {
+        name: "old_routed_experts",
+        role: Role::Ids,
+        shape: Shape::TokenLK,
+        dtypes: EXPERT_IDS,
+        aliases: &[],
+        hint_words: ROUTING_WORDS,
+        about: "the experts the trainer's own router chose for each token, per MoE layer, \
+                without routing replay (-1: not recorded)",
+    },
 ];
 
 /// Argument names of the Python functions for a batch tensor (`vocab_divergence(rollout_logits,
@@ -311,6 +343,11 @@ pub fn logits_names() -> Vec<&'static str> {
     names_where(|t| t.role == Role::Logits)
 }
 
+/// The MoE routing tensors (`[.., L, K]`): the rollout's and the trainer's routed experts.
+pub fn routing_names() -> Vec<&'static str> {
+    names_where(|t| t.shape == Shape::TokenLK)
+}
+
 /// Every `(framework key, trmask name, frameworks)` rename, in table order.
 pub fn aliases() -> impl Iterator<Item = (&'static Alias, &'static str)> {
     TENSORS
@@ -349,6 +386,10 @@ mod tests {
         assert_eq!(
             names_where(|t| matches!(t.shape, Shape::Flat | Shape::KeptOffsets)),
             ["rollout_sampling_mask_ids", "rollout_sampling_mask_offsets"]
+        );
+        assert_eq!(
+            routing_names(),
+            [crate::input::routing::ROLLOUT, crate::input::routing::OLD]
         );
     }
 }

@@ -167,6 +167,56 @@ fn to_ids(name: &str, d: &[f64]) -> Result<Vec<i64>> {
     Ok(out)
 }
 
+/// Both sides' routed experts (`[.., L, K]`), attached when given; one side alone is an error
+/// naming the other. Ids at padding (garbage, NaN, null) are never read.
+fn routed_experts(
+    raw: &mut Raw,
+    batch: Batch,
+    mask: &[bool],
+    check: impl Fn(&str, &[usize], usize) -> Result<()>,
+) -> Result<Batch> {
+    use crate::input::routing::{OLD, ROLLOUT};
+    match (raw.dense.remove(ROLLOUT), raw.dense.remove(OLD)) {
+        (Some(mut r), Some(mut o)) => {
+            check(ROLLOUT, &r.shape, 2)?;
+            check(OLD, &o.shape, 2)?;
+            let lk = |s: &[usize]| s[s.len() - 2..].to_vec();
+            if lk(&r.shape) != lk(&o.shape) {
+                return Err(Error::input(
+                    OLD,
+                    format!(
+                        "shape {:?} disagrees with {ROLLOUT}'s {:?} (the same [L, K] on both sides)",
+                        o.shape, r.shape
+                    ),
+                ));
+            }
+            let (l, k) = (r.shape[r.shape.len() - 2], r.shape[r.shape.len() - 1]);
+            let per_slot = l * k;
+            for d in [&mut r, &mut o] {
+                for (i, x) in d.data.iter_mut().enumerate() {
+                    if !mask[i / per_slot.max(1)] {
+                        *x = -1.0; // padding: never read
+                    }
+                }
+            }
+            let (r, o) = (to_ids(ROLLOUT, &r.data)?, to_ids(OLD, &o.data)?);
+            batch.with_routed_experts(&r, &o, l, k)
+        }
+        (Some(_), None) => Err(missing(
+            raw,
+            OLD,
+            "it is required with rollout_routed_experts (the trainer's own routing, recorded \
+             without replay)",
+        )),
+        (None, Some(_)) => Err(missing(
+            raw,
+            ROLLOUT,
+            "it is required with old_routed_experts (the rollout engine's routing)",
+        )),
+        (None, None) => Ok(batch),
+    }
+}
+
 fn no_nulls(name: &str, d: &Dense) -> Result<()> {
     match d.nulls.first() {
         Some(i) => Err(Error::input(
@@ -458,6 +508,7 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
         }
         (None, None) => {}
     }
+    batch = routed_experts(&mut raw, batch, &mask, check)?;
     let (ids_name, off_name) = (
         crate::sampling::kept_set::IDS,
         crate::sampling::kept_set::OFFSETS,

@@ -213,6 +213,9 @@ fn shapes_fit(shapes: &BTreeMap<&str, Vec<usize>>) -> Result<()> {
             Some(Shape::TokenK | Shape::TokenV) => {
                 shape.len() == token.len() + 1 && shape[..token.len()] == token[..]
             }
+            Some(Shape::TokenLK) => {
+                shape.len() == token.len() + 2 && shape[..token.len()] == token[..]
+            }
             // One offset or group id per sequence: 1-D, any length (empty sequences are legal,
             // so a packed batch may hold more sequences than tokens; the values are in the
             // file, so the length is bounded by its size)

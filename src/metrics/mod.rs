@@ -6,6 +6,7 @@ pub(crate) mod breakdown;
 pub(crate) mod ctx;
 pub(crate) mod diag;
 pub(crate) mod diagnostics;
+pub mod routing;
 pub(crate) mod trmask;
 pub(crate) mod verl;
 

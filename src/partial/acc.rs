@@ -161,6 +161,8 @@ pub enum Acc {
     Count(u64),
     /// A fixed-bin histogram (keys starting with `#hist/`; finishes to no metric).
     Hist(super::hist::Hist),
+    /// A ratio of two sums `num / den` (a share); absent when `den` is 0.
+    Ratio { num: Sum, den: Sum },
 }
 
 /// Error keys a [`Acc::VerlEss`] can name (its `key`).
@@ -269,6 +271,7 @@ impl Acc {
             Acc::Cert(_) => "certificate",
             Acc::Count(_) => "count",
             Acc::Hist(_) => "histogram",
+            Acc::Ratio { .. } => "ratio",
         }
     }
 
@@ -373,6 +376,10 @@ impl Acc {
             },
             (Acc::Count(a), Acc::Count(b)) => *a += b,
             (Acc::Hist(a), Acc::Hist(b)) => a.merge(b, key)?,
+            (Acc::Ratio { num, den }, Acc::Ratio { num: a, den: b }) => {
+                num.merge(*a);
+                den.merge(*b);
+            }
             _ => return Err(mismatch()),
         }
         Ok(())
@@ -536,6 +543,11 @@ impl Acc {
             }
             Acc::Const(v) => put(key, *v),
             Acc::Cert(_) | Acc::Count(_) | Acc::Hist(_) => {}
+            Acc::Ratio { num, den } => {
+                if den.value() != 0.0 {
+                    put(key, num.value() / den.value());
+                }
+            }
         }
         Ok(())
     }

@@ -253,6 +253,11 @@ fn encode(w: &mut W, a: &Acc) {
             w.u64(h.counts.len() as u64);
             h.counts.iter().for_each(|&c| w.u64(c));
         }
+        Acc::Ratio { num, den } => {
+            w.u8(16);
+            w.sum(*num);
+            w.sum(*den);
+        }
     }
 }
 
@@ -355,6 +360,10 @@ fn decode(r: &mut R) -> Result<Acc> {
             let counts = (0..n).map(|_| r.u64()).collect::<Result<_>>()?;
             Acc::Hist(super::hist::Hist { counts })
         }
+        16 => Acc::Ratio {
+            num: r.sum()?,
+            den: r.sum()?,
+        },
         t => return Err(bad(format!("unknown accumulator tag {t}"))),
     })
 }

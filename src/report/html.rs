@@ -379,6 +379,7 @@ pub fn render_html(s: &Subject) -> String {
         );
     }
     h.push_str(&super::breakdown::breakdown_html(&s.analysis.metrics));
+    h.push_str(&super::routing::routing_html(s));
     let _ = write!(h, "<h2>Worst sequences</h2>{}", worst_sequences(s));
     let tokens = worst_tokens(s);
     if !tokens.is_empty() {

@@ -6,6 +6,7 @@
 mod breakdown;
 mod compare;
 mod html;
+mod routing;
 mod subject;
 mod summary;
 mod svg;

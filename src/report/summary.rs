@@ -115,6 +115,7 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
         mis.push(format!("top-K KL mean {}", num(x)));
     }
     out.push(format!("mismatch: {}", mis.join(", ")));
+    out.extend(super::routing::routing_line(&a.metrics));
     // the sampler's truncation (top-p / top-k / min-p configured with the raw top-K)
     if let (Some(ls), Some(known), Some(before), Some(after)) = (
         m("trmask/log_kept_mass_mean"),

@@ -1,7 +1,7 @@
 //! A run's trend page (`trmask report --jsonl`, `trmask watch`): one chart per quantity
 //! against the step — the mismatch (k3 and exact KL means), the largest |log ρ|, the IS
 //! weights' maximum and truncated fraction, the rejected sequence and token fractions overall
-//! and per criterion, the kept fractions and ESS on a 0–1 axis, `B*` — with the jumps of
+//! and per criterion, the kept fractions and ESS on a 0–1 axis, `B*`, MoE routing — with the jumps of
 //! [`JUMP_METRICS`] marked and listed.
 //!
 //! Steps come sorted by step ([`crate::analysis::trend::Trend`]). A value that is not finite,
@@ -224,6 +224,18 @@ fn charts(steps: &[Step]) -> Vec<Chart> {
                 series("B* accepted", &["trmask/bound_accepted_unified"]),
             ],
             note: "trmask/bound_all_unified, trmask/bound_accepted_unified".into(),
+        },
+        Chart {
+            title: "MoE routing",
+            scale: Scale::Unit,
+            series: vec![
+                series("flipped tokens", &["trmask/routing/token_flip_fraction"]),
+                series("k3 share of flipped", &["trmask/routing/k3_share_flipped"]),
+                series("unrecorded pairs", &["trmask/routing/unrecorded_fraction"]),
+            ],
+            note: "trmask/routing/token_flip_fraction, trmask/routing/k3_share_flipped, \
+                   trmask/routing/unrecorded_fraction (with both sides' routed experts)"
+                .into(),
         },
     ]
 }

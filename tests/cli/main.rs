@@ -16,6 +16,7 @@ mod dumps;
 mod hostile;
 mod recipes;
 mod report_html;
+mod routing;
 mod sweep;
 mod warnings;
 mod watch;

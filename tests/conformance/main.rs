@@ -21,6 +21,7 @@ mod lean_pass;
 mod m2po;
 mod numeric_rules;
 mod opsm;
+mod routing;
 mod tensor_names;
 mod topk;
 mod verl_fuzz;

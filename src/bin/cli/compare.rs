@@ -92,6 +92,16 @@ pub fn run(a: Args) -> Result<(), trmask::Error> {
             100.0 * r.delta
         );
     }
+    if let Some(r) = &c.routing {
+        say!(
+            "routing: flipped tokens A {:.3} %, B {:.3} % ({:+.3} points, p = {:.2e} on the \
+             per-sequence flip fractions)",
+            100.0 * r.a,
+            100.0 * r.b,
+            100.0 * r.delta,
+            r.p_value
+        );
+    }
     say!("{}", c.verdict);
     if let Some(o) = &a.output {
         say!("wrote {}", o.display());

@@ -247,6 +247,12 @@ fn table_inner(
             "is missing: the batch needs both policies' log-probs (or both logits with responses)",
         ));
     }
+    if let Some(r) = &batch.routing {
+        // the one computation of the routing outputs (input::routing)
+        let t = r.token_stats().clone();
+        table.stats.insert("route_flip".into(), t.flip.clone());
+        table.routing = Some(t);
+    }
     if topk_missing_input(batch).is_none() {
         // the support needs log π_roll(y) where y is outside the top-K: derived from the
         // rollout logits when the batch carries no `rollout_log_prob` (logits are shared)
