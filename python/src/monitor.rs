@@ -68,6 +68,7 @@ pub fn report_html<'py>(
         analysis: &a,
         engine: &engine_name,
         warnings: &warnings,
+        decode: None,
     };
     Ok((trmask::report::render_html(&s), warnings))
 }
