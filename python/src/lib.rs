@@ -291,7 +291,7 @@ fn borrowed_step<'a, 'py>(
         }
         .map_err(to_py)?;
     }
-    if let Some((r, o, l, k)) = batch::routed_experts(&arrs)? {
+    if let Some((r, o, l, k)) = batch::routed_experts(arrs)? {
         step = step.routed_experts(r, o, l, k);
     }
     match logits.as_slice() {
