@@ -200,8 +200,11 @@ pub(crate) struct SeqDiag {
     ent: Tally<NENT>,
     adv: Tally<3>,
     turn: Tally<NTURN>,
-    /// Valid slots so far, and turns (maximal runs of valid slots).
+    /// Valid slots so far, their position bucket and where the next one starts, and turns
+    /// (maximal runs of valid slots).
     t: u64,
+    pb: usize,
+    next_pb: u64,
     turns: u64,
     in_turn: bool,
     adv_sum: f64,
@@ -245,7 +248,12 @@ impl SeqDiag {
             self.turns += 1;
             self.in_turn = true;
         }
-        let pb = bucket_of(self.t as usize);
+        if self.t == self.next_pb {
+            // the first token, or the first of the next position bucket
+            self.pb = bucket_of(self.t as usize);
+            self.next_pb = POSITION_BUCKETS[self.pb] as u64;
+        }
+        let pb = self.pb;
         let p = &mut self.pos[pb];
         p[0] += -s.c;
         p[1] += s.k3;

@@ -52,10 +52,13 @@ pub fn bin(x: f64) -> Option<usize> {
         return None;
     }
     let e = edges_table();
-    // log10(1 + |x|/LIN) ≈ floor(log2(1 + |x|/LIN))·log10 2, within 0.31 of the truth
-    let v = 1.0 + x.abs() / LIN;
+    // log2(1 + |x|/LIN) ≈ exponent + mantissa fraction (within 0.09), so the guess is off by
+    // at most one bin
+    let v = 1.0 + x.abs() * (1.0 / LIN);
     let log2 = if v.is_finite() {
-        ((v.to_bits() >> 52) & 0x7ff) as f64 - 1023.0
+        let b = v.to_bits();
+        let frac = f64::from_bits((b & 0x000f_ffff_ffff_ffff) | 0x3ff0_0000_0000_0000) - 1.0;
+        ((b >> 52) & 0x7ff) as f64 - 1023.0 + frac
     } else {
         1e9
     };

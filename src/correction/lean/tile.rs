@@ -8,7 +8,7 @@ use super::finish::SeqRec;
 use super::plan::{LAgg, LCrit, LeanPlan, Src, MAX_CRITERIA};
 use crate::config::IsSpec;
 use crate::input::values::MASK_BAD;
-use crate::math::{exp_bounded, k3_from_log_ratio, LaneSum, LANES};
+use crate::math::{exp_bounded, k3_from_log_ratio, k3_series, LaneSum, LANES};
 use crate::metrics::diag::{Feeds, SeqDiag, Slot};
 use crate::partial::Sum;
 use crate::stats::SAFETY_BOUND;
@@ -418,7 +418,16 @@ fn statistic(src: Src, c: &[f64], rho: &[f64], x: &mut [f64]) {
     match src {
         Src::K1 => cs.for_each(|(x, &c)| *x = -c),
         Src::K2 => cs.for_each(|(x, &c)| *x = 0.5 * c * c),
-        Src::K3 => cs.for_each(|(x, &c)| *x = k3_from_log_ratio(c)),
+        Src::K3 => {
+            // the series for every value (vectorised), then expm1 where |c| ≥ 0.1: exactly
+            // `k3_from_log_ratio`
+            cs.for_each(|(x, &c)| *x = k3_series(c));
+            for (x, &c) in x.iter_mut().zip(c) {
+                if c.abs() >= 0.1 {
+                    *x = k3_from_log_ratio(c);
+                }
+            }
+        }
         Src::K3Verl => cs.zip(rho).for_each(|((x, &c), &r)| *x = (r - 1.0) + -c),
         Src::Abs => cs.for_each(|(x, &c)| *x = c.abs()),
         Src::Ser => cs.for_each(|(x, &c)| *x = c.exp_m1().abs()),
