@@ -108,11 +108,13 @@ def _recipe_inputs(torch, tmp_path):
                 d[k] = _Logprob(-1.0 - r, r + 2)
             lps.append(d)
         outs.append(_Obj(outputs=[_Obj(token_ids=toks, logprobs=lps)]))
+    # the trainer's log-probs of the vLLM responses, [2, 5] as the rollout file pads them
+    vllm_old = -np.abs(rng.normal(0.1, 0.05, (2, 5))).astype(np.float32)
     return dict(
         batch=verl, out_dir=str(tmp_path), step=3, inputs=trl,
         self=_Obj(state=_Obj(global_step=3)), micro_batch=micro,
         trainer_logprobs=T(old.ravel()[flat][None]), training_input=skyrl, rollout_data=slime,
-        outputs=outs,
+        outputs=outs, old_log_prob=T(vllm_old),
     )
 
 
@@ -172,7 +174,7 @@ def test_recipes_md_blocks_run(tmp_path, monkeypatch):
                 dumps.append(r["notes"])
                 assert "rollout_corr/log_ppl_diff" in r["metrics"]
                 dump.unlink()
-        assert len(dumps) == 5  # verl, TRL, prime-rl, SkyRL, slime
+        assert len(dumps) == 6  # verl, TRL, prime-rl, SkyRL, slime, vLLM's rollout + the trainer
         assert (tmp_path / "rollout3.safetensors").exists()  # vLLM's top-K, the rollout side
         # verl: the Monitor with verl's own config object, on the DataProto
         cfg = RCC(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="seq_max_k2", rollout_rs_threshold=2.5)
