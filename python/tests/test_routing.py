@@ -137,3 +137,26 @@ def test_routing_is_borrowed_not_copied(dtype):
     got = {name: (addr, n) for name, addr, n in trmask._native.last_borrows()}
     for name, a in (("rollout_routed_experts", r), ("old_routed_experts", o)):
         assert got[name] == (a.ctypes.data, a.nbytes), name
+
+
+def test_monitor_logs_the_routing(tmp_path):
+    """The Monitor takes the routing tensors like the drop-in and logs trmask/routing/* in its
+    JSONL line, equal to the reference."""
+    t = load()
+    mon = trmask.Monitor(str(tmp_path), rollout_rs="seq_mean_route_flip", rollout_rs_threshold=0.02, backend="cpu")
+    _, mask, metrics = mon.step(
+        0,
+        t["old_log_prob"],
+        t["rollout_log_prob"],
+        t["response_mask"],
+        rollout_routed_experts=t["rollout_routed_experts"],
+        old_routed_experts=t["old_routed_experts"],
+    )
+    mon.close()
+    check(metrics)
+    assert (mask.sum(axis=1) > 0).sum() == 51
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    logged = json.loads(lines[0])
+    flat = logged.get("metrics", logged)
+    assert any(k.startswith("trmask/routing/") for k in flat), sorted(flat)[:5]
