@@ -15,7 +15,7 @@ use crate::input::batch::{Batch, Layout};
 use crate::metrics::ctx::{vmax, vmin, Ctx};
 use crate::metrics::diag::{from_columns, Columns as DiagColumns};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
-use crate::metrics::trmask::{seq_histograms, trmask_metrics};
+use crate::metrics::trmask::{kept_tokens, seq_histograms, trmask_metrics};
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
 use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial};
 use crate::stats::{Corrections, CriterionResult, SegmentStats, StatTable, SAFETY_BOUND};
@@ -154,17 +154,11 @@ pub(crate) fn compute_partial(
     let final_mask: Vec<f64> = keep.iter().map(|&k| k as u8 as f64).collect();
 
     if !cfg.verl_metrics_only {
-        let n_kept = (0..final_mask.len())
-            .filter(|&i| ctx.mask[i] && final_mask[i] > 0.0)
-            .count() as u64;
-        let rejects: Vec<(&str, &[bool])> = criteria
-            .iter()
-            .map(|c| (c.name.as_str(), c.seq_reject.as_slice()))
-            .collect();
+        let n_kept = kept_tokens(ctx.mask, &final_mask);
         trmask_metrics(
             &seq_len,
             &seq_accept,
-            &rejects,
+            &criteria,
             ctx.n as u64,
             n_kept,
             &mut metrics,

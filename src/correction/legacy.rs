@@ -14,7 +14,7 @@ use crate::config::{IsLevel, IsSpec, LegacySpec};
 use crate::error::Result;
 use crate::metrics::ctx::{vmax, vmin, Ctx};
 use crate::metrics::diag::{from_columns, Columns as DiagColumns};
-use crate::metrics::trmask::trmask_metrics;
+use crate::metrics::trmask::{kept_tokens, trmask_metrics};
 use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
 use crate::partial::{exchange, Acc, Empty, Exchange, Partial};
 use crate::stats::{Corrections, CriterionResult, StatTable, SAFETY_BOUND};
@@ -259,14 +259,8 @@ pub(crate) fn compute(
         .map(|i| criteria.iter().all(|c| !c.seq_reject[i]))
         .collect();
     let final_mask: Vec<f64> = keep.iter().map(|&k| k as u8 as f64).collect();
-    let n_kept = (0..final_mask.len())
-        .filter(|&i| ctx.mask[i] && final_mask[i] > 0.0)
-        .count() as u64;
-    let rejects: Vec<(&str, &[bool])> = criteria
-        .iter()
-        .map(|c| (c.name.as_str(), c.seq_reject.as_slice()))
-        .collect();
-    trmask_metrics(&seq_len, &seq_accept, &rejects, ctx.n as u64, n_kept, m);
+    let n_kept = kept_tokens(ctx.mask, &final_mask);
+    trmask_metrics(&seq_len, &seq_accept, &criteria, ctx.n as u64, n_kept, m);
     if let Some(w) = weights.as_deref() {
         let cols = DiagColumns {
             k1: table.get("k1")?,

@@ -5,6 +5,7 @@ use super::diagnostics::position_means;
 use crate::input::batch::Segments;
 use crate::partial::hist::Hist;
 use crate::partial::{Acc, Empty, FracMode, Partial};
+use crate::stats::CriterionResult;
 
 /// Exact divergences that get threshold shares and position buckets (see
 /// [`divergence_metrics`]).
@@ -36,6 +37,14 @@ pub fn divergence_metrics(name: &str, v: &[f64], segments: &Segments, metrics: &
     }
 }
 
+/// Valid slots the final mask keeps.
+pub(crate) fn kept_tokens(mask: &[bool], final_mask: &[f64]) -> u64 {
+    mask.iter()
+        .zip(final_mask)
+        .filter(|&(&m, &f)| m && f > 0.0)
+        .count() as u64
+}
+
 /// trmask's sequence-level metrics: `trmask/reject_rate` and `trmask/reject_rate/<criterion>`
 /// over non-empty sequences, `trmask/token_reject_rate` (valid tokens the final mask drops, of
 /// `n_valid`), and the quantiles of `trmask/seq_len` and `trmask/accepted_seq_len`. Both
@@ -43,7 +52,7 @@ pub fn divergence_metrics(name: &str, v: &[f64], segments: &Segments, metrics: &
 pub(crate) fn trmask_metrics(
     seq_len: &[usize],
     seq_accept: &[bool],
-    criteria: &[(&str, &[bool])],
+    criteria: &[CriterionResult],
     n_valid: u64,
     n_kept: u64,
     m: &mut Partial,
@@ -53,9 +62,9 @@ pub(crate) fn trmask_metrics(
     let frac = |k: usize| Acc::frac(k, ne, FracMode::F64, Empty::Compute);
     let rejected = nonempty.iter().filter(|&&i| !seq_accept[i]).count();
     m.put("trmask/reject_rate", frac(rejected));
-    for (name, seq_reject) in criteria {
-        let k = nonempty.iter().filter(|&&i| seq_reject[i]).count();
-        m.put(format!("trmask/reject_rate/{name}"), frac(k));
+    for c in criteria {
+        let k = nonempty.iter().filter(|&&i| c.seq_reject[i]).count();
+        m.put(format!("trmask/reject_rate/{}", c.name), frac(k));
     }
     m.put(
         "trmask/token_reject_rate",

@@ -428,15 +428,10 @@ pub(crate) fn diag_partial(
 ) {
     let n_valid: u64 = recs.iter().map(|r| r.n).sum();
     let n_rej: u64 = recs.iter().map(|r| r.n_rej_any).sum();
-    let rejects: Vec<(&str, &[bool])> = c
-        .criteria
-        .iter()
-        .map(|k| (k.name.as_str(), k.seq_reject.as_slice()))
-        .collect();
     trmask_metrics(
         &c.seq_len,
         &c.seq_accept,
-        &rejects,
+        &c.criteria,
         n_valid,
         n_valid - n_rej,
         m,
