@@ -86,7 +86,7 @@ pub fn analyze(
             return commit.finish();
         }
         let name = format!("{} (rank 0 of {size} MPI ranks)", input.display());
-        let mut text = trmask::report::summary(&subject(&ctx, &name, &d), &written);
+        let mut text = trmask::report::summary(&subject(&ctx, &name, &d, None), &written);
         text.push_str(&format!(
             "\nmetrics and certificate: the whole batch over {size} ranks; the sequences \
              listed: rank 0's shard"
