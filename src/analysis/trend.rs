@@ -41,10 +41,10 @@ pub const JUMP_Z: f64 = 3.5;
 pub const MIN_SPREAD: f64 = 0.05;
 
 /// The metrics whose jumps are detected: a label and the keys that hold it, the first present
-/// in a step wins (verl's `file` logger writes `rollout_corr/k3_kl`, verl's k3 mean, where
+/// in a step wins (verl's `file` logger writes verl's k3 mean, `K3_KL`, where
 /// trmask writes `trmask/k3_mean`).
 pub const JUMP_METRICS: [(&str, &[&str]); 3] = [
-    ("k3 mean", &["trmask/k3_mean", "rollout_corr/k3_kl"]),
+    ("k3 mean", &["trmask/k3_mean", crate::metrics::verl::K3_KL]),
     ("exact KL mean", &["trmask/kl_mean"]),
     ("max |log rho|", &["trmask/abs_max"]),
 ];
@@ -439,7 +439,7 @@ mod tests {
         let glued = format!("{}{}", line(1, 1e-3), line(2, 1e-3));
         let got = parse_line(&glued, "run: line 1", &|_| true).unwrap();
         assert_eq!(got.len(), 2);
-        let verl = r#"{"step": 7, "data": {"rollout_corr/k3_kl": 0.001, "actor/lr": 1e-6, "x": null, "t": "s"}}"#;
+        let verl = r#"{"step": 7, "data": {"rollout_corr/kl": 0.001, "actor/lr": 1e-6, "x": null, "t": "s"}}"#;
         let got = parse_line(verl, "run: line 1", &|k| {
             k.starts_with("rollout_corr/") || k == "x"
         })

@@ -16,8 +16,11 @@ use crate::metrics::ctx::{vmax, vmin, Ctx};
 use crate::metrics::diag::{from_columns, Columns as DiagColumns};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
 use crate::metrics::trmask::{kept_tokens, seq_histograms, trmask_metrics};
-use crate::metrics::verl::{f32_frac, offpolicy_metrics, seq_mean_metrics};
-use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial};
+use crate::metrics::verl::{
+    f32_frac, is_sequence_fractions, is_spread, is_token_fractions, offpolicy_metrics,
+    seq_mean_metrics,
+};
+use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial, Sum};
 use crate::stats::{Corrections, CriterionResult, SegmentStats, StatTable, SAFETY_BOUND};
 
 /// One rank's corrections (weights batch-normalised over every rank through `ex`, so two
@@ -374,34 +377,32 @@ fn is_weights(
     let is_mean = ctx.mmean_all(&s_w);
     m.put(p("rollout_is_mean"), is_mean.clone());
     match is.level {
-        IsLevel::Sequence => {
-            // exp(min(·, 20)) and exp are monotone: the extremum of the transformed values
-            m.put(
-                p("rollout_is_max"),
-                vmax(s_lr.sum.iter().map(|l| l.min(SAFETY_BOUND).exp())),
-            );
-            m.put(p("rollout_is_min"), vmin(s_lr.sum.iter().map(|l| l.exp())));
-            // torch.log(torch.tensor(U)) is float32 under the default dtype
-            let lu = (upper as f32).ln() as f64;
-            let ll = (lower as f32).ln() as f64;
-            let hi = s_lr.sum.iter().filter(|&&s| s > lu).count();
-            let lo = s_lr.sum.iter().filter(|&&s| s < ll).count();
-            m.put(p("rollout_is_ratio_fraction_high"), f32_frac(hi, b));
-            m.put(p("rollout_is_ratio_fraction_low"), f32_frac(lo, b));
-        }
+        IsLevel::Sequence => is_sequence_fractions(&s_lr.sum, upper, lower, m),
         IsLevel::Token => {
-            let hi = ctx.tok(|i| (raw[i] > upper) as u8 as f64);
-            let lo = ctx.tok(|i| (raw[i] < lower) as u8 as f64);
-            m.put(p("rollout_is_ratio_fraction_high"), ctx.mmean(&hi));
-            m.put(p("rollout_is_ratio_fraction_low"), ctx.mmean(&lo));
-            m.put(p("rollout_is_max"), ctx.tok_max(&s_w));
-            m.put(p("rollout_is_min"), ctx.tok_min(&s_w));
+            let count = |f: &dyn Fn(f64) -> bool| {
+                Sum::of(
+                    (0..raw.len())
+                        .filter(|&i| ctx.mask[i])
+                        .map(|i| f64::from(u8::from(f(raw[i])))),
+                )
+            };
+            is_token_fractions(
+                count(&|r| r > upper),
+                count(&|r| r < lower),
+                ctx.n as u64,
+                ctx.tok_max(&s_w),
+                ctx.tok_min(&s_w),
+                m,
+            );
         }
     }
-    let wc = ctx.tok(|i| w[i].clamp(0.0, upper));
-    let (std, ess) = ctx.std_and_ess(&wc, 0);
-    m.put(p("rollout_is_std"), std);
-    m.put(p("rollout_is_eff_sample_size"), ess);
+    let (mut s1, mut s2) = (Sum::default(), Sum::default());
+    for i in (0..w.len()).filter(|&i| ctx.mask[i]) {
+        let wc = w[i].clamp(0.0, upper);
+        s1.add(wc);
+        s2.add(wc * wc);
+    }
+    is_spread(s1, s2, ctx.n as u64, m);
     let seq_mean = ctx.mmean_rows(&s_w);
     seq_mean_metrics(m, &|k| p(&format!("rollout_is_{k}")), &seq_mean, 1.0);
     let raw_seq = ctx.mmean_rows(&ctx.reduce(&raw)?);

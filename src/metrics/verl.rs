@@ -3,7 +3,7 @@
 
 use super::ctx::{mean, std_unbiased, vmax, vmin, Ctx};
 use crate::error::Result;
-use crate::partial::{Acc, Partial};
+use crate::partial::{Acc, Partial, Sum};
 use crate::stats::{SegmentStats, StatTable, SAFETY_BOUND};
 
 pub(crate) use super::ctx::f32_frac;
@@ -71,24 +71,102 @@ pub(crate) fn offpolicy_metrics(
     s_lr: &SegmentStats,
     m: &mut Partial,
 ) -> Result<()> {
-    let p = |k: &str| format!("rollout_corr/{k}");
     if let (Ok(train), Ok(roll)) = (table.get("train_log_prob"), table.get("rollout_log_prob")) {
         let mt = ctx.mmean_rows(&ctx.reduce(train)?);
         let mr = ctx.mmean_rows(&ctx.reduce(roll)?);
         ppl_metrics(&mt, &mr, m);
     }
-    // kl = mmean(rollout − old) = mmean(−lr)
-    let neg = ctx.tok(|i| -lr[i]);
-    m.put(p("kl"), ctx.mmean(&neg));
-    let k3u = ctx.tok(|i| (lr[i].exp() - lr[i]) - 1.0);
-    m.put(p("k3_kl"), ctx.mmean(&k3u));
-    let rho2 = ctx.tok(|i| rho[i] * rho[i]);
-    m.put(p("chi2_token"), minus_one(ctx.mmean(&rho2)));
-    let chi: Vec<f64> = s_lr
-        .sum
-        .iter()
-        .map(|s| (2.0 * s.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp())
+    let valid = |f: &dyn Fn(usize) -> f64| Sum::of((0..lr.len()).filter(|&i| ctx.mask[i]).map(f));
+    offpolicy_from_sums(
+        OffPolicySums {
+            // kl = mmean(rollout − old) = mmean(−lr)
+            neg_lr: valid(&|i| -lr[i]),
+            k3u: valid(&|i| (lr[i].exp() - lr[i]) - 1.0),
+            rho2: valid(&|i| rho[i] * rho[i]),
+            n: ctx.n as u64,
+        },
+        s_lr.sum.iter().copied(),
+        m,
+    );
+    Ok(())
+}
+
+/// verl's k3 mean, the key a run's trend reads from verl's own metrics logs.
+pub(crate) const K3_KL: &str = "rollout_corr/k3_kl";
+
+/// Sums over the valid tokens that verl's off-policy metrics read.
+pub(crate) struct OffPolicySums {
+    /// Σ −log ρ.
+    pub(crate) neg_lr: Sum,
+    /// Σ (ρ − log ρ − 1) with the unclamped log-ratio.
+    pub(crate) k3u: Sum,
+    /// Σ ρ² (ρ from the clamped log-ratio).
+    pub(crate) rho2: Sum,
+    pub(crate) n: u64,
+}
+
+/// verl's `kl`, `k3_kl`, `chi2_token` and `chi2_seq` from the token sums `s` and each
+/// sequence's Σ log ρ (`seq_lr`, every sequence): the one definition the full path (sums over
+/// tokens) and the fused pass (sums of its per-sequence sums) both call.
+pub(crate) fn offpolicy_from_sums(
+    s: OffPolicySums,
+    seq_lr: impl Iterator<Item = f64>,
+    m: &mut Partial,
+) {
+    let p = |k: &str| format!("rollout_corr/{k}");
+    let n = s.n as usize;
+    m.put(p("kl"), Acc::masked_mean(s.neg_lr, n));
+    m.put(K3_KL, Acc::masked_mean(s.k3u, n));
+    m.put(p("chi2_token"), minus_one(Acc::masked_mean(s.rho2, n)));
+    let chi: Vec<f64> = seq_lr
+        .map(|l| (2.0 * l.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp())
         .collect();
     m.put(p("chi2_seq"), minus_one(mean(&chi)));
-    Ok(())
+}
+
+/// verl's sequence-IS extrema and truncated fractions from each sequence's Σ log ρ (every
+/// sequence): `rollout_is_max` / `_min` and `rollout_is_ratio_fraction_high` / `_low` (the
+/// thresholds' logs in float32, as torch computes them).
+pub(crate) fn is_sequence_fractions(seq_lr: &[f64], upper: f64, lower: f64, m: &mut Partial) {
+    let p = |k: &str| format!("rollout_corr/{k}");
+    // exp(min(·, 20)) and exp are monotone: the extremum of the transformed values
+    m.put(
+        p("rollout_is_max"),
+        vmax(seq_lr.iter().map(|l| l.min(SAFETY_BOUND).exp())),
+    );
+    m.put(p("rollout_is_min"), vmin(seq_lr.iter().map(|l| l.exp())));
+    let lu = (upper as f32).ln() as f64;
+    let ll = (lower as f32).ln() as f64;
+    let hi = seq_lr.iter().filter(|&&s| s > lu).count();
+    let lo = seq_lr.iter().filter(|&&s| s < ll).count();
+    let b = seq_lr.len();
+    m.put(p("rollout_is_ratio_fraction_high"), f32_frac(hi, b));
+    m.put(p("rollout_is_ratio_fraction_low"), f32_frac(lo, b));
+}
+
+/// verl's token-IS truncated fractions from the counts of valid tokens above the upper and
+/// below the lower threshold (as sums), with the weights' extrema.
+pub(crate) fn is_token_fractions(hi: Sum, lo: Sum, n: u64, max: Acc, min: Acc, m: &mut Partial) {
+    let p = |k: &str| format!("rollout_corr/{k}");
+    m.put(
+        p("rollout_is_ratio_fraction_high"),
+        Acc::masked_mean(hi, n as usize),
+    );
+    m.put(
+        p("rollout_is_ratio_fraction_low"),
+        Acc::masked_mean(lo, n as usize),
+    );
+    m.put(p("rollout_is_max"), max);
+    m.put(p("rollout_is_min"), min);
+}
+
+/// verl's `rollout_is_std` and `rollout_is_eff_sample_size` from Σ and Σ² of the clipped
+/// weights over the `n` valid tokens.
+pub(crate) fn is_spread(s1: Sum, s2: Sum, n: u64, m: &mut Partial) {
+    let p = |k: &str| format!("rollout_corr/{k}");
+    m.put(p("rollout_is_std"), Acc::VerlStd { s1, s2, n });
+    m.put(
+        p("rollout_is_eff_sample_size"),
+        Acc::VerlEss { s1, s2, n, key: 0 },
+    );
 }

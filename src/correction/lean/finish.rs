@@ -7,7 +7,10 @@ use crate::metrics::ctx::{f32_frac, vmax, vmin};
 use crate::metrics::diag::{DiagAcc, Feeds};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
 use crate::metrics::trmask::{seq_histograms, trmask_metrics};
-use crate::metrics::verl::seq_mean_metrics;
+use crate::metrics::verl::{
+    is_sequence_fractions, is_spread, is_token_fractions, offpolicy_from_sums, seq_mean_metrics,
+    OffPolicySums,
+};
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 use crate::stats::{Corrections, CriterionResult, SAFETY_BOUND};
 
@@ -189,26 +192,15 @@ pub(crate) fn chunk_partial(plan: &LeanPlan, recs: &[SeqRec]) -> Partial {
     let mt: Vec<f64> = recs.iter().map(|r| row(r.s_train, r)).collect();
     let mr: Vec<f64> = recs.iter().map(|r| row(r.s_roll, r)).collect();
     crate::metrics::verl::ppl_metrics(&mt, &mr, &mut m);
-    m.put(p("kl"), masked(sum(recs.iter().map(|r| -r.s_lr)), n));
-    m.put(p("k3_kl"), masked(sum(recs.iter().map(|r| r.s_k3u)), n));
-    m.put(
-        p("chi2_token"),
-        Acc::MaskedMean {
-            sum: sum(recs.iter().map(|r| r.s_rho2)),
+    offpolicy_from_sums(
+        OffPolicySums {
+            neg_lr: sum(recs.iter().map(|r| -r.s_lr)),
+            k3u: sum(recs.iter().map(|r| r.s_k3u)),
+            rho2: sum(recs.iter().map(|r| r.s_rho2)),
             n,
-            offset: -1.0,
         },
-    );
-    m.put(
-        p("chi2_seq"),
-        Acc::Mean {
-            sum: sum(recs
-                .iter()
-                .map(|r| (2.0 * r.s_lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp())),
-            n: b as u64,
-            offset: -1.0,
-            empty: Empty::Compute,
-        },
+        recs.iter().map(|r| r.s_lr),
+        &mut m,
     );
     if let Some(is) = &plan.is {
         is_metrics(&mut m, is, recs, n);
@@ -238,37 +230,26 @@ fn is_metrics(m: &mut Partial, is: &IsSpec, recs: &[SeqRec], n: u64) {
     );
     match is.level {
         IsLevel::Sequence => {
-            let sl = || recs.iter().map(|r| r.s_lr);
-            m.put(
-                p("rollout_is_max"),
-                vmax(sl().map(|l| l.min(SAFETY_BOUND).exp())),
-            );
-            m.put(p("rollout_is_min"), vmin(sl().map(f64::exp)));
-            let lu = (upper as f32).ln() as f64;
-            let ll = (lower as f32).ln() as f64;
-            let hi = sl().filter(|&s| s > lu).count();
-            let lo = sl().filter(|&s| s < ll).count();
-            m.put(p("rollout_is_ratio_fraction_high"), f32_frac(hi, b));
-            m.put(p("rollout_is_ratio_fraction_low"), f32_frac(lo, b));
+            let sl: Vec<f64> = recs.iter().map(|r| r.s_lr).collect();
+            is_sequence_fractions(&sl, upper, lower, m);
         }
         IsLevel::Token => {
-            let hi = count_sum(recs.iter().map(|r| r.is_hi));
-            let lo = count_sum(recs.iter().map(|r| r.is_lo));
-            m.put(p("rollout_is_ratio_fraction_high"), masked(hi, n));
-            m.put(p("rollout_is_ratio_fraction_low"), masked(lo, n));
             let valid = || recs.iter().filter(|r| r.n > 0);
-            m.put(p("rollout_is_max"), vmax(valid().map(|r| r.w_max)));
-            m.put(p("rollout_is_min"), vmin(valid().map(|r| r.w_min)));
+            is_token_fractions(
+                count_sum(recs.iter().map(|r| r.is_hi)),
+                count_sum(recs.iter().map(|r| r.is_lo)),
+                n,
+                vmax(valid().map(|r| r.w_max)),
+                vmin(valid().map(|r| r.w_min)),
+                m,
+            );
         }
     }
-    let (s1, s2) = (
+    is_spread(
         merged(recs.iter().map(|r| r.s_wc)),
         merged(recs.iter().map(|r| r.s_wc2)),
-    );
-    m.put(p("rollout_is_std"), Acc::VerlStd { s1, s2, n });
-    m.put(
-        p("rollout_is_eff_sample_size"),
-        Acc::VerlEss { s1, s2, n, key: 0 },
+        n,
+        m,
     );
     let seq_mean: Vec<f64> = recs.iter().map(|r| r.s_w / (r.n as f64 + 1e-8)).collect();
     seq_mean_metrics(m, &|k| p(&format!("rollout_is_{k}")), &seq_mean, 1.0);
