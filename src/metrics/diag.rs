@@ -301,9 +301,9 @@ pub(crate) struct DiagAcc {
     valid: u64,
     /// log ρ over valid tokens (`#hist/log_ratio`).
     hist: Hist,
-    /// The factor the folded weights take (1/the batch normaliser when it was applied after
-    /// them; 1 when 0, the default).
-    pub(crate) ess_scale: f64,
+    /// The factor the folded weights take: 1/the batch normaliser when it was applied after
+    /// them (the fused pass), none when they were final.
+    pub(crate) ess_scale: Option<f64>,
 }
 
 impl DiagAcc {
@@ -450,11 +450,7 @@ impl DiagAcc {
     /// `trmask/ess_seq` (each kept sequence's mean kept weight). Weights folded before a batch
     /// normalisation are scaled here by `scale` (its inverse; the ESS does not depend on it).
     pub(crate) fn put_ess(&self, m: &mut Partial) {
-        let k = if self.ess_scale == 0.0 {
-            1.0
-        } else {
-            self.ess_scale
-        };
+        let k = self.ess_scale.unwrap_or(1.0);
         let scaled = |s: Sum, f: f64| Sum {
             hi: s.hi * f,
             lo: s.lo * f,

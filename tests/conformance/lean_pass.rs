@@ -243,6 +243,49 @@ fn want_weights(c: &Corrections, k: usize) -> Vec<f64> {
     }
 }
 
+/// Runs `step` through the full path (`correct`) and the lean pass (`correct_into`) and checks
+/// they agree: the same error, or masks equal, weights equal (within `ulps` last bits),
+/// decisions equal and metrics to 1e-12. Returns the full path's result (`None` when both
+/// failed) and whether the lean pass ran.
+fn lean_against_full(
+    corrector: &Corrector,
+    step: &Step<'_>,
+    (b, t, k): (usize, usize, usize),
+    ulps: u64,
+    what: &str,
+) -> Option<(Corrections, bool)> {
+    let full = corrector.correct(step);
+    let mut bufs = Bufs::new(b * t);
+    let lean = corrector.correct_into(step, bufs.outputs(corrector.has_weights(), k));
+    let (full, lean) = match (full, lean) {
+        (Ok(f), Ok(l)) => (f, l),
+        (Err(f), Err(l)) => {
+            assert_eq!(f.to_string(), l.to_string(), "{what}: errors");
+            return None;
+        }
+        (f, l) => panic!("{what}: full {:?} lean {:?}", f.err(), l.err()),
+    };
+    let (w, m) = bufs.read(k);
+    assert!(m == full.mask, "{what}: mask");
+    if corrector.has_weights() {
+        let want = want_weights(&full, k);
+        if ulps == 0 {
+            assert_eq!(w, want, "{what}: weights");
+        } else {
+            let bad = (0..w.len()).find(|&i| w[i].to_bits().abs_diff(want[i].to_bits()) > ulps);
+            assert!(
+                bad.is_none(),
+                "{what}: weight {bad:?}: lean {:?} full {:?}",
+                bad.map(|i| w[i]),
+                bad.map(|i| want[i])
+            );
+        }
+    }
+    same_details(&lean, &full, what);
+    same_metrics(&lean.metrics, &full.metrics, t, what);
+    Some((full, corrector.has_lean_pass()))
+}
+
 #[test]
 fn lean_pass_equals_the_full_path() {
     let mut rng = Rng::new(seed(2801));
@@ -262,27 +305,9 @@ fn lean_pass_equals_the_full_path() {
                 .rollout_log_prob(roll.values())
                 .old_log_prob(old.values());
             let what = format!("{name} [{b}, {t}] trial {trial}");
-            let full = corrector.correct(&step);
-            let mut bufs = Bufs::new(b * t);
-            let lean = corrector.correct_into(&step, bufs.outputs(corrector.has_weights(), k));
-            let (full, lean) = match (full, lean) {
-                (Ok(f), Ok(l)) => (f, l),
-                (Err(f), Err(l)) => {
-                    assert_eq!(f.to_string(), l.to_string(), "{what}: errors");
-                    continue;
-                }
-                (f, l) => panic!("{what}: full {:?} lean {:?}", f.err(), l.err()),
-            };
-            if corrector.has_lean_pass() {
-                lean_runs += 1;
+            if let Some((_, lean)) = lean_against_full(&corrector, &step, (b, t, k), 0, &what) {
+                lean_runs += usize::from(lean);
             }
-            let (w, m) = bufs.read(k);
-            assert_eq!(m, full.mask, "{what}: mask");
-            if corrector.has_weights() {
-                assert_eq!(w, want_weights(&full, k), "{what}: weights");
-            }
-            same_details(&lean, &full, &what);
-            same_metrics(&lean.metrics, &full.metrics, t, &what);
         }
     }
     assert!(lean_runs > 60, "the lean pass ran {lean_runs} times");
@@ -330,38 +355,14 @@ fn lean_pass_with_diagnostics_equals_the_full_path() {
                 .advantages(adv.values())
                 .uid(&uid);
             let what = format!("{name} [{b}, {t}] trial {trial} (diagnostics)");
-            let full = corrector.correct(&step);
-            let mut bufs = Bufs::new(b * t);
-            let lean = corrector.correct_into(&step, bufs.outputs(corrector.has_weights(), k));
-            let (full, lean) = match (full, lean) {
-                (Ok(f), Ok(l)) => (f, l),
-                (Err(f), Err(l)) => {
-                    assert_eq!(f.to_string(), l.to_string(), "{what}: errors");
-                    continue;
-                }
-                (f, l) => panic!("{what}: full {:?} lean {:?}", f.err(), l.err()),
-            };
-            if corrector.has_lean_pass() {
-                lean_runs += 1;
-            }
-            let (w, m) = bufs.read(k);
-            assert!(m == full.mask, "{what}: mask");
-            if corrector.has_weights() {
-                let want = want_weights(&full, k);
-                let bad = (0..w.len()).find(|&i| w[i].to_bits().abs_diff(want[i].to_bits()) > ulps);
+            if let Some((full, lean)) = lean_against_full(&corrector, &step, (b, t, k), ulps, &what)
+            {
+                lean_runs += usize::from(lean);
                 assert!(
-                    bad.is_none(),
-                    "{what}: weight {bad:?}: lean {:?} full {:?}",
-                    bad.map(|i| w[i]),
-                    bad.map(|i| want[i])
+                    full.metrics.contains_key("trmask/adv_pos/token_fraction")
+                        || raw.mask.iter().all(|m| !m)
                 );
             }
-            same_details(&lean, &full, &what);
-            assert!(
-                full.metrics.contains_key("trmask/adv_pos/token_fraction")
-                    || raw.mask.iter().all(|m| !m)
-            );
-            same_metrics(&lean.metrics, &full.metrics, t, &what);
         }
     }
     assert!(lean_runs > 50, "the lean pass ran {lean_runs} times");

@@ -143,7 +143,7 @@ pub(crate) fn run(
             .into_par_iter()
             .for_each(|mut t| write_normalised(plan, inp, &ranges, &recs, &mut t, wmean));
         if let Some(d) = diag.as_mut() {
-            d.ess_scale = 1.0 / wmean;
+            d.ess_scale = Some(1.0 / wmean);
         }
     }
     let c = details(plan, &recs);
