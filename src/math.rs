@@ -72,6 +72,20 @@ impl LaneSum {
             *l += x;
         }
     }
+    /// Adds one slot's `x` to lane `l` (the slot's index from the sequence's start, mod
+    /// [`LANES`]): [`LaneSum::add8`] of an octet whose other slots are 0.
+    #[inline(always)]
+    pub fn add_at(&mut self, l: usize, x: f64) {
+        self.0[l % LANES] += x;
+    }
+    /// Adds `xs[l]` where `m[l]` is all ones, 0 where it is 0 (the same bits as skipping
+    /// them: a lane is never −0).
+    #[inline(always)]
+    pub fn add8_where(&mut self, xs: &[f64; LANES], m: &[u64; LANES]) {
+        for ((l, x), &m) in self.0.iter_mut().zip(xs).zip(m) {
+            *l += f64::from_bits(x.to_bits() & m);
+        }
+    }
     /// Adds `xs[i]` where `keep[i]`, 0 elsewhere (the same bits as skipping them: a lane is
     /// never −0).
     #[inline(always)]

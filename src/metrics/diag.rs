@@ -5,19 +5,51 @@
 //! table. [`SeqDiag`] holds one sequence (plain f64 sums: a sequence is short), [`DiagAcc`] a
 //! shard's sequences (compensated sums, merged in sequence order), and [`DiagAcc::put`] writes
 //! every metric once, as mergeable partials.
+//!
+//! A sequence's sums run in [`LaneSum`] lanes by slot (lane = the slot's index from the
+//! sequence's start mod [`LANES`]), so an octet of valid slots is added as one vector
+//! ([`SeqDiag::tile`]) and a slot on its own ([`SeqDiag::slot`]) into its lane, with the same
+//! bits: both executors feed the same values and get the same sums however they cut a
+//! sequence.
 
 use super::breakdown::{turn_label, ENTROPY_BUCKETS, PROB_BUCKETS, TURNS};
 use super::diagnostics::{bucket_of, put_position_means, POSITION_BUCKETS};
-use crate::partial::hist::{bin, Hist, BINS};
+use crate::math::{LaneSum, LANES};
+use crate::partial::hist::{bin, bins8, Hist, BINS};
 use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
 
-/// One sequence's counts of log ρ by [`Hist`] bin.
-#[derive(Clone, Copy, Debug)]
-struct Bins([u32; BINS]);
+/// A shard's counts of log ρ by [`Hist`] bin, one row per lane (an octet's eight increments
+/// never wait on each other).
+#[derive(Clone, Debug)]
+struct LaneHist(Box<[[u64; BINS]; LANES]>);
 
-impl Default for Bins {
+impl Default for LaneHist {
     fn default() -> Self {
-        Bins([0; BINS])
+        LaneHist(Box::new([[0; BINS]; LANES]))
+    }
+}
+
+impl LaneHist {
+    #[inline(always)]
+    fn add(&mut self, l: usize, x: f64) {
+        if let Some(b) = bin(x) {
+            self.0[l % LANES][b] += 1;
+        }
+    }
+
+    #[inline(always)]
+    fn add8(&mut self, x: &[f64; LANES]) {
+        for (row, b) in self.0.iter_mut().zip(bins8(x)) {
+            if b < BINS {
+                row[b] += 1;
+            }
+        }
+    }
+
+    fn counts(&self) -> Vec<u64> {
+        (0..BINS)
+            .map(|b| self.0.iter().map(|r| r[b]).sum())
+            .collect()
     }
 }
 
@@ -78,11 +110,11 @@ pub(crate) struct Slot {
     pub(crate) keep: bool,
 }
 
-/// Sums by bucket: k3, log-ratio, valid and (token-)rejected counts.
+/// Sums by bucket, in lanes: k3, log-ratio; valid and (token-)rejected counts.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Tally<const N: usize> {
-    k3: [f64; N],
-    lr: [f64; N],
+    k3: [LaneSum; N],
+    lr: [LaneSum; N],
     n: [u64; N],
     rej: [u64; N],
 }
@@ -90,8 +122,8 @@ pub(crate) struct Tally<const N: usize> {
 impl<const N: usize> Default for Tally<N> {
     fn default() -> Self {
         Tally {
-            k3: [0.0; N],
-            lr: [0.0; N],
+            k3: [LaneSum::default(); N],
+            lr: [LaneSum::default(); N],
             n: [0; N],
             rej: [0; N],
         }
@@ -99,12 +131,70 @@ impl<const N: usize> Default for Tally<N> {
 }
 
 impl<const N: usize> Tally<N> {
+    /// One slot in lane `l`.
     #[inline(always)]
-    fn add(&mut self, b: usize, s: &Slot) {
-        self.k3[b] += s.k3;
-        self.lr[b] += s.lr;
+    fn add(&mut self, b: usize, l: usize, s: &Slot) {
+        self.k3[b].add_at(l, s.k3);
+        self.lr[b].add_at(l, s.lr);
         self.n[b] += 1;
         self.rej[b] += u64::from(!s.keep);
+    }
+
+    /// The noted octets of a run (their columns gathered in `g`), lane `l` of octet `i` in
+    /// bucket `b[i][l]`: added to each bucket's lanes masked (0 elsewhere: the same bits as
+    /// adding each slot to its bucket), one bucket at a time, so that its accumulators stay
+    /// in registers.
+    #[inline(always)]
+    fn add_masked(&mut self, g: &Gathered, b: &[[u64; LANES]]) {
+        for k in 0..N {
+            let (mut s3, mut sl) = (self.k3[k], self.lr[k]);
+            // counts in f64 lanes (exact; integer lanes do not vectorise here)
+            let (mut n, mut rej) = ([0f64; LANES], [0f64; LANES]);
+            for (i, b) in b.iter().enumerate() {
+                let m = each(b, |b| u64::from(b == k as u64).wrapping_neg());
+                s3.add8_where(&g.k3[i], &m);
+                sl.add8_where(&g.lr[i], &m);
+                for l in 0..LANES {
+                    n[l] += f64::from_bits(ONE & m[l]);
+                    rej[l] += f64::from_bits(ONE & m[l] & g.dropped[i][l]);
+                }
+            }
+            (self.k3[k], self.lr[k]) = (s3, sl);
+            self.n[k] += n.iter().sum::<f64>() as u64;
+            self.rej[k] += rej.iter().sum::<f64>() as u64;
+        }
+    }
+
+    /// The noted octets of a run, octet `o` wholly in bucket `bucket(o)`: runs of octets in
+    /// one bucket summed in registers.
+    #[inline(always)]
+    fn add_runs(
+        &mut self,
+        t: &TileIn<'_>,
+        octs: &[Oct],
+        g: &Gathered,
+        bucket: impl Fn(&Oct) -> usize,
+    ) {
+        let mut i = 0;
+        while i < octs.len() {
+            let b = bucket(&octs[i]).min(N - 1);
+            let end = octs[i..]
+                .iter()
+                .position(|o| bucket(o) != b)
+                .map_or(octs.len(), |e| i + e);
+            let (mut s3, mut sl, mut rej) = (self.k3[b], self.lr[b], [0f64; LANES]);
+            for (o, d) in octs[i..end].iter().zip(&g.dropped[i..end]) {
+                s3.add8(&oct(t.k3, o.j0));
+                sl.add8(&oct(t.lr, o.j0));
+                for l in 0..LANES {
+                    rej[l] += f64::from_bits(ONE & d[l]);
+                }
+            }
+            (self.k3[b], self.lr[b]) = (s3, sl);
+            self.n[b] += ((end - i) * LANES) as u64;
+            self.rej[b] += rej.iter().sum::<f64>() as u64;
+            i = end;
+        }
     }
 }
 
@@ -134,8 +224,8 @@ impl<const N: usize> TallyAcc<N> {
             if t.n[b] == 0 {
                 continue;
             }
-            self.k3[b].add(t.k3[b]);
-            self.lr[b].add(t.lr[b]);
+            self.k3[b].add(t.k3[b].value());
+            self.lr[b].add(t.lr[b].value());
             self.n[b] += t.n[b];
             self.rej[b] += if rejected { t.n[b] } else { t.rej[b] };
         }
@@ -189,12 +279,87 @@ impl<const N: usize> TallyAcc<N> {
     }
 }
 
-/// One sequence's diagnostics, fed its slots in order ([`SeqDiag::slot`] for a valid slot,
-/// [`SeqDiag::gap`] for padding inside the row: it ends a turn).
+/// The bits of 1.0 (a count added in f64 lanes, masked).
+const ONE: u64 = 0x3ff0_0000_0000_0000;
+
+/// Most slots [`SeqDiag::tile`] takes at once.
+pub(crate) const RUN: usize = 512;
+
+/// An octet of valid slots inside one position bucket: its first slot in the run, its
+/// position bucket and its turn.
+#[derive(Clone, Copy, Default)]
+struct Oct {
+    j0: usize,
+    pb: usize,
+    turn: usize,
+}
+
+/// The noted octets' k3, log-ratio and dropped (all ones where the token criteria reject)
+/// side by side (the [`DiagAcc`]'s scratch: allocated once, never cleared).
+#[derive(Clone, Debug, Default)]
+struct Gathered {
+    k3: Vec<[f64; LANES]>,
+    lr: Vec<[f64; LANES]>,
+    dropped: Vec<[u64; LANES]>,
+}
+
+/// A run of a sequence's slots in columns (its first slot at a multiple of [`LANES`] from the
+/// sequence's start), every column as long as `valid`: what [`SeqDiag::tile`] reads. A column
+/// the [`Feeds`] do not name is not read (it may be empty); `weight` `None` is 0.
+#[derive(Clone, Copy)]
+pub(crate) struct TileIn<'a> {
+    /// Nonzero at a valid slot.
+    pub(crate) valid: &'a [u64],
+    pub(crate) c: &'a [f64],
+    pub(crate) lr: &'a [f64],
+    pub(crate) k3: &'a [f64],
+    pub(crate) roll_lp: &'a [f64],
+    pub(crate) entropy: &'a [f64],
+    pub(crate) adv: &'a [f64],
+    pub(crate) weight: Option<&'a [f64]>,
+    pub(crate) keep: &'a [bool],
+}
+
+impl TileIn<'_> {
+    fn slot(&self, j: usize) -> Slot {
+        let at = |v: &[f64]| v.get(j).copied().unwrap_or(0.0);
+        Slot {
+            c: self.c[j],
+            lr: self.lr[j],
+            k3: self.k3[j],
+            roll_lp: at(self.roll_lp),
+            entropy: at(self.entropy),
+            adv: at(self.adv),
+            weight: self.weight.map_or(0.0, at),
+            keep: self.keep[j],
+        }
+    }
+}
+
+/// The `LANES` elements of `s` from `j0` (a column the feeds name: as long as the run).
+#[inline(always)]
+fn oct<T: Copy>(s: &[T], j0: usize) -> [T; LANES] {
+    let x: &[T; LANES] = s[j0..j0 + LANES].try_into().expect("an octet");
+    *x
+}
+
+/// `f` of each lane (a loop that inlines and vectorises, unlike `array::map`).
+#[inline(always)]
+fn each<T: Copy, U: Copy + Default>(x: &[T; LANES], f: impl Fn(T) -> U) -> [U; LANES] {
+    let mut out = [U::default(); LANES];
+    for (o, &x) in out.iter_mut().zip(x) {
+        *o = f(x);
+    }
+    out
+}
+
+/// One sequence's diagnostics, fed its slots in order ([`SeqDiag::tile`] for a run of
+/// slots, [`SeqDiag::slot`] for one valid slot, [`SeqDiag::gap`] for padding inside the row:
+/// it ends a turn).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct SeqDiag {
     /// Σ k1, k3, |log ρ| by response position.
-    pos: [[f64; 3]; NPOS],
+    pos: [[LaneSum; 3]; NPOS],
     pos_n: [u64; NPOS],
     prob: Tally<NPROB>,
     ent: Tally<NENT>,
@@ -207,32 +372,34 @@ pub(crate) struct SeqDiag {
     next_pb: u64,
     turns: u64,
     in_turn: bool,
-    adv_sum: f64,
-    /// Σ w, Σ w² and the count over the slots the token criteria keep.
-    w1: f64,
-    w2: f64,
+    adv_sum: LaneSum,
+    /// Σ w, Σ w² and the count over the slots the token criteria keep; with sequence IS the
+    /// sequence's weight instead.
+    w1: LaneSum,
+    w2: LaneSum,
     n_kept: u64,
-    /// log ρ by histogram bin.
-    hist: Bins,
+    seq_w: Option<f64>,
 }
 
 /// The sign class of an advantage: 0 positive, 1 negative, 2 zero.
 #[inline(always)]
 fn sign(a: f64) -> usize {
-    if a > 0.0 {
-        0
-    } else if a < 0.0 {
-        1
-    } else {
-        2
-    }
+    usize::from(a <= 0.0) + usize::from(a == 0.0)
 }
 
 impl SeqDiag {
     /// Sequence-level IS: every kept token carries the sequence's weight `ws`.
     pub(crate) fn seq_weight(&mut self, ws: f64) {
-        self.w1 = ws * self.n_kept as f64;
-        self.w2 = ws * ws * self.n_kept as f64;
+        self.seq_w = Some(ws);
+    }
+
+    /// Σ w and Σ w² over the kept slots.
+    fn weight_sums(&self) -> (f64, f64) {
+        let n = self.n_kept as f64;
+        match self.seq_w {
+            Some(ws) => (ws * n, ws * ws * n),
+            None => (self.w1.value(), self.w2.value()),
+        }
     }
 
     /// A padding slot inside the sequence's range: the current turn ends.
@@ -241,9 +408,129 @@ impl SeqDiag {
         self.in_turn = false;
     }
 
-    /// A valid slot.
+    /// A run of at most [`RUN`] slots (see [`TileIn`]), `acc` counting their log ρ: first
+    /// the octets of valid slots inside one position bucket are noted (with their bucket and
+    /// turn) and every other slot is fed on its own, in order; then each sum runs over the
+    /// noted octets as vectors, its accumulators held in registers.
     #[inline(always)]
-    pub(crate) fn slot(&mut self, f: &Feeds, s: Slot) {
+    pub(crate) fn tile(&mut self, f: &Feeds, t: &TileIn<'_>, acc: &mut DiagAcc) {
+        let n = t.valid.len().min(RUN);
+        let whole = n / LANES * LANES;
+        let mut octs = [Oct::default(); RUN / LANES];
+        let mut k = 0;
+        for j0 in (0..whole).step_by(LANES) {
+            let v = oct(t.valid, j0);
+            if v.iter().all(|&v| v != 0) && self.t + LANES as u64 <= self.next_pb {
+                if !self.in_turn {
+                    self.turns += 1;
+                    self.in_turn = true;
+                }
+                octs[k] = Oct {
+                    j0,
+                    pb: self.pb,
+                    turn: (self.turns as usize - 1).min(TURNS),
+                };
+                k += 1;
+                self.pos_n[self.pb] += LANES as u64;
+                self.t += LANES as u64;
+            } else {
+                self.slots(f, t, j0..j0 + LANES, acc);
+            }
+        }
+        self.slots(f, t, whole..n, acc);
+        let octs = &octs[..k];
+        if octs.is_empty() {
+            return;
+        }
+        // by position: runs of one bucket
+        let mut i = 0;
+        while i < octs.len() {
+            let pb = octs[i].pb;
+            let end = octs[i..]
+                .iter()
+                .position(|o| o.pb != pb)
+                .map_or(octs.len(), |e| i + e);
+            let mut p = self.pos[pb];
+            for o in &octs[i..end] {
+                let c = oct(t.c, o.j0);
+                p[0].add8(&each(&c, |c| -c));
+                p[1].add8(&oct(t.k3, o.j0));
+                p[2].add8(&each(&c, f64::abs));
+            }
+            self.pos[pb] = p;
+            i = end;
+        }
+        // the noted octets' columns side by side
+        let g = &mut acc.scratch;
+        g.k3.clear();
+        g.lr.clear();
+        g.dropped.clear();
+        g.k3.extend(octs.iter().map(|o| oct(t.k3, o.j0)));
+        g.lr.extend(octs.iter().map(|o| oct(t.lr, o.j0)));
+        g.dropped.extend(
+            octs.iter()
+                .map(|o| each(&oct(t.keep, o.j0), |k| u64::from(!k).wrapping_neg())),
+        );
+        let b = &mut [[0u64; LANES]; RUN / LANES];
+        let b = &mut b[..octs.len()];
+        if f.prob {
+            for (b, o) in b.iter_mut().zip(octs) {
+                *b = each(&oct(t.roll_lp, o.j0), |x| prob_bucket(x) as u64);
+            }
+            self.prob.add_masked(g, b);
+        }
+        if f.entropy {
+            for (b, o) in b.iter_mut().zip(octs) {
+                *b = each(&oct(t.entropy, o.j0), |x| entropy_bucket(x) as u64);
+            }
+            self.ent.add_masked(g, b);
+        }
+        if f.adv {
+            let mut s = self.adv_sum;
+            for (b, o) in b.iter_mut().zip(octs) {
+                let a = oct(t.adv, o.j0);
+                *b = each(&a, |a| sign(a) as u64);
+                s.add8(&a);
+            }
+            self.adv_sum = s;
+            self.adv.add_masked(g, b);
+        }
+        self.turn.add_runs(t, octs, g, |o| o.turn);
+        for lr in &g.lr {
+            acc.hist.add8(lr);
+        }
+        let mut dropped = [0f64; LANES];
+        for d in &g.dropped {
+            for l in 0..LANES {
+                dropped[l] += f64::from_bits(ONE & d[l]);
+            }
+        }
+        self.n_kept += (octs.len() * LANES) as u64 - dropped.iter().sum::<f64>() as u64;
+        if let Some(w) = t.weight {
+            let (mut w1, mut w2) = (self.w1, self.w2);
+            for (o, d) in octs.iter().zip(&g.dropped) {
+                let (w, keep) = (oct(w, o.j0), each(d, |d| !d));
+                w1.add8_where(&w, &keep);
+                w2.add8_where(&each(&w, |w| w * w), &keep);
+            }
+            (self.w1, self.w2) = (w1, w2);
+        }
+    }
+
+    fn slots(&mut self, f: &Feeds, t: &TileIn<'_>, js: std::ops::Range<usize>, h: &mut DiagAcc) {
+        for j in js {
+            if t.valid[j] == 0 {
+                self.gap();
+            } else {
+                self.slot(f, j, t.slot(j), h);
+            }
+        }
+    }
+
+    /// A valid slot, `j` its index from the sequence's start (mod [`LANES`]: its lane).
+    #[inline(always)]
+    pub(crate) fn slot(&mut self, f: &Feeds, j: usize, s: Slot, h: &mut DiagAcc) {
+        let l = j % LANES;
         if !self.in_turn {
             self.turns += 1;
             self.in_turn = true;
@@ -253,30 +540,27 @@ impl SeqDiag {
             self.pb = bucket_of(self.t as usize);
             self.next_pb = POSITION_BUCKETS[self.pb] as u64;
         }
-        let pb = self.pb;
-        let p = &mut self.pos[pb];
-        p[0] += -s.c;
-        p[1] += s.k3;
-        p[2] += s.c.abs();
-        self.pos_n[pb] += 1;
+        let p = &mut self.pos[self.pb];
+        p[0].add_at(l, -s.c);
+        p[1].add_at(l, s.k3);
+        p[2].add_at(l, s.c.abs());
+        self.pos_n[self.pb] += 1;
         self.t += 1;
         if f.prob {
-            self.prob.add(prob_bucket(s.roll_lp), &s);
+            self.prob.add(prob_bucket(s.roll_lp), l, &s);
         }
         if f.entropy {
-            self.ent.add(entropy_bucket(s.entropy), &s);
+            self.ent.add(entropy_bucket(s.entropy), l, &s);
         }
         if f.adv {
-            self.adv.add(sign(s.adv), &s);
-            self.adv_sum += s.adv;
+            self.adv.add(sign(s.adv), l, &s);
+            self.adv_sum.add_at(l, s.adv);
         }
-        self.turn.add((self.turns as usize - 1).min(TURNS), &s);
-        if let Some(b) = bin(s.lr) {
-            self.hist.0[b] += 1;
-        }
+        self.turn.add((self.turns as usize - 1).min(TURNS), l, &s);
+        h.hist.add(l, s.lr);
         if s.keep {
-            self.w1 += s.weight;
-            self.w2 += s.weight * s.weight;
+            self.w1.add_at(l, s.weight);
+            self.w2.add_at(l, s.weight * s.weight);
             self.n_kept += 1;
         }
     }
@@ -299,8 +583,9 @@ pub(crate) struct DiagAcc {
     ess_tok: (Sum, Sum, u64),
     ess_seq: (Sum, Sum, u64),
     valid: u64,
-    /// log ρ over valid tokens (`#hist/log_ratio`).
-    hist: Hist,
+    /// log ρ over valid tokens (`#hist/log_ratio`), counted as the slots are fed.
+    hist: LaneHist,
+    scratch: Gathered,
     /// The factor the folded weights take: 1/the batch normaliser when it was applied after
     /// them (the fused pass), none when they were final.
     pub(crate) ess_scale: Option<f64>,
@@ -316,8 +601,8 @@ impl DiagAcc {
         }
         for b in 0..NPOS {
             if d.pos_n[b] > 0 {
-                for (s, &x) in self.pos[b].iter_mut().zip(&d.pos[b]) {
-                    s.add(x);
+                for (s, x) in self.pos[b].iter_mut().zip(&d.pos[b]) {
+                    s.add(x.value());
                 }
                 self.pos_n[b] += d.pos_n[b];
             }
@@ -326,14 +611,14 @@ impl DiagAcc {
         self.ent.fold(&d.ent, dropped);
         self.adv.fold(&d.adv, dropped);
         self.turn.fold(&d.turn, dropped);
-        let g = &mut self.adv_seq[sign(d.adv_sum / d.t as f64)];
+        let g = &mut self.adv_seq[sign(d.adv_sum.value() / d.t as f64)];
         g.0 += 1;
         g.1 += u64::from(rejected);
         self.turns.add(d.turns as f64);
         self.turns_n += 1;
         self.turns_max = self.turns_max.max(d.turns as f64);
         if !dropped && d.n_kept > 0 {
-            let (w1, w2) = (d.w1, d.w2);
+            let (w1, w2) = d.weight_sums();
             self.ess_tok.0.add(w1);
             self.ess_tok.1.add(w2);
             self.ess_tok.2 += d.n_kept;
@@ -343,9 +628,6 @@ impl DiagAcc {
             self.ess_seq.2 += 1;
         }
         self.valid += d.t;
-        for (c, &n) in self.hist.counts.iter_mut().zip(&d.hist.0) {
-            *c += u64::from(n);
-        }
     }
 
     /// Merges the next shard's accumulator (sequence order kept).
@@ -374,8 +656,10 @@ impl DiagAcc {
         self.ess_seq.1.merge(o.ess_seq.1);
         self.ess_seq.2 += o.ess_seq.2;
         self.valid += o.valid;
-        for (c, &n) in self.hist.counts.iter_mut().zip(&o.hist.counts) {
-            *c += n;
+        for (a, b) in self.hist.0.iter_mut().zip(o.hist.0.iter()) {
+            for (c, &n) in a.iter_mut().zip(b) {
+                *c += n;
+            }
         }
     }
 
@@ -443,7 +727,8 @@ impl DiagAcc {
         if f.weights {
             self.put_ess(m);
         }
-        m.put("#hist/log_ratio", Acc::Hist(self.hist.clone()));
+        let counts = self.hist.counts();
+        m.put("#hist/log_ratio", Acc::Hist(Hist { counts }));
     }
 
     /// `trmask/ess_token` (the weights of the tokens the final mask keeps) and
@@ -479,9 +764,9 @@ pub(crate) struct Columns<'a> {
 
 /// The diagnostics of a batch from its columns, its final mask (`keep`, per slot) and
 /// per-sequence decisions: the same [`SeqDiag`] feed as the fused pass's tiles.
-pub(crate) fn from_columns(
+pub(crate) fn from_columns<'a>(
     segments: &crate::input::batch::Segments,
-    cols: &Columns<'_>,
+    cols: &Columns<'a>,
     keep: &[f64],
     seq_accept: &[bool],
 ) -> (Feeds, DiagAcc) {
@@ -492,28 +777,32 @@ pub(crate) fn from_columns(
         weights: cols.weights.is_some(),
     };
     let mask = segments.mask();
-    let at = |v: Option<&[f64]>, i: usize| v.map_or(0.0, |v| v[i]);
     let mut acc = DiagAcc::default();
+    const RUN: usize = 512;
+    let (mut valid, mut c, mut kp) = ([0u64; RUN], [0f64; RUN], [false; RUN]);
     for (s, &(a, b)) in segments.ranges().iter().enumerate() {
         let mut d = SeqDiag::default();
-        for i in a..b {
-            if !mask[i] {
-                d.gap();
-                continue;
+        for k in (a..b).step_by(RUN) {
+            let e = (k + RUN).min(b);
+            let n = e - k;
+            for j in 0..n {
+                valid[j] = u64::from(mask[k + j]);
+                c[j] = -cols.k1[k + j];
+                kp[j] = keep[k + j] > 0.0;
             }
-            d.slot(
-                &f,
-                Slot {
-                    c: -cols.k1[i],
-                    lr: cols.log_ratio[i],
-                    k3: cols.k3[i],
-                    roll_lp: at(cols.roll_lp, i),
-                    entropy: at(cols.entropy, i),
-                    adv: at(cols.adv, i),
-                    weight: at(cols.weights, i),
-                    keep: keep[i] > 0.0,
-                },
-            );
+            let col = |v: Option<&'a [f64]>| v.map_or(&[][..], |v| &v[k..e]);
+            let t = TileIn {
+                valid: &valid[..n],
+                c: &c[..n],
+                lr: &cols.log_ratio[k..e],
+                k3: &cols.k3[k..e],
+                roll_lp: col(cols.roll_lp),
+                entropy: col(cols.entropy),
+                adv: col(cols.adv),
+                weight: cols.weights.map(|w| &w[k..e]),
+                keep: &kp[..n],
+            };
+            d.tile(&f, &t, &mut acc);
         }
         acc.fold(&d, false, !seq_accept[s]);
     }

@@ -42,37 +42,88 @@ fn from_y(y: f64) -> f64 {
 }
 
 /// The bin of `x` (`None` for NaN): bin `i` holds `edges[i] ≤ x < edges[i + 1]` of
-/// [`Hist::edges`], the end bins also what lies beyond. The edge table is the definition; the
-/// symmetric log only places a first guess (from the float's exponent), which at most two
-/// comparisons each way correct, so filling a histogram costs a few operations per value (the
-/// fused pass counts every token).
+/// [`Hist::edges`], the end bins also what lies beyond. The edge table is the definition; a
+/// table by the float's exponent and first mantissa bits gives the bin up to one comparison,
+/// so filling a histogram costs a few operations per value (the fused pass counts every
+/// token).
 #[inline]
 pub fn bin(x: f64) -> Option<usize> {
     if x.is_nan() {
         return None;
     }
     let e = edges_table();
-    // log2(1 + |x|/LIN) ≈ exponent + mantissa fraction (within 0.09), so the guess is off by
-    // at most one bin
-    let v = 1.0 + x.abs() * (1.0 / LIN);
-    let log2 = if v.is_finite() {
-        let b = v.to_bits();
-        let frac = f64::from_bits((b & 0x000f_ffff_ffff_ffff) | 0x3ff0_0000_0000_0000) - 1.0;
-        ((b >> 52) & 0x7ff) as f64 - 1023.0 + frac
-    } else {
-        1e9
-    };
-    let half = BINS as f64 / 2.0;
-    let g = (half / Y * log2 * std::f64::consts::LOG10_2).min(half);
-    let guess = if x < 0.0 { half - g - 1.0 } else { half + g };
-    let mut i = (guess.max(0.0) as usize).min(BINS - 1);
+    Some(settle(from_cell(cells_table()[cell(x.abs())], x, e), x, e))
+}
+
+/// [`bin`] of eight values at once, [`BINS`] for NaN (loops of table lookups that
+/// vectorise).
+#[inline(always)]
+pub(crate) fn bins8(x: &[f64; 8]) -> [usize; 8] {
+    let (e, cells) = (edges_table(), cells_table());
+    let mut out = [0usize; 8];
+    for (o, &x) in out.iter_mut().zip(x) {
+        // the cell's bin is exact (a cell holds at most one edge: the tests check every cell)
+        let b = from_cell(cells[cell(x.abs())], x, e);
+        *o = if x.is_nan() { BINS } else { b };
+    }
+    out
+}
+
+/// Cells of |x| by its float's exponent and first [`CELL_BITS`] mantissa bits, from
+/// 2^[`LO_EXP`] (below the first edge) to 2^[`HI_EXP`] (above the last): a cell spans a
+/// factor 2^(1/64), successive edges lie at least a factor 1.7 apart, so a cell holds at most
+/// one edge.
+const CELL_BITS: u32 = 6;
+const LO_EXP: i64 = -40;
+const HI_EXP: i64 = 10;
+const CELLS: usize = ((HI_EXP - LO_EXP) as usize) << CELL_BITS;
+
+/// The cell of `a` ≥ 0 (∞ in the last; branch-free).
+#[inline(always)]
+fn cell(a: f64) -> usize {
+    let lo = (1023 + LO_EXP) << CELL_BITS;
+    ((a.to_bits() >> (52 - CELL_BITS)) as i64 - lo).clamp(0, CELLS as i64 - 1) as usize
+}
+
+/// Per cell: how many of the positive edges `e[BINS/2 + k]`, `k = 1..BINS/2`, lie at or
+/// below the cell's lower end.
+fn cells_table() -> &'static [u32; CELLS] {
+    static CELLS_AT: std::sync::OnceLock<[u32; CELLS]> = std::sync::OnceLock::new();
+    CELLS_AT.get_or_init(|| {
+        let (e, half) = (edges_table(), BINS / 2);
+        std::array::from_fn(|c| {
+            let lo = f64::from_bits((((1023 + LO_EXP) << CELL_BITS) as u64 + c as u64) << 46);
+            (1..half).filter(|&k| e[half + k] <= lo).count() as u32
+        })
+    })
+}
+
+/// The bin of `x` (not NaN) from its cell's count `at`: one comparison with the next edge.
+#[inline(always)]
+fn from_cell(at: u32, x: f64, e: &[f64; BINS + 1]) -> usize {
+    let (half, a) = (BINS / 2, x.abs());
+    // at most half − 1 (the table's counts), so every index below is in range
+    let at = (at as usize).min(half - 1);
+    // edges ≤ a
+    let up = at + usize::from((at + 1 < half) & (e[half + at + 1] <= a));
+    // bin i holds e[i] ≤ x < e[i + 1]: below 0, the edges < a count down from the middle
+    let lt = up - usize::from((up > 0) & (e[half + up] == a));
+    // no branch on the sign (a coin toss for log-ratios)
+    let neg = usize::from(x < 0.0).wrapping_neg();
+    ((half - 1 - lt) & neg) | ((half + up) & !neg)
+}
+
+/// The bin of `x` from the guess `i` by the edge table `e` (the definition; the loops do not
+/// turn for the guesses above).
+#[inline(always)]
+fn settle(mut i: usize, x: f64, e: &[f64; BINS + 1]) -> usize {
     while i > 0 && x < e[i] {
         i -= 1;
     }
     while i + 1 < BINS && x >= e[i + 1] {
         i += 1;
     }
-    Some(i)
+    i
 }
 
 /// The bin edges, computed once.
@@ -171,8 +222,38 @@ mod tests {
             }
             let want = (f.floor().max(0.0) as usize).min(BINS - 1);
             assert_eq!(bin(x), Some(want), "x = {x}");
+            let guess = from_cell(cells_table()[cell(x.abs())], x, edges_table());
+            assert_eq!(guess, want, "the cell table's bin of {x}");
         }
         assert_eq!(bin(f64::INFINITY), Some(BINS - 1));
+        // a cell holds at most one edge, so its bin needs one comparison
+        let e = edges_table();
+        for c in 0..CELLS {
+            let at =
+                |c: usize| f64::from_bits((((1023 + LO_EXP) << CELL_BITS) as u64 + c as u64) << 46);
+            let inside = e.iter().filter(|&&x| x >= at(c) && x < at(c + 1)).count();
+            assert!(inside <= 1, "cell {c} holds {inside} edges");
+        }
+        // at and beside every edge, both signs: the cell table's bin needs no correction
+        let e = edges_table();
+        let mut xs = vec![0.0, -0.0, f64::MIN_POSITIVE, 1e300, -1e300, f64::MAX];
+        for &x in e.iter() {
+            for y in [
+                x,
+                x.next_up(),
+                x.next_down(),
+                -x,
+                (-x).next_up(),
+                (-x).next_down(),
+            ] {
+                xs.push(y);
+            }
+        }
+        for x in xs {
+            let guess = from_cell(cells_table()[cell(x.abs())], x, e);
+            assert_eq!(settle(guess, x, e), guess, "x = {x}");
+            assert_eq!(bins8(&[x; 8]), [guess; 8]);
+        }
         assert_eq!(bin(f64::NEG_INFINITY), Some(0));
         assert_eq!(bin(f64::NAN), None);
     }

@@ -393,11 +393,11 @@ fn kernel_body(
             let used8 = used.next_multiple_of(LANES);
             cols.m[used..used8].fill(0);
             cols.tile(used8, plan, token_is.as_ref(), &mut rec, &mut lanes)?;
-            if diag.is_some() {
+            if let Some(acc) = diag.as_deref_mut() {
                 if let Some(av) = &inp.adv {
                     av.load(k, &mut cols.a[..used]);
                 }
-                cols.feed_diag(used, feeds, token_is.is_some(), &mut sd);
+                cols.feed_diag(used, feeds, token_is.is_some(), &mut sd, acc);
                 if used < len {
                     sd.gap();
                 }

@@ -9,7 +9,7 @@ use super::plan::{LAgg, LCrit, LeanPlan, Src, MAX_CRITERIA};
 use crate::config::IsSpec;
 use crate::input::values::MASK_BAD;
 use crate::math::{exp_bounded, k3_from_log_ratio, k3_series, LaneSum, LANES};
-use crate::metrics::diag::{Feeds, SeqDiag, Slot};
+use crate::metrics::diag::{DiagAcc, Feeds, SeqDiag, TileIn};
 use crate::partial::Sum;
 use crate::stats::SAFETY_BOUND;
 
@@ -385,29 +385,29 @@ impl Cols {
     /// diagnostics: k3 by the criteria's own formula, the log-ratio as given, the token
     /// criteria's keep, the token IS weight (`token_is`), the advantage when `f.adv`.
     #[inline(always)]
-    pub(crate) fn feed_diag(&mut self, used: usize, f: &Feeds, token_is: bool, d: &mut SeqDiag) {
+    pub(crate) fn feed_diag(
+        &mut self,
+        used: usize,
+        f: &Feeds,
+        token_is: bool,
+        d: &mut SeqDiag,
+        acc: &mut DiagAcc,
+    ) {
         let n8 = used.next_multiple_of(LANES);
         statistic(Src::K3, &self.c[..n8], &self.rho[..n8], &mut self.k3[..n8]);
-        for j in 0..used {
-            if self.valid[j] == 0 {
-                d.gap();
-                continue;
-            }
-            let c = self.c[j];
-            d.slot(
-                f,
-                Slot {
-                    c,
-                    lr: if self.wide { self.lr[j] } else { c },
-                    k3: self.k3[j],
-                    roll_lp: self.r[j],
-                    entropy: 0.0,
-                    adv: self.a[j],
-                    weight: if token_is { self.w[j] } else { 0.0 },
-                    keep: self.keep[j],
-                },
-            );
-        }
+        let c = &self.c[..used];
+        let t = TileIn {
+            valid: &self.valid[..used],
+            c,
+            lr: if self.wide { &self.lr[..used] } else { c },
+            k3: &self.k3[..used],
+            roll_lp: &self.r[..used],
+            entropy: &[],
+            adv: &self.a[..used],
+            weight: token_is.then(|| &self.w[..used]),
+            keep: &self.keep[..used],
+        };
+        d.tile(f, &t, acc);
     }
 }
 
