@@ -57,6 +57,7 @@ pub(crate) mod lean;
 mod legacy;
 mod m2po;
 mod opsm;
+pub(crate) mod plan;
 pub(crate) mod run;
 pub(crate) mod step;
 
@@ -102,5 +103,13 @@ pub fn correct_shard(
     config: &CorrectionConfig,
     ex: &mut dyn Exchange,
 ) -> Result<Corrections> {
-    run::correct_shard(engine, config, &config.resolve()?, batch, ex)
+    let resolved = config.resolve()?;
+    run::correct_shard(
+        engine,
+        config,
+        &resolved,
+        &plan::Plan::new(&resolved),
+        batch,
+        ex,
+    )
 }
