@@ -264,15 +264,10 @@ fn bind<'a>(plan: &Plan, table: &'a StatTable, cols: &Columns<'a>) -> Result<Mas
             Column::OpsmWeight => &cols.opsm.weight,
             Column::M2poDrop => &cols.m2po.drop,
             Column::CppoDrop => &cols.cppo.drop,
-            Column::Recorded => match &table.routing {
-                Some(r) => &r.recorded,
-                None => {
-                    return Err(Error::config(
-                        "route_flip",
-                        "needs both sides' routed experts",
-                    ))
-                }
-            },
+            Column::Recorded => {
+                let need = || Error::config("route_flip", "needs both sides' routed experts");
+                &table.routing.as_ref().ok_or_else(need)?.recorded
+            }
         })
     };
     Ok(MaskPlan {
