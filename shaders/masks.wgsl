@@ -9,7 +9,7 @@
 // seq_out ((width + 3) words per sequence): statistic of each criterion (f32 bits), reject
 // bits, sum(lr) as an f32 (hi, lo) pair.
 
-// The kernel's uniform; Rust twin `MasksParams` in src/gpu/masks.rs.
+// The kernel's uniform; Rust twin `MasksParams` in src/gpu/ops/masks.rs.
 struct MasksParams {
     sequences: u32, // sequences in this chunk
     criteria: u32, // criteria in the plan (<= 32)
@@ -30,23 +30,8 @@ struct MasksParams {
 @group(0) @binding(6) var<storage, read_write> tok_out: array<u32>;
 @group(0) @binding(7) var<storage, read_write> seq_out: array<u32>;
 
-// sources (MaskSource)
-const SRC_K1: u32 = 0u;
-const SRC_K2: u32 = 1u;
-const SRC_K3: u32 = 2u;
-const SRC_K3_VERL: u32 = 3u;
-const SRC_ABS: u32 = 4u;
-const SRC_SER: u32 = 5u;
-const SRC_COLUMN: u32 = 6u;
-const SRC_SER_WEIGHTED: u32 = 7u;
-const SRC_BINARY_KL: u32 = 8u;
-// aggregations (MaskAgg)
-const AGG_TOKEN: u32 = 0u;
-const AGG_SUM: u32 = 1u;
-const AGG_MEAN_VERL: u32 = 2u;
-const AGG_MEAN: u32 = 3u;
-const AGG_MAX: u32 = 4u;
-const AGG_WEIGHTED_MEAN: u32 = 5u;
+// The SRC_* (MaskSource) and AGG_* (MaskAgg) codes are generated from the Rust enums
+// (src/gpu/ops/wgsl.rs, mask_codes).
 
 var<workgroup> wg_count: atomic<u32>;
 var<workgroup> wg_reject: atomic<u32>;
@@ -76,17 +61,19 @@ fn stat_of(ci: u32, i: u32, c: f32) -> f32 {
     let src = plan[6u * ci];
     let col = plan[6u * ci + 1u];
     switch src {
-        case 0u: { return -c; }
-        case 1u: { return 0.5 * c * c; }
-        case 2u, 3u: { return k3_of(c); }
-        case 4u: { return abs(c); }
-        case 5u: { return abs(expm1_acc(c)); }
-        case 6u: { return columns[col * params.slots + i]; }
-        case 8u: {
+        case SRC_K1: { return -c; }
+        case SRC_K2: { return 0.5 * c * c; }
+        case SRC_K3, SRC_K3_VERL: { return k3_of(c); }
+        case SRC_ABS: { return abs(c); }
+        case SRC_SER: { return abs(expm1_acc(c)); }
+        case SRC_COLUMN: { return columns[col * params.slots + i]; }
+        case SRC_BINARY_KL: {
             let lp = columns[col * params.slots + i];
             return binary_kl_of(lp, columns[(col + 1u) * params.slots + i], lr_in[i]);
         }
-        default: { return abs(expm1_acc(c)) * columns[col * params.slots + i]; }
+        case SRC_SER_WEIGHTED, default: {
+            return abs(expm1_acc(c)) * columns[col * params.slots + i];
+        }
     }
 }
 
@@ -221,11 +208,11 @@ fn main(
         var stat = 0.0;
         if len > 0u {
             switch agg {
-                case 1u: { stat = sum; }
-                case 2u: { stat = sum / (f32(len) + 1e-8); }
-                case 3u: { stat = sum / f32(len); }
-                case 4u: { stat = m; }
-                default: {
+                case AGG_SUM: { stat = sum; }
+                case AGG_MEAN_VERL: { stat = sum / (f32(len) + 1e-8); }
+                case AGG_MEAN: { stat = sum / f32(len); }
+                case AGG_MAX: { stat = m; }
+                case AGG_WEIGHTED_MEAN, default: {
                     let zz = z.x + z.y;
                     if zz > 0.0 {
                         stat = sum / zz;

@@ -79,6 +79,7 @@ pub fn analyze_shard(
     ex: &mut dyn Exchange,
 ) -> Result<Analysis> {
     let resolved = config.resolve()?;
+    let plan = crate::correction::plan::Plan::new(&resolved);
     let original = batch;
     let crate::correction::run::Shard {
         batch,
@@ -86,7 +87,7 @@ pub fn analyze_shard(
         table,
         mut corrections,
         partial: corr_partial,
-    } = crate::correction::run::shard(engine, config, &resolved, batch, true, ex)?;
+    } = crate::correction::run::shard(engine, config, &resolved, &plan, batch, true, ex)?;
     let batch: &Batch = &batch;
     let sweeps = if ex.size() <= 1 {
         crate::analysis::sweep::sweeps(batch, &table, &resolved, &corrections)?

@@ -5,7 +5,10 @@ use super::dppo::DppoConfig;
 use super::grammar::{parse_is_threshold, parse_rs_thresholds, py_float, py_num_str};
 use super::types::{CorrectionConfig, Cppo, LnTrm, ThresholdSpec};
 use crate::error::{Error, Result};
-use crate::stats::{IsLevel, TopkSupport};
+use crate::stats::TopkSupport;
+
+/// IS settings after parsing: the plan's IS rule.
+pub use crate::engine::plan::MaskIs as IsSpec;
 
 impl CorrectionConfig {
     /// Checks the whole config and resolves it: IS thresholds, RS criteria and their thresholds,
@@ -404,16 +407,6 @@ impl Criterion {
     pub fn is_k1(&self) -> bool {
         self.stat == Stat::K1
     }
-}
-
-/// IS settings after parsing.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct IsSpec {
-    pub level: IsLevel,
-    pub upper: f64,
-    /// `Some` for IcePop (`"L_U"`).
-    pub lower: Option<f64>,
-    pub batch_normalize: bool,
 }
 
 /// A checked config: what the computation uses.

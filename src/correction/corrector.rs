@@ -25,7 +25,8 @@
 //! wraps the trainer's bytes (host) or, on the GPU engine, its device buffer.
 
 use crate::config::{CorrectionConfig, Resolved};
-use crate::correction::lean::{self, LeanPlan};
+use crate::correction::lean;
+use crate::correction::plan::Plan;
 use crate::correction::run;
 pub use crate::correction::step::Step;
 use crate::engine::Engine;
@@ -40,8 +41,10 @@ pub struct Corrector {
     engine: Arc<dyn Engine>,
     config: CorrectionConfig,
     resolved: Resolved,
-    /// The fused lean pass's plan, where it serves this config on this engine.
-    lean: Option<LeanPlan>,
+    /// The config compiled once: what every executor reads.
+    plan: Plan,
+    /// The fused lean pass serves the plan on this engine.
+    lean: bool,
     /// The executor is chosen by the work (`backend auto`), not only by the engine.
     by_work: bool,
 }
@@ -64,11 +67,12 @@ impl Corrector {
         let mut c = Corrector {
             engine: engine.into_engine(),
             config: config.clone(),
+            plan: Plan::new(&resolved),
             resolved,
-            lean: None,
+            lean: false,
             by_work: false,
         };
-        c.lean = c.lean_plan();
+        c.lean = c.serves_lean();
         Ok(c)
     }
 
@@ -87,7 +91,7 @@ impl Corrector {
     /// ```
     pub fn verl_metrics_only(mut self, on: bool) -> Self {
         self.resolved.verl_metrics_only = on;
-        self.lean = self.lean_plan();
+        self.plan.diag = !on;
         self
     }
 
@@ -106,28 +110,25 @@ impl Corrector {
     /// ```
     pub fn choose_executor_by_work(mut self, on: bool) -> Self {
         self.by_work = on;
-        self.lean = self.lean_plan();
+        self.lean = self.serves_lean();
         self
     }
 
     /// The lean pass runs on the CPU engines (the f64 reference's formulas), and on a GPU
     /// engine when the executor is chosen by the work.
-    fn lean_plan(&self) -> Option<LeanPlan> {
+    fn serves_lean(&self) -> bool {
         // a GPU engine chosen explicitly, and a truncated sampler's kept mass (read from the
         // raw top-K), take the full path
-        if (self.engine.is_gpu() && !self.by_work)
-            || !self.config.sampling.is_off()
-            || self.config.sampling_replay
-        {
-            return None;
-        }
-        lean::plan(&self.resolved)
+        (!self.engine.is_gpu() || self.by_work)
+            && self.config.sampling.is_off()
+            && !self.config.sampling_replay
+            && self.plan.serves_lean()
     }
 
     /// True when [`correct_into`](Self::correct_into) runs the fused lean pass for steps
     /// holding only log-probs and a mask (else it runs [`correct`](Self::correct) and copies).
     pub fn has_lean_pass(&self) -> bool {
-        self.lean.is_some()
+        self.lean
     }
 
     /// True when the config produces IS weights (`correct_into` then needs a weights buffer).
@@ -162,6 +163,7 @@ impl Corrector {
             self.engine.as_ref(),
             &self.config,
             &self.resolved,
+            &self.plan,
             &batch,
             ex,
         )
@@ -232,12 +234,11 @@ impl Corrector {
             }
             _ => {}
         }
-        let lean = self
-            .lean
-            .as_ref()
-            .zip(step.lean_inputs(self.config.bypass_mode));
-        if let Some((plan, inp)) = lean {
-            if let Some((mut c, p)) = lean::run(plan, &inp, &mut out, ex)? {
+        let lean = step
+            .lean_inputs(self.config.bypass_mode)
+            .filter(|_| self.lean);
+        if let Some(inp) = lean {
+            if let Some((mut c, p)) = lean::run(&self.plan, &inp, &mut out, ex)? {
                 let merged = exchange(ex, p)?;
                 if merged.count("#valid_tokens") == 0 {
                     // the full path words the error for the layout

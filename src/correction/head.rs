@@ -6,9 +6,10 @@ use super::cppo::CppoColumns;
 use super::dppo::dppo_keep;
 use super::m2po::M2poColumns;
 use super::opsm::OpsmColumns;
+use super::plan::{Column, Plan};
 use crate::bounds::lntrm_weight;
 use crate::config::{Agg, Criterion, IsLevel, Resolved, Stat};
-use crate::engine::plan::{CorrectionsRaw, MaskAgg, MaskCriterion, MaskIs, MaskPlan, MaskSource};
+use crate::engine::plan::{CorrectionsRaw, MaskPlan};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::input::batch::{Batch, Layout};
@@ -33,6 +34,7 @@ pub(crate) fn compute_partial(
     batch: &Batch,
     table: &StatTable,
     cfg: &Resolved,
+    plan: &Plan,
     ex: &mut dyn Exchange,
 ) -> Result<(Corrections, Partial)> {
     let segs = batch.segments();
@@ -79,12 +81,12 @@ pub(crate) fn compute_partial(
     let cppo_spec = cfg.criteria.iter().find(|c| c.stat == Stat::Cppo);
     let cppo = CppoColumns::new(&ctx, batch, table, cppo_spec.map(|c| (c.upper, cfg.cppo)))?;
     let cols = Columns {
+        lntrm: &lntrm_w,
         opsm: &opsm,
         m2po: &m2po,
         cppo: &cppo,
     };
-    let plan = mask_plan(table, cfg, &lntrm_w, &cols)?;
-    let raw = engine.corrections_pass(lr, segs, &plan)?;
+    let raw = engine.corrections_pass(lr, segs, &bind(plan, table, &cols)?)?;
 
     // ---- IS weights ----
     let weights = match (cfg.is, &raw.weights) {
@@ -104,7 +106,7 @@ pub(crate) fn compute_partial(
     let mut keep: Vec<bool> = raw.mask.clone();
     let mut criteria = Vec::new();
     for (ci, c) in cfg.criteria.iter().enumerate() {
-        let res = criterion(&ctx, table, c, ci, &raw, cfg, rho, k1, &cols, &mut metrics)?;
+        let res = criterion(&ctx, table, c, ci, &raw, rho, k1, &cols, &mut metrics)?;
         criteria.push(res);
     }
     if !cfg.criteria.is_empty() {
@@ -252,98 +254,26 @@ fn lntrm_column(ctx: &Ctx, cfg: &Resolved) -> Vec<f64> {
         .collect()
 }
 
-/// The engine-side description of the configured criteria and IS weights.
-fn mask_plan<'a>(
-    table: &'a StatTable,
-    cfg: &Resolved,
-    lntrm_w: &'a [f64],
-    cols: &Columns<'a>,
-) -> Result<MaskPlan<'a>> {
-    let (opsm, m2po, cppo) = (cols.opsm, cols.m2po, cols.cppo);
-    let mut columns: Vec<&'a [f64]> = Vec::new();
-    let mut lntrm_col = None;
-    let mut opsm_col = None;
-    let mut criteria = Vec::with_capacity(cfg.criteria.len());
-    for c in &cfg.criteria {
-        let mut col = |v: &'a [f64]| {
-            columns.push(v);
-            columns.len() - 1
-        };
-        let source = match c.stat {
-            Stat::K1 => MaskSource::K1,
-            Stat::K2 => MaskSource::K2,
-            Stat::K3 if c.is_verl() => MaskSource::K3Verl,
-            Stat::K3 => MaskSource::K3,
-            Stat::Abs => MaskSource::Abs,
-            Stat::Ser => MaskSource::Ser,
-            Stat::LnTrm => {
-                let j = *lntrm_col.get_or_insert_with(|| col(lntrm_w));
-                MaskSource::SerWeighted(j)
+/// The plan bound to this step's host columns.
+fn bind<'a>(plan: &Plan, table: &'a StatTable, cols: &Columns<'a>) -> Result<MaskPlan<'a>> {
+    let column = |c: &Column| -> Result<&'a [f64]> {
+        Ok(match *c {
+            Column::Table(name) => table.get(name)?,
+            Column::LnTrm => cols.lntrm,
+            Column::OpsmValue => &cols.opsm.value,
+            Column::OpsmWeight => &cols.opsm.weight,
+            Column::M2poDrop => &cols.m2po.drop,
+            Column::CppoDrop => &cols.cppo.drop,
+            Column::Recorded => {
+                let need = || Error::config("route_flip", "needs both sides' routed experts");
+                &table.routing.as_ref().ok_or_else(need)?.recorded
             }
-            // −lr on negative-advantage sequences (column j), their weights (column j + 1)
-            Stat::Opsm => {
-                let j = *opsm_col.get_or_insert_with(|| {
-                    let j = col(&opsm.value);
-                    col(&opsm.weight);
-                    j
-                });
-                MaskSource::Column(j)
-            }
-            // the host's batch-global drop indicator (1 dropped), kept iff ≤ 0.5
-            Stat::M2po => MaskSource::Column(col(&m2po.drop)),
-            // the host's per-sequence CPPO decisions (1 dropped), kept iff ≤ 0.5
-            Stat::Cppo => MaskSource::Column(col(&cppo.drop)),
-            // from both log-probs (columns j, j + 1) and the log-ratio
-            Stat::BinaryKl => {
-                let j = col(table.get("train_log_prob")?);
-                col(table.get("rollout_log_prob")?);
-                MaskSource::BinaryKl(j)
-            }
-            s => MaskSource::Column(col(table.get(s.name())?)),
-        };
-        let agg = match c.agg {
-            Agg::Token => MaskAgg::Token,
-            Agg::SeqSum => MaskAgg::Sum,
-            // the fraction of the sequence's recorded tokens (routing.recorded) that flipped
-            Agg::SeqMean if c.stat == Stat::RouteFlip => match &table.routing {
-                Some(r) => MaskAgg::WeightedMean(col(&r.recorded)),
-                None => {
-                    return Err(table.get("route_flip").err().unwrap_or_else(|| {
-                        Error::config(&c.name, "needs both sides' routed experts")
-                    }))
-                }
-            },
-            Agg::SeqMean if c.is_verl() => MaskAgg::MeanVerl,
-            Agg::SeqMean => MaskAgg::Mean,
-            Agg::SeqMax => MaskAgg::Max,
-            Agg::LnTrm => {
-                let j = *lntrm_col.get_or_insert_with(|| col(lntrm_w));
-                MaskAgg::WeightedMean(j)
-            }
-            Agg::Opsm => MaskAgg::WeightedMean(opsm_col.expect("set by the source") + 1),
-        };
-        let (lower, upper) = if c.is_k1() {
-            (c.lower.map(f64::ln), c.upper.ln())
-        } else if matches!(c.stat, Stat::M2po | Stat::Cppo) {
-            (None, 0.5)
-        } else {
-            (None, c.upper)
-        };
-        criteria.push(MaskCriterion {
-            source,
-            agg,
-            lower,
-            upper,
-        });
-    }
+        })
+    };
     Ok(MaskPlan {
-        criteria,
-        is: cfg.is.map(|is| MaskIs {
-            level: is.level,
-            upper: is.upper,
-            lower: is.lower,
-        }),
-        columns,
+        criteria: plan.criteria.clone(),
+        is: plan.is,
+        columns: plan.columns.iter().map(column).collect::<Result<_>>()?,
     })
 }
 
@@ -442,6 +372,8 @@ fn is_weights(
 
 /// The host-built columns of the criteria that need more than the statistics table.
 struct Columns<'a> {
+    /// LN-TRM's token weights (empty when no criterion needs them).
+    lntrm: &'a [f64],
     opsm: &'a OpsmColumns,
     m2po: &'a M2poColumns,
     cppo: &'a CppoColumns,
@@ -454,7 +386,6 @@ fn criterion(
     c: &Criterion,
     ci: usize,
     raw: &CorrectionsRaw,
-    cfg: &Resolved,
     rho: &[f64],
     k1: &[f64],
     cols: &Columns,
@@ -472,8 +403,7 @@ fn criterion(
         Stat::LnTrm => {
             // per-token |ρ_t − 1|·w_t, w_t from the token's rank among its sequence's valid tokens
             let ser = table.get("ser")?;
-            let w = lntrm_column(ctx, cfg);
-            k3v = ctx.tok(|i| ser[i] * w[i]);
+            k3v = ctx.tok(|i| ser[i] * cols.lntrm[i]);
             &k3v
         }
         Stat::Opsm => &cols.opsm.value,

@@ -1,8 +1,9 @@
 //! What a trainer consumes each step: importance weights, the modified response mask, per-sequence
 //! decisions and statistics, and the metrics (verl's `rollout_corr/*` plus trmask's `trmask/*`).
 //!
-//! Weights and masks come from one `Engine::corrections_pass` call (a [`MaskPlan`](crate::engine::plan::MaskPlan) built from the
-//! config): token statistics, the per-sequence reduction of every criterion's statistic, the
+//! Weights and masks come from one `Engine::corrections_pass` call (a
+//! [`MaskPlan`](crate::engine::plan::MaskPlan): the config's plan, compiled once by `plan`,
+//! bound to the step's columns): token statistics, the per-sequence reduction of every criterion's statistic, the
 //! per-criterion keep decisions, the modified mask and the IS weights before batch
 //! normalisation. On the GPU that is one submission (`shaders/masks.wgsl`); on the CPU it is the
 //! f64 reference (`passes/corrections.rs`). The host then finishes batch normalisation, the token veto
@@ -57,6 +58,7 @@ pub(crate) mod lean;
 mod legacy;
 mod m2po;
 mod opsm;
+pub(crate) mod plan;
 pub(crate) mod run;
 pub(crate) mod step;
 
@@ -102,5 +104,13 @@ pub fn correct_shard(
     config: &CorrectionConfig,
     ex: &mut dyn Exchange,
 ) -> Result<Corrections> {
-    run::correct_shard(engine, config, &config.resolve()?, batch, ex)
+    let resolved = config.resolve()?;
+    run::correct_shard(
+        engine,
+        config,
+        &resolved,
+        &plan::Plan::new(&resolved),
+        batch,
+        ex,
+    )
 }

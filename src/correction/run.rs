@@ -5,6 +5,7 @@
 //! gives the same weights, mask and metrics whichever way it comes in.
 
 use super::head::{check_valid_tokens, compute_partial};
+use super::plan::Plan;
 use crate::config::{CorrectionConfig, Resolved, Stat};
 use crate::engine::passes::correction_table;
 use crate::engine::Engine;
@@ -27,12 +28,13 @@ pub(crate) struct Shard<'b> {
     pub(crate) partial: Partial,
 }
 
-/// Runs the shard: `binary_kl` adds KPop's binary KL column even when no criterion reads it
+/// Runs the shard (`plan` compiled from `resolved`): `binary_kl` adds KPop's binary KL column even when no criterion reads it
 /// (`trmask analyze` writes it out).
 pub(crate) fn shard<'b>(
     engine: &dyn Engine,
     config: &CorrectionConfig,
     resolved: &Resolved,
+    plan: &Plan,
     batch: &'b Batch,
     binary_kl: bool,
     ex: &mut dyn Exchange,
@@ -53,7 +55,7 @@ pub(crate) fn shard<'b>(
     };
     let bkl = binary_kl || resolved.criteria.iter().any(|c| c.stat == Stat::BinaryKl);
     let table = correction_table(engine, &batch, config, bkl)?;
-    let (corrections, partial) = compute_partial(engine, &batch, &table, resolved, ex)?;
+    let (corrections, partial) = compute_partial(engine, &batch, &table, resolved, plan, ex)?;
     Ok(Shard {
         batch,
         kept,
@@ -69,10 +71,11 @@ pub(crate) fn correct_shard(
     engine: &dyn Engine,
     config: &CorrectionConfig,
     resolved: &Resolved,
+    plan: &Plan,
     batch: &Batch,
     ex: &mut dyn Exchange,
 ) -> Result<Corrections> {
-    let s = shard(engine, config, resolved, batch, false, ex)?;
+    let s = shard(engine, config, resolved, plan, batch, false, ex)?;
     let mut p = s.partial;
     let mut c = s.corrections;
     if !resolved.verl_metrics_only {

@@ -1,7 +1,11 @@
 //! The mask plan an engine's corrections pass executes (layer 0): criteria with their
 //! per-token source and aggregation, IS settings, and the raw per-token / per-sequence results.
+//! The CPU engine, the GPU kernel (whose `SRC_*` / `AGG_*` constants are generated from
+//! [`MaskSource::ALL`] and [`MaskAgg::ALL`]) and the fused lean pass all read these types.
 
 use crate::stats::{IsLevel, TokenStats};
+use std::mem::discriminant;
+use std::ops::Range;
 
 /// Where a criterion's per-token statistic comes from in `Engine::corrections_pass`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +32,38 @@ pub enum MaskSource {
     BinaryKl(usize),
 }
 
+impl MaskSource {
+    /// Every source in the order of its [`code`](Self::code) (column sources at column 0).
+    pub const ALL: [MaskSource; 9] = {
+        use MaskSource::*;
+        [
+            K1,
+            K2,
+            K3,
+            K3Verl,
+            Abs,
+            Ser,
+            Column(0),
+            SerWeighted(0),
+            BinaryKl(0),
+        ]
+    };
+
+    /// The source's code, its place in [`ALL`](Self::ALL) (the GPU kernel's `SRC_*`).
+    pub fn code(self) -> u32 {
+        code_of(&Self::ALL, &self)
+    }
+
+    /// The host columns the source reads.
+    pub fn columns(self) -> Range<usize> {
+        match self {
+            Self::Column(j) | Self::SerWeighted(j) => j..j + 1,
+            Self::BinaryKl(j) => j..j + 2,
+            _ => 0..0,
+        }
+    }
+}
+
 /// How a criterion aggregates its per-token statistic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MaskAgg {
@@ -45,6 +81,35 @@ pub enum MaskAgg {
     WeightedMean(usize),
 }
 
+impl MaskAgg {
+    /// Every aggregation in the order of its [`code`](Self::code) (`WeightedMean` at column 0).
+    pub const ALL: [MaskAgg; 6] = {
+        use MaskAgg::*;
+        [Token, Sum, MeanVerl, Mean, Max, WeightedMean(0)]
+    };
+
+    /// The aggregation's code, its place in [`ALL`](Self::ALL) (the GPU kernel's `AGG_*`).
+    pub fn code(self) -> u32 {
+        code_of(&Self::ALL, &self)
+    }
+
+    /// The host columns the aggregation reads.
+    pub fn columns(self) -> Range<usize> {
+        match self {
+            Self::WeightedMean(j) => j..j + 1,
+            _ => 0..0,
+        }
+    }
+}
+
+/// The place of `x`'s variant in `all`.
+fn code_of<T>(all: &[T], x: &T) -> u32 {
+    let d = discriminant(x);
+    all.iter()
+        .position(|k| discriminant(k) == d)
+        .expect("every variant is listed") as u32
+}
+
 /// One rejection criterion of a [`MaskPlan`]: keep iff `lower ≤ stat ≤ upper` (inclusive; the
 /// bounds are in the statistic's space, e.g. `ln U` for k1).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -55,6 +120,14 @@ pub struct MaskCriterion {
     pub upper: f64,
 }
 
+impl MaskCriterion {
+    /// The inclusive keep test.
+    #[inline]
+    pub fn keep(&self, x: f64) -> bool {
+        self.lower.is_none_or(|l| x >= l) && x <= self.upper
+    }
+}
+
 /// IS weights of a [`MaskPlan`]: `raw = ρ_t` (token) or `exp(clamp(Σ lr))` (sequence), then
 /// `min(raw, upper)` (TIS) or IcePop (`raw` if `lower ≤ raw ≤ upper`, else 0).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -62,6 +135,22 @@ pub struct MaskIs {
     pub level: IsLevel,
     pub upper: f64,
     pub lower: Option<f64>,
+    /// Divide by the batch mean (`rollout_is_batch_normalize`): finished on the host, after
+    /// `Engine::corrections_pass`, which ignores it.
+    pub batch_normalize: bool,
+}
+
+impl MaskIs {
+    /// The weight of a raw ratio: TIS `min(raw, upper)` or IcePop (`raw` inside
+    /// `[lower, upper]`, else 0).
+    #[inline]
+    pub fn weight(&self, raw: f64) -> f64 {
+        match self.lower {
+            None => raw.min(self.upper),
+            Some(l) if raw >= l && raw <= self.upper => raw,
+            Some(_) => 0.0,
+        }
+    }
 }
 
 /// What `Engine::corrections_pass` computes: criteria (at most 32, ANDed; bit i of the

@@ -84,6 +84,7 @@ fn plans<'a>(col: &'a [f64]) -> Vec<(&'static str, MaskPlan<'a>)> {
             level,
             upper,
             lower: None,
+            batch_normalize: false,
         })
     };
     let icepop = |level, lower, upper| {
@@ -91,6 +92,7 @@ fn plans<'a>(col: &'a [f64]) -> Vec<(&'static str, MaskPlan<'a>)> {
             level,
             upper,
             lower: Some(lower),
+            batch_normalize: false,
         })
     };
     vec![
@@ -461,6 +463,7 @@ fn fused_sequence_sums_are_compensated() {
                 level: IsLevel::Sequence,
                 upper: 2.0,
                 lower: None,
+                batch_normalize: false,
             }),
         ),
         (
@@ -469,6 +472,7 @@ fn fused_sequence_sums_are_compensated() {
                 level: IsLevel::Sequence,
                 upper: 2.0,
                 lower: Some(0.5),
+                batch_normalize: false,
             }),
         ),
     ];

@@ -100,6 +100,7 @@ fn all_ops(e: &GpuEngine, x: &Inputs) -> Out {
             level: IsLevel::Sequence,
             upper: 2.0,
             lower: None,
+            batch_normalize: false,
         }),
         columns: vec![],
     };

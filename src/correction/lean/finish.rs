@@ -1,8 +1,9 @@
 //! The lean pass's per-sequence records, and the metric partial and decisions built from
 //! them: the same accumulators, under the same keys, as `correction::head` puts.
 
-use super::plan::{is_weight, LAgg, LCrit, LeanPlan, MAX_CRITERIA};
-use crate::config::{IsLevel, IsSpec};
+use crate::config::IsLevel;
+use crate::correction::plan::{Plan, MAX_LEAN_CRITERIA};
+use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs};
 use crate::metrics::ctx::{f32_frac, vmax, vmin};
 use crate::metrics::diag::{DiagAcc, Feeds};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
@@ -79,7 +80,7 @@ pub(crate) struct SeqRec {
     pub(crate) seq_weight: f64,
     /// Valid tokens some criterion rejected.
     pub(crate) n_rej_any: u64,
-    pub(crate) crit: [CritRec; MAX_CRITERIA],
+    pub(crate) crit: [CritRec; MAX_LEAN_CRITERIA],
 }
 
 impl Default for SeqRec {
@@ -102,16 +103,16 @@ impl Default for SeqRec {
             is_oob: 0,
             seq_weight: 0.0,
             n_rej_any: 0,
-            crit: [CritRec::default(); MAX_CRITERIA],
+            crit: [CritRec::default(); MAX_LEAN_CRITERIA],
         }
     }
 }
 
 impl SeqRec {
     /// Sequence IS: the weight of every valid token, `exp(clamp(Σ lr))` through TIS / IcePop.
-    pub(crate) fn finish_seq_weight(&mut self, is: &IsSpec) -> f64 {
+    pub(crate) fn finish_seq_weight(&mut self, is: &MaskIs) -> f64 {
         let raw = self.s_lr.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp();
-        let w = is_weight(is, raw);
+        let w = is.weight(raw);
         let n = self.n as f64;
         self.seq_weight = w;
         if self.n > 0 {
@@ -130,14 +131,14 @@ impl SeqRec {
     }
 
     /// A sequence criterion's value and decision; true when it rejects the sequence.
-    pub(crate) fn finish_seq_criterion(&mut self, ci: usize, c: &LCrit) -> bool {
+    pub(crate) fn finish_seq_criterion(&mut self, ci: usize, c: &MaskCriterion) -> bool {
         let n = self.n as f64;
         let r = &mut self.crit[ci];
         let v = match c.agg {
-            LAgg::Sum => r.agg,
-            LAgg::MeanVerl => r.agg / (n + 1e-8),
-            LAgg::Mean if self.n > 0 => r.agg / n,
-            LAgg::Max if self.n > 0 => r.agg,
+            MaskAgg::Sum => r.agg,
+            MaskAgg::MeanVerl => r.agg / (n + 1e-8),
+            MaskAgg::Mean if self.n > 0 => r.agg / n,
+            MaskAgg::Max if self.n > 0 => r.agg,
             _ => 0.0,
         };
         r.value = v;
@@ -181,7 +182,7 @@ fn count_sum(v: impl Iterator<Item = u64>) -> Sum {
 }
 
 /// The metric partial of one task's sequences.
-pub(crate) fn chunk_partial(plan: &LeanPlan, recs: &[SeqRec]) -> Partial {
+pub(crate) fn chunk_partial(plan: &Plan, recs: &[SeqRec]) -> Partial {
     let mut m = Partial::new();
     let p = |k: &str| format!("rollout_corr/{k}");
     let n: u64 = recs.iter().map(|r| r.n).sum();
@@ -205,8 +206,8 @@ pub(crate) fn chunk_partial(plan: &LeanPlan, recs: &[SeqRec]) -> Partial {
     if let Some(is) = &plan.is {
         is_metrics(&mut m, is, recs, n);
     }
-    for (ci, c) in plan.criteria.iter().enumerate() {
-        criterion_metrics(&mut m, c, ci, recs, n);
+    for ci in 0..plan.criteria.len() {
+        criterion_metrics(&mut m, plan, ci, recs, n);
     }
     if !plan.criteria.is_empty() {
         m.put(
@@ -219,7 +220,7 @@ pub(crate) fn chunk_partial(plan: &LeanPlan, recs: &[SeqRec]) -> Partial {
     m
 }
 
-fn is_metrics(m: &mut Partial, is: &IsSpec, recs: &[SeqRec], n: u64) {
+fn is_metrics(m: &mut Partial, is: &MaskIs, recs: &[SeqRec], n: u64) {
     let p = |k: &str| format!("rollout_corr/{k}");
     let b = recs.len();
     let upper = is.upper;
@@ -271,9 +272,10 @@ fn is_metrics(m: &mut Partial, is: &IsSpec, recs: &[SeqRec], n: u64) {
     }
 }
 
-fn criterion_metrics(m: &mut Partial, c: &LCrit, ci: usize, recs: &[SeqRec], n: u64) {
-    let pre = format!("rollout_corr/rollout_rs_{}", c.name);
-    let is_seq = c.agg != LAgg::Token;
+fn criterion_metrics(m: &mut Partial, plan: &Plan, ci: usize, recs: &[SeqRec], n: u64) {
+    let c = &plan.criteria[ci];
+    let pre = format!("rollout_corr/rollout_rs_{}", plan.names[ci]);
+    let is_seq = c.agg != MaskAgg::Token;
     let cr = |r: &SeqRec| r.crit[ci];
     let valid_vals: Vec<f64> = recs
         .iter()
@@ -349,25 +351,26 @@ fn criterion_metrics(m: &mut Partial, c: &LCrit, ci: usize, recs: &[SeqRec], n: 
 
 /// The per-sequence decisions of the whole shard (weights and mask are in the caller's
 /// buffers; metrics are finished by the caller).
-pub(crate) fn details(plan: &LeanPlan, recs: &[SeqRec]) -> Corrections {
+pub(crate) fn details(plan: &Plan, recs: &[SeqRec]) -> Corrections {
     let criteria: Vec<CriterionResult> = plan
         .criteria
         .iter()
+        .zip(&plan.names)
         .enumerate()
-        .map(|(ci, c)| CriterionResult {
-            name: c.name.clone(),
-            output_name: if c.name.starts_with("seq_") {
-                c.name.clone()
+        .map(|(ci, (c, name))| CriterionResult {
+            name: name.clone(),
+            output_name: if name.starts_with("seq_") {
+                name.clone()
             } else {
-                format!("seq_{}", c.name)
+                format!("seq_{name}")
             },
             seq_stat: recs
                 .iter()
                 .map(|r| {
                     let cr = &r.crit[ci];
                     match c.agg {
-                        LAgg::Token if r.n > 0 => cr.rej as f64 / r.n as f64,
-                        LAgg::Token => 0.0,
+                        MaskAgg::Token if r.n > 0 => cr.rej as f64 / r.n as f64,
+                        MaskAgg::Token => 0.0,
                         _ => cr.value,
                     }
                 })

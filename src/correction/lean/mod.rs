@@ -2,10 +2,10 @@
 //! sequence, reading the borrowed inputs in their own dtype and writing the weights and the
 //! modified mask into caller-owned buffers (`Corrector::correct_into`).
 //!
-//! [`plan`] compiles a resolved config into a [`LeanPlan`] where the pass serves it (verl's
-//! metrics only; sampled-token criteria k1 / k2 / k3 / abs / ser, token or sequence; token or
-//! sequence IS, TIS or IcePop, batch-normalised or not); anything else (logits, top-K, DPPO,
-//! LN-TRM, the token veto, legacy mode, trmask's diagnostics) takes the full path. The pass
+//! It runs the config's one plan (`correction::plan::Plan`) where `Plan::serves_lean` says
+//! so (sampled-token criteria k1 / k2 / k3 / abs / ser, token or sequence; token or sequence
+//! IS, TIS or IcePop, batch-normalised or not); anything else (logits, top-K, DPPO, LN-TRM,
+//! the token veto, legacy mode) takes the full path. The pass
 //! gives the full path's masks and decisions, and its weights and metrics to within rounding
 //! (per-sequence sums in lanes by slot, as the CPU engine's segment sums; batch sums
 //! compensated; `e^x` by `math::exp_bounded` on both paths); inputs it cannot vouch for (a
@@ -14,8 +14,6 @@
 
 mod finish;
 mod pass;
-mod plan;
 mod tile;
 
 pub(crate) use pass::{run, LeanInputs, LeanLayout};
-pub(crate) use plan::{plan, LeanPlan};

@@ -1,9 +1,10 @@
 //! The per-sequence kernel of the lean pass and its parallel driver.
 
 use super::finish::{chunk_partial, details, diag_partial, SeqRec};
-use super::plan::{is_weight, LAgg, LeanPlan};
 use super::tile::{Cols, SeqLanes, TILE};
-use crate::config::{IsLevel, IsSpec};
+use crate::config::IsLevel;
+use crate::correction::plan::Plan;
+use crate::engine::plan::{MaskAgg, MaskIs};
 use crate::error::Result;
 use crate::input::values::{MaskOut, MaskValues, Outputs, Values, WeightsOut};
 use crate::math::{exp_bounded, LANES};
@@ -91,7 +92,7 @@ struct Task<'o> {
 /// runs the full path, which overwrites every output slot). `ex` carries the batch-norm
 /// factor's partial between data-parallel ranks.
 pub(crate) fn run(
-    plan: &LeanPlan,
+    plan: &Plan,
     inp: &LeanInputs<'_>,
     out: &mut Outputs<'_>,
     ex: &mut dyn Exchange,
@@ -240,7 +241,7 @@ fn split_tasks<'o>(
 /// compiled for it (wider vectors, no FMA: the same bits as without).
 #[allow(clippy::too_many_arguments)]
 fn kernel(
-    plan: &LeanPlan,
+    plan: &Plan,
     inp: &LeanInputs<'_>,
     ranges: &[(usize, usize)],
     t: &mut Task<'_>,
@@ -277,7 +278,7 @@ macro_rules! kernel_for {
         #[target_feature(enable = $feature)]
         #[allow(clippy::too_many_arguments)]
         unsafe fn $name(
-            plan: &LeanPlan,
+            plan: &Plan,
             inp: &LeanInputs<'_>,
             ranges: &[(usize, usize)],
             t: &mut Task<'_>,
@@ -296,7 +297,7 @@ kernel_for!(kernel_avx2, "avx2");
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn kernel_body(
-    plan: &LeanPlan,
+    plan: &Plan,
     inp: &LeanInputs<'_>,
     ranges: &[(usize, usize)],
     t: &mut Task<'_>,
@@ -418,7 +419,7 @@ fn kernel_body(
         // sequence decisions
         let mut seq_rejected = false;
         for (ci, cr) in plan.criteria.iter().enumerate().take(nc) {
-            if cr.agg != LAgg::Token && rec.finish_seq_criterion(ci, cr) {
+            if cr.agg != MaskAgg::Token && rec.finish_seq_criterion(ci, cr) {
                 seq_rejected = true;
             }
         }
@@ -440,7 +441,7 @@ fn kernel_body(
                 .criteria
                 .iter()
                 .zip(&rec.crit)
-                .any(|(c, r)| c.agg == LAgg::Token && r.rej > 0);
+                .any(|(c, r)| c.agg == MaskAgg::Token && r.rej > 0);
             d.fold(&sd, seq_rejected, seq_rejected || token_rejected);
         }
         recs.push(rec);
@@ -512,7 +513,7 @@ fn write_seq_weight(
 
 /// Batch normalisation's phase 1: the normaliser over every rank (one exchange), recorded as
 /// `rollout_is_batch_norm_factor`; returns the divisor (1 when the mean is ≤ 1e-8).
-fn batch_norm_factor(merged: &mut Partial, is: IsSpec, ex: &mut dyn Exchange) -> Result<f64> {
+fn batch_norm_factor(merged: &mut Partial, is: MaskIs, ex: &mut dyn Exchange) -> Result<f64> {
     let key = "rollout_corr/rollout_is_batch_norm_factor";
     let mut local = Partial::new();
     let norm = match is.level {
@@ -534,7 +535,7 @@ fn batch_norm_factor(merged: &mut Partial, is: IsSpec, ex: &mut dyn Exchange) ->
 
 /// Batch normalisation's phase 2: this task's weights recomputed and divided by `wmean`.
 fn write_normalised(
-    plan: &LeanPlan,
+    plan: &Plan,
     inp: &LeanInputs<'_>,
     ranges: &[(usize, usize)],
     recs: &[SeqRec],
@@ -566,7 +567,7 @@ fn write_normalised(
                     0.0
                 } else if is.level == IsLevel::Token {
                     let c = (o[j] - r[j]).clamp(-SAFETY_BOUND, SAFETY_BOUND);
-                    is_weight(&is, exp_bounded(c)) / wmean
+                    is.weight(exp_bounded(c)) / wmean
                 } else {
                     ws
                 };
@@ -618,7 +619,8 @@ mod tests {
                 CorrectionConfig::from_json_value(&serde_json::from_str(cj).unwrap()).unwrap();
             let mut r = cfg.resolve().unwrap();
             r.verl_metrics_only = true;
-            let plan = super::super::plan(&r).expect("the lean pass serves it");
+            let plan = Plan::new(&r);
+            assert!(plan.serves_lean());
             let inp = LeanInputs {
                 layout: LeanLayout::Padded {
                     batch: b,
@@ -632,7 +634,7 @@ mod tests {
             };
             let ranges = inp.ranges().unwrap();
             type Kernel = fn(
-                &LeanPlan,
+                &Plan,
                 &LeanInputs<'_>,
                 &[(usize, usize)],
                 &mut Task<'_>,

@@ -5,8 +5,8 @@
 //! statistic has the same bits on both paths.
 
 use super::finish::SeqRec;
-use super::plan::{LAgg, LCrit, LeanPlan, Src, MAX_CRITERIA};
-use crate::config::IsSpec;
+use crate::correction::plan::{Plan, MAX_LEAN_CRITERIA};
+use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs, MaskSource};
 use crate::input::values::MASK_BAD;
 use crate::math::{exp_bounded, k3_from_log_ratio, k3_series, LaneSum, LANES};
 use crate::metrics::diag::{DiagAcc, Feeds, SeqDiag, TileIn};
@@ -142,22 +142,22 @@ pub(crate) struct SeqLanes {
     s_raw: LaneSum,
     s_wc: LaneTwoSum,
     s_wc2: LaneTwoSum,
-    crit: [CritLanes; MAX_CRITERIA],
+    crit: [CritLanes; MAX_LEAN_CRITERIA],
 }
 
 impl SeqLanes {
     /// A new sequence: the lanes cleared, `rec`'s running maxima at −∞.
-    pub(crate) fn start(&mut self, plan: &LeanPlan, rec: &mut SeqRec) {
+    pub(crate) fn start(&mut self, plan: &Plan, rec: &mut SeqRec) {
         *self = SeqLanes::default();
         for (ci, cr) in plan.criteria.iter().enumerate() {
-            if cr.agg == LAgg::Max {
+            if cr.agg == MaskAgg::Max {
                 rec.crit[ci].agg = f64::NEG_INFINITY;
             }
         }
     }
 
     /// The lanes folded into `rec` (the sequence's last tile is done).
-    pub(crate) fn finish(self, plan: &LeanPlan, rec: &mut SeqRec) {
+    pub(crate) fn finish(self, plan: &Plan, rec: &mut SeqRec) {
         rec.s_train = self.s_train.value();
         rec.s_roll = self.s_roll.value();
         rec.s_lr = self.s_lr.value();
@@ -170,13 +170,14 @@ impl SeqLanes {
         for (ci, cr) in plan.criteria.iter().enumerate() {
             let (l, r) = (&self.crit[ci], &mut rec.crit[ci]);
             match cr.agg {
-                LAgg::Max => {}
-                LAgg::Token => {
+                MaskAgg::Max => {}
+                MaskAgg::Token => {
                     r.pts = l.pts.value();
                     l.sc1.into_sum(&mut r.sc1);
                     l.sc2.into_sum(&mut r.sc2);
                 }
-                LAgg::Sum | LAgg::Mean | LAgg::MeanVerl => r.agg = l.agg.value(),
+                MaskAgg::Sum | MaskAgg::Mean | MaskAgg::MeanVerl => r.agg = l.agg.value(),
+                MaskAgg::WeightedMean(_) => unreachable!("not a lean plan"),
             }
         }
     }
@@ -252,8 +253,8 @@ impl Cols {
     pub(crate) fn tile(
         &mut self,
         len: usize,
-        plan: &LeanPlan,
-        token_is: Option<&IsSpec>,
+        plan: &Plan,
+        token_is: Option<&MaskIs>,
         rec: &mut SeqRec,
         lanes: &mut SeqLanes,
     ) -> Option<()> {
@@ -269,13 +270,14 @@ impl Cols {
         }
         let keep = &mut self.keep[..len];
         for (ci, cr) in plan.criteria.iter().enumerate() {
-            statistic(cr.src, c, rho, x);
+            statistic(cr.source, c, rho, x);
             let (cc, cl) = (&mut rec.crit[ci], &mut lanes.crit[ci]);
             match cr.agg {
-                LAgg::Token => token_criterion(cr, v, x, cc, cl, keep),
-                LAgg::Max => cc.agg = max(extremum_where(v, x, 1.0), cc.agg),
+                MaskAgg::Token => token_criterion(cr, v, x, cc, cl, keep),
+                MaskAgg::Max => cc.agg = max(extremum_where(v, x, 1.0), cc.agg),
                 // 0 at padding (c = 0, rho = 1) for every statistic
-                LAgg::Sum | LAgg::Mean | LAgg::MeanVerl => cl.agg.add(x),
+                MaskAgg::Sum | MaskAgg::Mean | MaskAgg::MeanVerl => cl.agg.add(x),
+                MaskAgg::WeightedMean(_) => unreachable!("not a lean plan"),
             }
         }
         rec.n_rej_any += v
@@ -394,7 +396,12 @@ impl Cols {
         acc: &mut DiagAcc,
     ) {
         let n8 = used.next_multiple_of(LANES);
-        statistic(Src::K3, &self.c[..n8], &self.rho[..n8], &mut self.k3[..n8]);
+        statistic(
+            MaskSource::K3,
+            &self.c[..n8],
+            &self.rho[..n8],
+            &mut self.k3[..n8],
+        );
         let c = &self.c[..used];
         let t = TileIn {
             valid: &self.valid[..used],
@@ -413,12 +420,12 @@ impl Cols {
 
 /// The per-token statistic `src` of the clamped log-ratios `c` (`rho = e^c`) into `x`.
 #[inline(always)]
-fn statistic(src: Src, c: &[f64], rho: &[f64], x: &mut [f64]) {
+fn statistic(src: MaskSource, c: &[f64], rho: &[f64], x: &mut [f64]) {
     let cs = x.iter_mut().zip(c);
     match src {
-        Src::K1 => cs.for_each(|(x, &c)| *x = -c),
-        Src::K2 => cs.for_each(|(x, &c)| *x = 0.5 * c * c),
-        Src::K3 => {
+        MaskSource::K1 => cs.for_each(|(x, &c)| *x = -c),
+        MaskSource::K2 => cs.for_each(|(x, &c)| *x = 0.5 * c * c),
+        MaskSource::K3 => {
             // the series for every value (vectorised), then expm1 where |c| ≥ 0.1: exactly
             // `k3_from_log_ratio`
             cs.for_each(|(x, &c)| *x = k3_series(c));
@@ -428,9 +435,12 @@ fn statistic(src: Src, c: &[f64], rho: &[f64], x: &mut [f64]) {
                 }
             }
         }
-        Src::K3Verl => cs.zip(rho).for_each(|((x, &c), &r)| *x = (r - 1.0) + -c),
-        Src::Abs => cs.for_each(|(x, &c)| *x = c.abs()),
-        Src::Ser => cs.for_each(|(x, &c)| *x = c.exp_m1().abs()),
+        MaskSource::K3Verl => cs.zip(rho).for_each(|((x, &c), &r)| *x = (r - 1.0) + -c),
+        MaskSource::Abs => cs.for_each(|(x, &c)| *x = c.abs()),
+        MaskSource::Ser => cs.for_each(|(x, &c)| *x = c.exp_m1().abs()),
+        MaskSource::Column(_) | MaskSource::SerWeighted(_) | MaskSource::BinaryKl(_) => {
+            unreachable!("not a lean plan")
+        }
     }
 }
 
@@ -440,7 +450,7 @@ fn token_weights(
     w: &mut [f64],
     v: &[u64],
     rho: &[f64],
-    is: &IsSpec,
+    is: &MaskIs,
     rec: &mut SeqRec,
     lanes: &mut SeqLanes,
 ) {
@@ -496,7 +506,7 @@ fn token_weights(
 /// metric sums, extremes and counts over the valid slots.
 #[inline(always)]
 fn token_criterion(
-    cr: &LCrit,
+    cr: &MaskCriterion,
     v: &[u64],
     x: &[f64],
     cc: &mut super::finish::CritRec,

@@ -37,31 +37,17 @@ pub(crate) fn check_plan(lr: &[f64], segments: &Segments, plan: &MaskPlan) -> Re
             ));
         }
     }
-    let ok = |j: usize| j < plan.columns.len();
-    for c in &plan.criteria {
-        let bad = match (c.source, c.agg) {
-            (MaskSource::Column(j) | MaskSource::SerWeighted(j) | MaskSource::BinaryKl(j), _)
-                if !ok(j) =>
-            {
-                true
-            }
-            (MaskSource::BinaryKl(j), _) if !ok(j + 1) => true,
-            (_, MaskAgg::WeightedMean(j)) => !ok(j),
-            _ => false,
-        };
-        if bad {
-            return Err(Error::config(
-                "rollout_rs",
-                "criterion refers to a missing column",
-            ));
-        }
+    let bad = |c: &MaskCriterion| {
+        let mut cols = c.source.columns().chain(c.agg.columns());
+        cols.any(|j| j >= plan.columns.len())
+    };
+    if plan.criteria.iter().any(bad) {
+        return Err(Error::config(
+            "rollout_rs",
+            "criterion refers to a missing column",
+        ));
     }
     Ok(())
-}
-
-/// Inclusive keep test of one criterion.
-pub(crate) fn keep_val(c: &MaskCriterion, x: f64) -> bool {
-    c.lower.is_none_or(|l| x >= l) && x <= c.upper
 }
 
 /// The per-slot statistic of `source` (0 at invalid slots).
@@ -160,13 +146,13 @@ pub fn corrections_pass<E: Engine + ?Sized>(
         match &per_seq {
             None => {
                 for i in 0..n {
-                    if mask[i] && !keep_val(c, stats[ci][i]) {
+                    if mask[i] && !c.keep(stats[ci][i]) {
                         token_reject[i] |= bit;
                     }
                 }
             }
             Some(v) => {
-                let kb: Vec<bool> = v.iter().map(|&x| keep_val(c, x)).collect();
+                let kb: Vec<bool> = v.iter().map(|&x| c.keep(x)).collect();
                 for i in 0..n {
                     if mask[i] && !kb[owner[i]] {
                         token_reject[i] |= bit;
@@ -190,15 +176,10 @@ pub fn corrections_pass<E: Engine + ?Sized>(
                 if !mask[i] {
                     return 0.0;
                 }
-                let raw = match is.level {
+                is.weight(match is.level {
                     IsLevel::Token => tokens.rho[i],
                     IsLevel::Sequence => seq_w[owner[i]],
-                };
-                match is.lower {
-                    None => raw.min(is.upper),
-                    Some(l) if raw >= l && raw <= is.upper => raw,
-                    Some(_) => 0.0,
-                }
+                })
             })
             .collect()
     });

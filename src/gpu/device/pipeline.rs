@@ -17,8 +17,8 @@ use std::num::NonZeroU64;
 use std::sync::{Arc, RwLock};
 
 use crate::gpu::ops::wgsl::{
-    load_a, load_a_wide, load_b, load_b_wide, LOAD8_NARROW, MASKS, SEGMENT_REDUCE, TOKEN_STATS,
-    TOPK_DIVERGENCE, VOCAB_DIVERGENCE, VOCAB_ROW_MAIN, VOCAB_SPLIT,
+    load_a, load_a_wide, load_b, load_b_wide, mask_codes, LOAD8_NARROW, MASKS, SEGMENT_REDUCE,
+    TOKEN_STATS, TOPK_DIVERGENCE, VOCAB_DIVERGENCE, VOCAB_ROW_MAIN, VOCAB_SPLIT,
 };
 pub use crate::gpu::ops::wgsl::{
     MATH, PRELUDE, REDUCE_ACC_WG, REDUCE_SG, REDUCE_SLOTS_ROW, REDUCE_SLOTS_SG,
@@ -295,7 +295,7 @@ static VOCAB_DIVERGENCE_SPEC: OpSpec = OpSpec {
 static MASKS_SPEC: OpSpec = OpSpec {
     name: "masks",
     body: MASKS,
-    snippets: |_| vec![TWO_SUM, SEGMENTS, REDUCE_WG],
+    snippets: |_| vec![TWO_SUM, SEGMENTS, REDUCE_WG, mask_codes()],
     params_struct: "MasksParams",
     params_size: 32,
     bindings: &[RO4, RO4, RO4, RO4, RO4, RW4, RW4],

@@ -13,7 +13,7 @@
 //! pool, so steady-state calls allocate no device memory.
 
 use crate::engine::passes::{check_plan, token_reject_fraction};
-use crate::engine::plan::{CorrectionsRaw, MaskAgg, MaskPlan, MaskSource};
+use crate::engine::plan::{CorrectionsRaw, MaskAgg, MaskPlan};
 use crate::error::Result;
 use crate::gpu::device::capabilities::loops_fit;
 use crate::gpu::device::context::{result_words, Context};
@@ -59,31 +59,12 @@ pub struct MasksParams {
 fn plan_words(plan: &MaskPlan) -> Vec<u32> {
     let mut w = Vec::with_capacity(PLAN_WORDS * plan.criteria.len().max(1));
     for c in &plan.criteria {
-        let (src, scol) = match c.source {
-            MaskSource::K1 => (0, 0),
-            MaskSource::K2 => (1, 0),
-            MaskSource::K3 => (2, 0),
-            MaskSource::K3Verl => (3, 0),
-            MaskSource::Abs => (4, 0),
-            MaskSource::Ser => (5, 0),
-            MaskSource::Column(j) => (6, j as u32),
-            MaskSource::SerWeighted(j) => (7, j as u32),
-            MaskSource::BinaryKl(j) => (8, j as u32),
-        };
-        let (agg, acol) = match c.agg {
-            MaskAgg::Token => (0, 0),
-            MaskAgg::Sum => (1, 0),
-            MaskAgg::MeanVerl => (2, 0),
-            MaskAgg::Mean => (3, 0),
-            MaskAgg::Max => (4, 0),
-            MaskAgg::WeightedMean(j) => (5, j as u32),
-        };
         let lower = c.lower.map_or(NO_LOWER, |l| l as f32);
         w.extend_from_slice(&[
-            src,
-            scol,
-            agg,
-            acol,
+            c.source.code(),
+            c.source.columns().start as u32,
+            c.agg.code(),
+            c.agg.columns().start as u32,
             lower.to_bits(),
             (c.upper as f32).to_bits(),
         ]);
@@ -320,7 +301,60 @@ pub fn corrections_pass(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::plan::{MaskCriterion, MaskSource};
+    use crate::gpu::ops::wgsl::{mask_codes, MASKS};
+    use std::collections::BTreeSet;
     use std::mem::offset_of;
+
+    /// Every plan variant has its generated constant at its code; the shader uses each one
+    /// and selects cases by them alone; the plan words carry the same codes.
+    #[test]
+    fn the_shader_reads_the_codes_generated_from_the_plan_enums() {
+        let codes = mask_codes();
+        assert_eq!(
+            codes.lines().count(),
+            MaskSource::ALL.len() + MaskAgg::ALL.len()
+        );
+        assert!(codes.contains("const SRC_K3_VERL: u32 = 3u;\nconst SRC_ABS: u32 = 4u;"));
+        assert!(codes.ends_with("const AGG_WEIGHTED_MEAN: u32 = 5u;\n"));
+        let names: Vec<&str> = codes.lines().map(|l| &l[6..l.find(':').unwrap()]).collect();
+        let words: BTreeSet<&str> = MASKS
+            .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .collect();
+        for name in &names {
+            assert!(
+                words.contains(name) && !MASKS.contains(&format!("const {name}")),
+                "{name}"
+            );
+        }
+        for (at, _) in MASKS.match_indices("case ") {
+            for sel in MASKS[at + 5..].split(':').next().unwrap().split(',') {
+                let sel = sel.trim();
+                assert!(sel == "default" || names.contains(&sel), "case `{sel}`");
+            }
+        }
+        let criteria = MaskSource::ALL.iter().zip(MaskAgg::ALL.iter().cycle());
+        let plan = MaskPlan {
+            criteria: criteria
+                .map(|(&source, &agg)| MaskCriterion {
+                    source,
+                    agg,
+                    lower: None,
+                    upper: 1.0,
+                })
+                .collect(),
+            ..MaskPlan::default()
+        };
+        let w = plan_words(&plan);
+        for (ci, c) in plan.criteria.iter().enumerate() {
+            assert_eq!(c.source, MaskSource::ALL[c.source.code() as usize]);
+            assert_eq!(c.agg, MaskAgg::ALL[c.agg.code() as usize]);
+            assert_eq!(
+                (w[PLAN_WORDS * ci], w[PLAN_WORDS * ci + 2]),
+                (c.source.code(), c.agg.code())
+            );
+        }
+    }
 
     #[test]
     fn params_match_the_shader() {

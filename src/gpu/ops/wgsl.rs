@@ -3,8 +3,10 @@
 //! and the count of a composed text's workgroup memory. `pipeline.rs` picks the texts per
 //! kernel variant.
 
+use crate::engine::plan::{MaskAgg, MaskSource};
 use crate::error::{Error, Result};
 use crate::input::logits::DType;
+use std::sync::LazyLock;
 
 /// `shaders/common/prelude.wgsl`: `WG`, `MAX_WG`, indexing helpers.
 pub const PRELUDE: &str = include_str!("../../../shaders/common/prelude.wgsl");
@@ -36,6 +38,32 @@ pub const SEGMENTS: &str = include_str!("../../../shaders/common/segments.wgsl")
 pub const UNPACK: &str = include_str!("../../../shaders/common/unpack.wgsl");
 pub(in crate::gpu) const TOKEN_STATS: &str = include_str!("../../../shaders/token_stats.wgsl");
 pub(in crate::gpu) const MASKS: &str = include_str!("../../../shaders/masks.wgsl");
+/// The masks kernel's `SRC_*` / `AGG_*` constants, generated from [`MaskSource::ALL`] and
+/// [`MaskAgg::ALL`] (`K3Verl` → `const SRC_K3_VERL: u32 = 3u;`): `shaders/masks.wgsl` names
+/// them, never their numbers.
+pub(in crate::gpu) fn mask_codes() -> &'static str {
+    static CODES: LazyLock<String> = LazyLock::new(|| {
+        let srcs = MaskSource::ALL.map(|s| (format!("SRC_{}", wgsl_name(&s)), s.code()));
+        let aggs = MaskAgg::ALL.map(|a| (format!("AGG_{}", wgsl_name(&a)), a.code()));
+        let line = |(name, code): &(String, u32)| format!("const {name}: u32 = {code}u;\n");
+        srcs.iter().chain(&aggs).map(line).collect()
+    });
+    &CODES
+}
+
+/// A variant's name in WGSL's constant case: `SerWeighted(0)` → `SER_WEIGHTED`.
+fn wgsl_name(v: &impl std::fmt::Debug) -> String {
+    let name = format!("{v:?}");
+    let mut out = String::new();
+    for ch in name.chars().take_while(|&c| c != '(') {
+        if ch.is_ascii_uppercase() && !out.is_empty() {
+            out.push('_');
+        }
+        out.push(ch.to_ascii_uppercase());
+    }
+    out
+}
+
 pub(in crate::gpu) const SEGMENT_REDUCE: &str =
     include_str!("../../../shaders/segment_reduce.wgsl");
 pub(in crate::gpu) const TOPK_DIVERGENCE: &str =

@@ -1,0 +1,126 @@
+//! A resolved config compiled once (per `Corrector`) into the one plan every executor reads:
+//! the criteria as `Engine::corrections_pass` executes them ([`MaskCriterion`], their host
+//! columns named by what fills them and bound to a step's columns by `correction::head`), the
+//! IS rule, which metrics, and whether the fused lean pass serves it.
+
+use crate::config::{Agg, Resolved, Stat};
+use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs, MaskSource};
+
+/// Most criteria the lean pass serves (more take the full path).
+pub(crate) const MAX_LEAN_CRITERIA: usize = 4;
+
+/// What a host column of the plan holds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Column {
+    /// A column of the statistics table (`kl`, `train_log_prob`, …).
+    Table(&'static str),
+    /// LN-TRM's token weights `w_t`.
+    LnTrm,
+    /// OPSM's `−lr` on negative-advantage sequences.
+    OpsmValue,
+    /// OPSM's weights.
+    OpsmWeight,
+    /// M2PO's batch-global drop indicator (1 dropped).
+    M2poDrop,
+    /// CPPO's per-sequence decisions (1 dropped).
+    CppoDrop,
+    /// The recorded layers of MoE routing (`route_flip`'s sequence mean).
+    Recorded,
+}
+
+/// The compiled config.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    /// The criteria in config order; their column operands index [`Plan::columns`].
+    pub(crate) criteria: Vec<MaskCriterion>,
+    /// Each criterion's option name.
+    pub(crate) names: Vec<String>,
+    pub(crate) columns: Vec<Column>,
+    pub(crate) is: Option<MaskIs>,
+    /// trmask's own metrics too, not verl's only.
+    pub(crate) diag: bool,
+    /// Legacy mode, the token veto or DPPO: finished on the host by the full path.
+    host_finish: bool,
+}
+
+impl Plan {
+    pub(crate) fn new(r: &Resolved) -> Plan {
+        let mut columns = Vec::new();
+        let mut col = |c: Column| match columns.iter().position(|&k| k == c) {
+            Some(j) => j,
+            None => {
+                columns.push(c);
+                columns.len() - 1
+            }
+        };
+        let mut criteria = Vec::with_capacity(r.criteria.len());
+        for c in &r.criteria {
+            let source = match c.stat {
+                Stat::K1 => MaskSource::K1,
+                Stat::K2 => MaskSource::K2,
+                Stat::K3 if c.is_verl() => MaskSource::K3Verl,
+                Stat::K3 => MaskSource::K3,
+                Stat::Abs => MaskSource::Abs,
+                Stat::Ser => MaskSource::Ser,
+                Stat::LnTrm => MaskSource::SerWeighted(col(Column::LnTrm)),
+                // −lr on negative-advantage sequences (column j), their weights (column j + 1)
+                Stat::Opsm => {
+                    let j = col(Column::OpsmValue);
+                    col(Column::OpsmWeight);
+                    MaskSource::Column(j)
+                }
+                // the host's batch-global drop indicator (1 dropped), kept iff ≤ 0.5
+                Stat::M2po => MaskSource::Column(col(Column::M2poDrop)),
+                // the host's per-sequence CPPO decisions (1 dropped), kept iff ≤ 0.5
+                Stat::Cppo => MaskSource::Column(col(Column::CppoDrop)),
+                // from both log-probs (columns j, j + 1) and the log-ratio
+                Stat::BinaryKl => {
+                    let j = col(Column::Table("train_log_prob"));
+                    col(Column::Table("rollout_log_prob"));
+                    MaskSource::BinaryKl(j)
+                }
+                s => MaskSource::Column(col(Column::Table(s.name()))),
+            };
+            let agg = match c.agg {
+                Agg::Token => MaskAgg::Token,
+                Agg::SeqSum => MaskAgg::Sum,
+                // the fraction of the sequence's recorded tokens that flipped
+                Agg::SeqMean if c.stat == Stat::RouteFlip => {
+                    MaskAgg::WeightedMean(col(Column::Recorded))
+                }
+                Agg::SeqMean if c.is_verl() => MaskAgg::MeanVerl,
+                Agg::SeqMean => MaskAgg::Mean,
+                Agg::SeqMax => MaskAgg::Max,
+                Agg::LnTrm => MaskAgg::WeightedMean(col(Column::LnTrm)),
+                Agg::Opsm => MaskAgg::WeightedMean(col(Column::OpsmWeight)),
+            };
+            let (lower, upper) = if c.is_k1() {
+                (c.lower.map(f64::ln), c.upper.ln())
+            } else if matches!(c.stat, Stat::M2po | Stat::Cppo) {
+                (None, 0.5)
+            } else {
+                (None, c.upper)
+            };
+            criteria.push(MaskCriterion {
+                source,
+                agg,
+                lower,
+                upper,
+            });
+        }
+        Plan {
+            criteria,
+            names: r.criteria.iter().map(|c| c.name.clone()).collect(),
+            columns,
+            is: r.is,
+            diag: !r.verl_metrics_only,
+            host_finish: r.legacy.is_some() || r.dppo.is_some() || r.token_veto.is_some(),
+        }
+    }
+
+    /// True where the fused lean pass serves the plan: at most [`MAX_LEAN_CRITERIA`] criteria
+    /// on the sampled token's log-ratio alone (no host column), nothing finished on the host.
+    pub(crate) fn serves_lean(&self) -> bool {
+        !self.host_finish && self.columns.is_empty() && self.criteria.len() <= MAX_LEAN_CRITERIA
+    }
+}
