@@ -536,19 +536,19 @@ impl BatchBuilder {
         Ok(self)
     }
 
-    /// Whether the tensor `name` (a docs/FORMAT.md name: `rollout_log_prob`, `old_logits`,
-    /// `rollout_topk_log_prob`, …) has been attached.
-    pub fn has(&self, name: &str) -> bool {
+    /// Whether the rollout policy's sampled-token log-probs are given or derivable: its
+    /// log-probs, its logits or its top-K log-probs.
+    pub fn has_rollout_policy(&self) -> bool {
         let b = &self.0;
-        match name {
-            "responses" => b.responses.is_some(),
-            "rollout_logits" => b.rollout_logits.is_some(),
-            "old_logits" => b.old_logits.is_some(),
-            "rollout_topk_ids" => b.rollout_topk_ids.is_some(),
-            "rollout_topk_log_prob" => b.rollout_topk_log_prob.is_some(),
-            "uid" => b.uid.is_some(),
-            _ => b.values(name).is_some(),
-        }
+        b.rollout_log_prob.is_some()
+            || b.rollout_logits.is_some()
+            || b.rollout_topk_log_prob.is_some()
+    }
+    /// Whether the training policy's log-probs are given or derivable: `old_log_prob`,
+    /// `log_prob` or the trainer's logits.
+    pub fn has_training_policy(&self) -> bool {
+        let b = &self.0;
+        b.old_log_prob.is_some() || b.log_prob.is_some() || b.old_logits.is_some()
     }
 
     /// Number of slots (`B·T` or `N`).

@@ -535,24 +535,14 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
         }
         (None, None) => {}
     }
-    if ![
-        "rollout_log_prob",
-        "rollout_logits",
-        "rollout_topk_log_prob",
-    ]
-    .iter()
-    .any(|n| batch.has(n))
-    {
+    if !batch.has_rollout_policy() {
         return Err(missing(
             &raw,
             "rollout_log_prob",
             "the rollout policy's log-probs (or rollout_logits, or its top-K) are needed",
         ));
     }
-    if !["old_log_prob", "log_prob", "old_logits"]
-        .iter()
-        .any(|n| batch.has(n))
-    {
+    if !batch.has_training_policy() {
         return Err(missing(
             &raw,
             "old_log_prob",
