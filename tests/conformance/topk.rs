@@ -332,7 +332,7 @@ fn trainer_log_probs_path_matches_logits_path() {
     let real = load();
     let k = 2;
     let batch = real.batch(k).build().unwrap();
-    let ids = batch.rollout_topk_ids().map(<[_]>::to_vec).unwrap();
+    let ids = batch.rollout_topk_ids().unwrap().to_vec();
     for tau in [1.0, 0.7] {
         let q_lp: Vec<Vec<f64>> = (0..real.n)
             .map(|r| {
