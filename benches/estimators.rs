@@ -19,16 +19,15 @@ fn batch(n_tokens: usize, seq: usize) -> Batch {
         .unwrap()
         .with_log_probs("old_log_prob", old)
         .unwrap()
+        .build()
+        .unwrap()
 }
 
 fn bench(c: &mut Criterion) {
     let n = 1 << 20;
     let b = batch(n, 1024);
     let engines = engines();
-    let (r, o) = (
-        b.rollout_log_prob.as_ref().unwrap(),
-        b.old_log_prob.as_ref().unwrap(),
-    );
+    let (r, o) = (b.rollout_log_prob().unwrap(), b.old_log_prob().unwrap());
     let mut g = c.benchmark_group("token_stats_1M");
     g.sample_size(10);
     g.throughput(Throughput::Bytes((2 * n * 8) as u64));

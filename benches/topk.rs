@@ -48,12 +48,14 @@ fn batch(rows: usize, vocab: usize) -> Batch {
         .unwrap()
         .with_topk(ids, lps, K)
         .unwrap()
+        .build()
+        .unwrap()
 }
 
 /// The two-step baseline: full log-softmax of every row into an `[N, V]` f32 tensor, then a
 /// gather of the support and the reduced KL in f64.
 fn two_step(b: &Batch) -> Vec<f64> {
-    let logits = b.old_logits.as_ref().unwrap();
+    let logits = b.old_logits().unwrap();
     let (rows, v) = (logits.rows(), logits.vocab());
     let mut logsm = vec![0f32; rows * v];
     for r in 0..rows {
@@ -65,8 +67,8 @@ fn two_step(b: &Batch) -> Vec<f64> {
             *o = e - lse;
         }
     }
-    let ids = b.rollout_topk_ids.as_ref().unwrap();
-    let lps = b.rollout_topk_log_prob.as_ref().unwrap();
+    let ids = b.rollout_topk_ids().unwrap();
+    let lps = b.rollout_topk_log_prob().unwrap();
     (0..rows)
         .map(|r| {
             let (mut kl, mut mu_s, mut pi_s) = (0.0, 0.0, 0.0);

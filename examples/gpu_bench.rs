@@ -448,12 +448,12 @@ fn main() -> anyhow::Result<()> {
                 continue;
             }
         };
-        let (Some(r), Some(o)) = (&batch.rollout_logits, &batch.old_logits) else {
+        let (Some(r), Some(o)) = (batch.rollout_logits(), batch.old_logits()) else {
             println!("(no reads-per-logit row for {path}: it has no logits)");
             continue;
         };
         let m = batch.segments().mask();
-        gpu.vocab_divergence(r, o, batch.responses.as_deref(), m, 1.0)?;
+        gpu.vocab_divergence(r, o, batch.responses(), m, 1.0)?;
         print_passes(&ctx, path);
     }
     // accuracy on the first rows against the f64 reference (same rounded inputs)
@@ -701,7 +701,8 @@ fn per_sequence(gpu: &GpuEngine, cpu: &dyn Engine, quick: bool) -> anyhow::Resul
         let cu: Vec<i64> = (0..=seqs).map(|s| (s * n / seqs) as i64).collect();
         let batch = Batch::packed(&cu)?
             .with_log_probs("rollout_log_prob", roll.clone())?
-            .with_log_probs("old_log_prob", old.clone())?;
+            .with_log_probs("old_log_prob", old.clone())?
+            .build()?;
         let tg = time(3, || {
             trmask::analysis::analyze(gpu, &batch, &config).unwrap()
         });
@@ -797,10 +798,11 @@ fn json_report(gpu: &GpuEngine, cpu: &dyn Engine, quick: bool) -> anyhow::Result
         let batch = trmask::io::read_batch(std::path::Path::new(path))
             .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
         let mask = batch.segments().mask().to_vec();
-        let (Some(r), Some(o)) = (batch.rollout_logits, batch.old_logits) else {
+        let (Some(r), Some(o)) = (batch.rollout_logits(), batch.old_logits()) else {
             anyhow::bail!("{path}: no logits");
         };
-        sets.push((name.to_string(), r, o, batch.responses, mask, None));
+        let ids = batch.responses().map(<[_]>::to_vec);
+        sets.push((name.to_string(), r.clone(), o.clone(), ids, mask, None));
     }
     let (rows, vocab) = (if quick { 8 } else { 32 }, 151_936);
     let (a, b) = pair(rows, vocab);

@@ -36,7 +36,8 @@ fn main() -> anyhow::Result<()> {
     let batch = Batch::padded(3, 4, &mask)?
         .with_log_probs("rollout_log_prob", rollout)?
         .with_log_probs("old_log_prob", old.clone())?
-        .with_log_probs("log_prob", log_prob.clone())?;
+        .with_log_probs("log_prob", log_prob.clone())?
+        .build()?;
     let cfg = CorrectionConfig::preset("decoupled_k3_rs_token_tis")?;
     let c = trmask::correction::correct(&CpuEngine::new(), &batch, &cfg)?;
     let w = c.weights.as_ref().expect("IS is on in this preset");

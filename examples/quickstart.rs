@@ -27,15 +27,16 @@ fn main() -> anyhow::Result<()> {
     ];
     let batch = Batch::padded(3, 4, &mask)?
         .with_log_probs("rollout_log_prob", rollout)?
-        .with_log_probs("old_log_prob", old)?;
+        .with_log_probs("old_log_prob", old)?
+        .build()?;
 
     let mut notes = Vec::new();
     let engine = open_engine(Backend::Auto, &mut notes)?;
     notes.iter().for_each(|n| eprintln!("{n}"));
 
     let stats = engine.token_stats(
-        batch.rollout_log_prob.as_ref().unwrap(),
-        batch.old_log_prob.as_ref().unwrap(),
+        batch.rollout_log_prob().unwrap(),
+        batch.old_log_prob().unwrap(),
         batch.mask(),
     )?;
     let per_seq = engine.segment_reduce(&[&stats.k2, &stats.k3], batch.segments())?;

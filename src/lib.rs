@@ -19,12 +19,12 @@
 //! // Two sequences in a padded [2, 3] batch; the padding may hold anything.
 //! let batch = Batch::padded(2, 3, &[1.0, 1.0, 1.0, 1.0, 0.0, 0.0])?
 //!     .with_log_probs("rollout_log_prob", vec![-1.0, -0.5, -0.2, -2.0, f64::NAN, 7.0])?
-//!     .with_log_probs("old_log_prob", vec![-1.1, -0.4, -0.2, -2.5, 0.0, 0.0])?;
-//! batch.validate()?;
+//!     .with_log_probs("old_log_prob", vec![-1.1, -0.4, -0.2, -2.5, 0.0, 0.0])?
+//!     .build()?; // validated once, here
 //! let engine = CpuEngine::new();
 //! let m = batch.mask();
-//! let stats = engine.token_stats(batch.rollout_log_prob.as_ref().unwrap(),
-//!                                batch.old_log_prob.as_ref().unwrap(), m)?;
+//! let stats = engine.token_stats(batch.rollout_log_prob().unwrap(),
+//!                                batch.old_log_prob().unwrap(), m)?;
 //! let per_seq = engine.segment_reduce(&[&stats.k3], batch.segments())?;
 //! assert!(per_seq[0].max[1] > per_seq[0].max[0]); // sequence 1 drifts more
 //! assert_eq!(per_seq[0].count, vec![3, 1]);
@@ -75,7 +75,7 @@ pub use correction::corrector::{
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use gpu::GpuEngine;
-pub use input::{Batch, DType, Layout, Logits, Segments};
+pub use input::{Batch, BatchBuilder, DType, Layout, Logits, Segments};
 pub use stats::{
     Corrections, CriterionResult, SegmentStats, StatTable, TokenStats, TopkStats, VocabStats,
     SAFETY_BOUND,

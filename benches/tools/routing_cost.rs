@@ -103,6 +103,7 @@ fn main() {
     });
     let cfg = CorrectionConfig::default();
     let with = base.clone().with_routed_experts(&roll, &old, l, k).unwrap();
+    let (with, base) = (with.build().unwrap(), base.build().unwrap());
     let cpu = CpuEngine::new();
     let a_with = best(repeat, || {
         std::hint::black_box(analyze(&cpu, &with, &cfg).unwrap());

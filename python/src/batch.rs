@@ -312,6 +312,5 @@ pub fn from_dict(d: &Bound<'_, PyDict>, all_valid: bool) -> PyResult<(Batch, Ren
             )));
         }
     }
-    batch.validate().map_err(to_py)?;
-    Ok((batch, renames))
+    Ok((batch.build().map_err(to_py)?, renames))
 }

@@ -36,12 +36,21 @@ type Engines = Vec<(Backend, Arc<dyn Engine>, Vec<String>)>;
 /// Engines opened so far (a GPU device is opened once per process).
 static ENGINES: Mutex<Engines> = Mutex::new(Vec::new());
 
-fn engine(py: Python<'_>, backend: &str) -> PyResult<(Arc<dyn Engine>, Vec<String>)> {
-    let b: Backend = backend.parse().map_err(|_| {
-        PyValueError::new_err(format!(
-            "invalid config `backend`: {backend:?} is not one of auto, gpu, cpu, cpu-fast"
-        ))
-    })?;
+/// A `backend=` argument, parsed into [`Backend`] where it enters the extension: a name that is
+/// not one is a `ValueError` naming `backend` before anything runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PyBackend(Backend);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for PyBackend {
+    type Error = PyErr;
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let name: String = obj.extract()?;
+        name.parse().map(PyBackend).map_err(to_py)
+    }
+}
+
+fn engine(py: Python<'_>, backend: PyBackend) -> PyResult<(Arc<dyn Engine>, Vec<String>)> {
+    let b = backend.0;
     let mut cache = ENGINES
         .lock()
         .map_err(|_| PyRuntimeError::new_err("engine cache poisoned"))?;
@@ -62,14 +71,14 @@ fn engine(py: Python<'_>, backend: &str) -> PyResult<(Arc<dyn Engine>, Vec<Strin
 /// calls with one or two configs, so the config is parsed and resolved once, not per step.
 static CORRECTORS: Mutex<Vec<CachedCorrector>> = Mutex::new(Vec::new());
 /// `(config JSON, backend, verl metrics only, corrector)`.
-type CachedCorrector = (String, String, bool, Arc<Corrector>);
+type CachedCorrector = (String, PyBackend, bool, Arc<Corrector>);
 /// Correctors kept (least recently used dropped first).
 const CORRECTOR_CACHE: usize = 8;
 
 fn corrector(
     py: Python<'_>,
     config_json: &str,
-    backend: &str,
+    backend: PyBackend,
     verl_only: bool,
 ) -> PyResult<Arc<Corrector>> {
     let poisoned = || PyRuntimeError::new_err("corrector cache poisoned");
@@ -77,7 +86,7 @@ fn corrector(
         let mut cache = CORRECTORS.lock().map_err(|_| poisoned())?;
         if let Some(i) = cache
             .iter()
-            .position(|(c, b, v, _)| c == config_json && b == backend && *v == verl_only)
+            .position(|(c, b, v, _)| c == config_json && *b == backend && *v == verl_only)
         {
             let hit = cache.remove(i);
             let c = hit.3.clone();
@@ -91,18 +100,13 @@ fn corrector(
         Corrector::new(eng, &cfg)
             .map_err(to_py)?
             .verl_metrics_only(verl_only)
-            .choose_executor_by_work(backend == "auto"),
+            .choose_executor_by_work(backend.0 == Backend::Auto),
     );
     let mut cache = CORRECTORS.lock().map_err(|_| poisoned())?;
     if cache.len() >= CORRECTOR_CACHE {
         cache.remove(0);
     }
-    cache.push((
-        config_json.to_string(),
-        backend.to_string(),
-        verl_only,
-        c.clone(),
-    ));
+    cache.push((config_json.to_string(), backend, verl_only, c.clone()));
     Ok(c)
 }
 
@@ -129,7 +133,7 @@ fn correct<'py>(
     py: Python<'py>,
     tensors: &Bound<'py, PyDict>,
     config_json: &str,
-    backend: &str,
+    backend: PyBackend,
     verl_only: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     correct_with(py, tensors, config_json, backend, None, verl_only, None)
@@ -142,7 +146,7 @@ fn correct<'py>(
 fn config_info(
     py: Python<'_>,
     config_json: &str,
-    backend: &str,
+    backend: PyBackend,
     verl_only: bool,
 ) -> PyResult<(bool, Vec<String>)> {
     let c = corrector(py, config_json, backend, verl_only)?;
@@ -159,7 +163,7 @@ fn correct_into<'py>(
     py: Python<'py>,
     tensors: &Bound<'py, PyDict>,
     config_json: &str,
-    backend: &str,
+    backend: PyBackend,
     verl_only: bool,
     weights_out: Option<Bound<'py, PyAny>>,
     mask_out: Bound<'py, PyAny>,
@@ -185,7 +189,7 @@ fn correct_shard<'py>(
     py: Python<'py>,
     tensors: &Bound<'py, PyDict>,
     config_json: &str,
-    backend: &str,
+    backend: PyBackend,
     rank: usize,
     size: usize,
     all_gather: Py<PyAny>,
@@ -199,7 +203,7 @@ fn correct_with<'py>(
     py: Python<'py>,
     tensors: &Bound<'py, PyDict>,
     config_json: &str,
-    backend: &str,
+    backend: PyBackend,
     ex: Option<exchange::PyExchange>,
     verl_only: bool,
     outs: Option<(Option<Bound<'py, PyAny>>, Bound<'py, PyAny>, bool)>,
@@ -416,7 +420,7 @@ fn analyze<'py>(
     py: Python<'py>,
     tensors: &Bound<'py, PyDict>,
     config_json: &str,
-    backend: &str,
+    backend: PyBackend,
     all_valid: bool,
     path: Option<std::path::PathBuf>,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -464,7 +468,7 @@ fn vocab_divergence<'py>(
     responses: Option<&Bound<'py, PyAny>>,
     mask: Option<&Bound<'py, PyAny>>,
     temperature: f64,
-    backend: &str,
+    backend: PyBackend,
 ) -> PyResult<Bound<'py, PyDict>> {
     arrays::reset_borrows();
     let r = arrays::logits("rollout_logits", rollout_logits)?;
@@ -509,7 +513,7 @@ fn topk_divergence<'py>(
     tensors: &Bound<'py, PyDict>,
     support: &str,
     temperature: f64,
-    backend: &str,
+    backend: PyBackend,
 ) -> PyResult<Bound<'py, PyDict>> {
     arrays::reset_borrows();
     let support = match support {
@@ -523,8 +527,8 @@ fn topk_divergence<'py>(
     };
     let (batch, _) = batch::from_dict(tensors, true)?;
     let logits = batch
-        .old_logits
-        .clone()
+        .old_logits()
+        .cloned()
         .ok_or_else(|| PyValueError::new_err("invalid input `trainer_logits`: is missing"))?;
     let (eng, _) = engine(py, backend)?;
     let s = py
@@ -609,7 +613,7 @@ fn data_warnings<'py>(
     py: Python<'py>,
     tensors: &Bound<'py, PyDict>,
     config_json: &str,
-    backend: &str,
+    backend: PyBackend,
 ) -> PyResult<Vec<(&'static str, String)>> {
     arrays::reset_borrows();
     let cfg = config(config_json)?;
@@ -648,7 +652,7 @@ fn preset_names() -> Vec<&'static str> {
 
 /// The engine a backend name opens (`cpu (2 threads)`, `gpu: …`) and what `auto` said.
 #[pyfunction]
-fn engine_name(py: Python<'_>, backend: &str) -> PyResult<(String, Vec<String>)> {
+fn engine_name(py: Python<'_>, backend: PyBackend) -> PyResult<(String, Vec<String>)> {
     let (e, notes) = engine(py, backend)?;
     Ok((e.name(), notes))
 }

@@ -30,7 +30,7 @@ pub fn report_html<'py>(
     py: Python<'py>,
     tensors: &Bound<'py, PyDict>,
     config_json: &str,
-    backend: &str,
+    backend: crate::PyBackend,
     name: &str,
 ) -> PyResult<(String, Vec<String>)> {
     crate::arrays::reset_borrows();

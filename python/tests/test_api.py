@@ -429,3 +429,44 @@ def test_kept_sets_errors_name_the_tensor():
             step["old_log_prob"], step["rollout_log_prob"], step["response_mask"],
             backend="cpu", rollout_sampling_mask_ids=step["rollout_sampling_mask_ids"],
         )
+
+
+@pytest.mark.parametrize("t,shown", [(0.0, "0"), (-1.0, "-1"), (float("nan"), "NaN")])
+def test_a_bad_temperature_is_the_cli_and_rust_error(t, shown, tmp_path):
+    """One temperature rule: the config key and the keyword of the engine calls give the message
+    the CLI prints and the Rust API returns (tests/cli/flags.rs pins the same text)."""
+    expected = f"invalid config `temperature`: {shown} is out of range (a finite temperature >= 0.00001)"
+    batch = {"old_log_prob": OLD, "rollout_log_prob": np.nan_to_num(ROLLOUT), "response_mask": MASK}
+    with pytest.raises(ValueError) as e:
+        trmask.analyze(batch, {"temperature": t}, backend="cpu")
+    assert str(e.value) == expected
+    logits = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError) as e:
+        trmask.vocab_divergence(logits, logits, temperature=t, backend="cpu")
+    assert str(e.value) == expected
+    exe = _trmask_bin()
+    if exe is not None:
+        cfg = tmp_path / "c.json"
+        cfg.write_text(json.dumps({"temperature": t}))
+        p = tmp_path / "b.json"
+        p.write_text(json.dumps({k: np.asarray(v).tolist() for k, v in batch.items()}))
+        r = subprocess.run([exe, "analyze", str(p), "--backend", "cpu", "--config", str(cfg)], capture_output=True, text=True)
+        assert r.returncode == 2
+        assert r.stderr.strip() == f"trmask: {expected}"
+
+
+@pytest.mark.parametrize("backend", ["tpu", "CPU", ""])
+def test_a_bad_backend_is_a_value_error_naming_backend(backend):
+    """The backend name is parsed once where it enters the extension, before anything runs."""
+    expected = f'invalid config `backend`: "{backend}" is not one of auto, gpu, cpu, cpu-fast'
+    logits = np.zeros((2, 3), np.float32)
+    calls = [
+        lambda: trmask.backend_name(backend),
+        lambda: trmask.vocab_divergence(logits, logits, backend=backend),
+        lambda: trmask.analyze({"old_log_prob": OLD, "rollout_log_prob": np.nan_to_num(ROLLOUT), "response_mask": MASK}, backend=backend),
+        lambda: trmask.compute_rollout_correction_and_rejection_mask(OLD, np.nan_to_num(ROLLOUT), MASK, backend=backend),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == expected

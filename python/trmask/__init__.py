@@ -162,7 +162,8 @@ def _json(config: Mapping[str, Any]) -> str:
 
     clean = {k: v for k, v in config.items()}
     for k, v in clean.items():
-        if isinstance(v, float) and not math.isfinite(v):
+        # the temperature has the library's own rule (the CLI's message for NaN and inf too)
+        if isinstance(v, float) and not math.isfinite(v) and k != "temperature":
             raise ValueError(f"invalid config `{k}`: must be finite, got {v}")
         try:
             json.dumps(v, default=default)

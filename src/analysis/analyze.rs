@@ -197,8 +197,8 @@ pub fn analyze_shard(
         ));
         if let Some(name) = replayed {
             let v = match *name {
-                "old_log_prob" => batch.old_log_prob.clone(),
-                _ => batch.log_prob.clone(),
+                "old_log_prob" => batch.old_log_prob().map(<[f64]>::to_vec),
+                _ => batch.log_prob().map(<[f64]>::to_vec),
             };
             outputs.push(token_output(
                 batch,

@@ -67,10 +67,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// The noise floor of `batch`'s log-probs under criterion `c`; `None` without both log-prob
 /// tensors (log-probs computed from logits: see the module docs).
 pub fn noise_floor(batch: &Batch, c: &Criterion) -> Option<NoiseFloor> {
-    let (roll, train) = (
-        batch.rollout_log_prob.as_ref()?,
-        batch.old_log_prob.as_ref()?,
-    );
+    let (roll, train) = (batch.rollout_log_prob()?, batch.old_log_prob()?);
     let mask = batch.mask();
     let pick = |v: &[f64]| -> Vec<f64> {
         v.iter()

@@ -15,6 +15,7 @@
 //!     Batch::padded(16, 4, &[1.0; 64]).unwrap()
 //!         .with_log_probs("rollout_log_prob", roll).unwrap()
 //!         .with_log_probs("old_log_prob", old).unwrap()
+//!         .build().unwrap()
 //! };
 //! let cfg = CorrectionConfig::default();
 //! let a = analyze(&CpuEngine::new(), &make(0.0), &cfg)?;

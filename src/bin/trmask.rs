@@ -49,8 +49,8 @@ struct Common {
     /// auto (a hardware GPU when one exists, else the CPU reference), gpu (any adapter,
     /// software ones too), cpu (the f64 reference) or cpu-fast (the CPU with the vocabulary
     /// divergences in f32, at the GPU's tolerance).
-    #[arg(long, default_value = "auto")]
-    backend: String,
+    #[arg(long, default_value = "auto", value_parser = backend_parser())]
+    backend: Backend,
     /// Correction config, a file or a pipe: JSON or YAML (.yaml/.yml) with verl's
     /// `rollout_correction` keys (flat, or nested as `algorithm: rollout_correction:`) and
     /// trmask's own (temperature, ln_trm, cppo, token_veto, dppo). With --preset, the
@@ -97,8 +97,8 @@ enum Command {
         /// `mpi`: one rank of a data-parallel job under `mpirun -np R` (needs a trmask built with
         /// `--features mpi`). Each rank reads INPUT and writes --output with `{rank}` replaced by
         /// its rank; the metrics are the whole batch's and rank 0 writes --metrics.
-        #[arg(long, value_name = "mpi")]
-        distributed: Option<String>,
+        #[arg(long, value_enum)]
+        distributed: Option<Distributed>,
     },
     /// Render one batch's analysis as a self-contained HTML page (inline SVG, no network), or
     /// with --jsonl a run's trend page from `analyze --metrics-jsonl` output.
@@ -139,6 +139,20 @@ enum Command {
     Devices,
 }
 
+/// `--backend`: parsed into [`Backend`] by clap, so `--help` lists the choices and a bad one is a
+/// usage error (exit 2).
+pub(crate) fn backend_parser() -> impl clap::builder::TypedValueParser<Value = Backend> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(Backend::NAMES).try_map(|s| s.parse::<Backend>())
+}
+
+/// `analyze --distributed`: how the ranks of a data-parallel job exchange their partials.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Distributed {
+    /// One rank of an `mpirun` job (a trmask built with `--features mpi`).
+    Mpi,
+}
+
 struct Ctx {
     cfg: trmask::CorrectionConfig,
     preset: Option<String>,
@@ -158,7 +172,6 @@ impl Drop for Ctx {
 }
 
 fn setup(c: &Common) -> Result<Ctx, trmask::Error> {
-    let backend: Backend = c.backend.parse()?;
     let mut cfg = match (&c.config, &c.preset) {
         (Some(path), Some(name)) => trmask::CorrectionConfig::from_file_over(
             &trmask::CorrectionConfig::preset(name)?,
@@ -169,14 +182,13 @@ fn setup(c: &Common) -> Result<Ctx, trmask::Error> {
         (None, None) => trmask::CorrectionConfig::default(),
     };
     if let Some(t) = c.temperature {
-        trmask::config::check_temperature("--temperature", t)?;
-        cfg.temperature = t;
+        cfg.set_temperature("--temperature", t)?;
     }
     for w in cfg.warnings() {
         eprintln!("{w}");
     }
     let mut notes = Vec::new();
-    let engine = open_engine(backend, &mut notes)?;
+    let engine = open_engine(c.backend, &mut notes)?;
     for n in &notes {
         eprintln!("{n}");
     }
@@ -317,7 +329,7 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
                     output: output.as_deref(),
                     metrics: metrics.as_deref(),
                 };
-                return ranked::analyze(&kind, &paths, &common, all_metrics).map(|()| 0);
+                return ranked::analyze(kind, &paths, &common, all_metrics).map(|()| 0);
             }
             if inputs.len() > 1 && (output.is_some() || metrics.is_some()) {
                 return Err(trmask::Error::config(
@@ -498,11 +510,6 @@ fn trend(run: &Path, output: &Path) -> Result<(), trmask::Error> {
     Ok(())
 }
 
-/// Whether a backend flag may open a GPU (the runtime dir is made for it).
-fn gpu_backend(c: &Common) -> bool {
-    !(c.backend.eq_ignore_ascii_case("cpu") || c.backend.eq_ignore_ascii_case("cpu-fast"))
-}
-
 fn main() -> ExitCode {
     os::install_signal_handlers();
     let presets = format!(
@@ -538,12 +545,12 @@ fn main() -> ExitCode {
         }
     };
     let gpu = match &cli.command {
-        Command::Analyze { common, .. } | Command::Report { common, .. } => gpu_backend(common),
-        Command::Check(a) => gpu_backend(&a.common),
-        Command::Compare(a) => gpu_backend(&a.common),
-        Command::Calibrate(a) => {
-            !(a.backend.eq_ignore_ascii_case("cpu") || a.backend.eq_ignore_ascii_case("cpu-fast"))
+        Command::Analyze { common, .. } | Command::Report { common, .. } => {
+            common.backend.may_use_gpu()
         }
+        Command::Check(a) => a.common.backend.may_use_gpu(),
+        Command::Compare(a) => a.common.backend.may_use_gpu(),
+        Command::Calibrate(a) => a.backend.may_use_gpu(),
         Command::Devices | Command::Watch(_) => true,
         Command::Bounds(_) => false,
     };

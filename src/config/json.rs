@@ -131,9 +131,7 @@ impl CorrectionConfig {
                     }
                 }
                 "temperature" => {
-                    let t = want_f64(key, val)?;
-                    super::types::check_temperature(key, t)?;
-                    c.temperature = t;
+                    c.set_temperature(key, want_f64(key, val)?)?;
                 }
                 "ln_trm" => {
                     if val.is_null() {

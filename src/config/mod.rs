@@ -32,11 +32,13 @@ mod grammar;
 mod json;
 mod presets;
 mod resolve;
+mod temperature;
 mod types;
 
 pub use crate::stats::IsLevel;
 pub use dppo::DppoConfig;
-pub use types::{check_temperature, CorrectionConfig, Cppo, LnTrm, ThresholdSpec, MIN_TEMPERATURE};
+pub use temperature::{check_temperature, MIN_TEMPERATURE};
+pub use types::{CorrectionConfig, Cppo, LnTrm, ThresholdSpec};
 
 // The resolved plan and the grammar are internal (documented in place, hidden from the API).
 #[doc(hidden)]

@@ -14,6 +14,7 @@ impl CorrectionConfig {
     /// Checks the whole config and resolves it: IS thresholds, RS criteria and their thresholds,
     /// with verl's rules and error messages.
     pub fn resolve(&self) -> Result<Resolved> {
+        super::temperature::check_temperature("temperature", self.temperature)?;
         if self.legacy {
             return self.resolve_legacy();
         }

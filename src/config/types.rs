@@ -1,25 +1,8 @@
 //! The configuration as written: verl's `rollout_corr` keys plus trmask's own.
 
 use super::dppo::DppoConfig;
+use super::temperature::check_temperature;
 use crate::stats::IsLevel;
-
-/// The smallest softmax temperature accepted (vLLM's sampling epsilon: below it sampling is
-/// greedy, not a softmax). Smaller temperatures overflow `logits / T` in f32 on the GPU, so
-/// both engines reject them.
-pub const MIN_TEMPERATURE: f64 = 1e-5;
-
-/// Checks a softmax temperature: finite and at least [`MIN_TEMPERATURE`]; the error names
-/// `key` and says "out of range" with the limit.
-pub fn check_temperature(key: &str, t: f64) -> crate::error::Result<()> {
-    if t.is_finite() && t >= MIN_TEMPERATURE {
-        Ok(())
-    } else {
-        Err(crate::error::Error::config(
-            key,
-            format!("{t} is out of range (a finite temperature >= {MIN_TEMPERATURE})"),
-        ))
-    }
-}
 
 /// A threshold as written in the config: a number or a string (`"2.0"`, `"0.5_5.0"`, `"0.5_2,2.5"`).
 #[derive(Clone, Debug, PartialEq)]
@@ -63,6 +46,9 @@ pub struct CorrectionConfig {
     pub rollout_rs_threshold: Option<ThresholdSpec>,
     pub bypass_mode: bool,
     pub loss_type: Option<String>,
+    /// The sampling temperature both logits tensors are divided by (1 when not given; unused
+    /// without logits: log-probs are taken as given). Set it with
+    /// [`CorrectionConfig::set_temperature`]; [`check_temperature`] is its rule.
     pub temperature: f64,
     pub ln_trm: Option<LnTrm>,
     /// CPPO's `{w_min, delta_b}` (`rollout_rs: "cppo"`); `None` uses the paper's defaults.
@@ -106,5 +92,26 @@ impl Default for CorrectionConfig {
             sampling: Default::default(),
             sampling_replay: false,
         }
+    }
+}
+
+impl CorrectionConfig {
+    /// Sets the sampling temperature after checking it with [`check_temperature`]; `key` names
+    /// where it came from (`temperature`, `--temperature`). The config's own key, the CLI flag
+    /// and Python all set it here.
+    ///
+    /// ```
+    /// let mut c = trmask::CorrectionConfig::default();
+    /// c.set_temperature("temperature", 0.7)?;
+    /// assert_eq!(c.temperature, 0.7);
+    /// let e = c.set_temperature("--temperature", 0.0).unwrap_err().to_string();
+    /// assert!(e.contains("--temperature") && e.contains("out of range"), "{e}");
+    /// assert_eq!(c.temperature, 0.7);
+    /// # Ok::<(), trmask::Error>(())
+    /// ```
+    pub fn set_temperature(&mut self, key: &str, t: f64) -> crate::error::Result<()> {
+        check_temperature(key, t)?;
+        self.temperature = t;
+        Ok(())
     }
 }

@@ -83,7 +83,7 @@ impl CppoColumns {
         let Some((delta, p)) = spec else {
             return Ok(CppoColumns::default());
         };
-        let adv = batch.advantages.as_deref().ok_or_else(|| {
+        let adv = batch.advantages().ok_or_else(|| {
             Error::input(
                 "advantages",
                 "is missing: rollout_rs 'cppo' masks only updates that move the policy away \

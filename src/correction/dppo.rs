@@ -27,7 +27,7 @@ pub(crate) fn dppo_keep(
             ));
         }
     };
-    let adv = batch.advantages.as_deref().ok_or_else(|| {
+    let adv = batch.advantages().ok_or_else(|| {
         Error::input(
             "advantages",
             "is missing: dppo's direction test needs per-token advantages",

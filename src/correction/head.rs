@@ -180,12 +180,12 @@ pub(crate) fn compute_partial(
             log_ratio: table.get("log_ratio")?,
             roll_lp: table.stats.get("rollout_log_prob").map(Vec::as_slice),
             entropy: table.stats.get("training_entropy").map(Vec::as_slice),
-            adv: batch.advantages.as_deref(),
+            adv: batch.advantages(),
             weights: weights.as_deref(),
         };
         let (feeds, diag) = from_columns(segs, &cols, &final_mask, &seq_accept);
         diag.put(&feeds, &mut metrics);
-        if let Some(uid) = &batch.uid {
+        if let Some(uid) = batch.uid() {
             group_metrics(uid, &seq_accept, &mut metrics);
         }
         if let Some(r) = &table.routing {

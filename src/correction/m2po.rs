@@ -82,7 +82,7 @@ impl M2poColumns {
         };
         let (t, r) = (table.get("train_log_prob")?, table.get("rollout_log_prob")?);
         let lr: Vec<f64> = t.iter().zip(r).map(|(a, b)| a - b).collect();
-        let adv = batch.advantages.as_deref().ok_or_else(|| {
+        let adv = batch.advantages().ok_or_else(|| {
             Error::input(
                 "advantages",
                 "is missing: rollout_rs 'm2po' drops tokens only where the advantage and the \

@@ -77,7 +77,8 @@ use crate::partial::{Exchange, SingleProcess};
 /// use trmask::{Batch, CorrectionConfig, cpu::CpuEngine};
 /// let batch = Batch::padded(2, 3, &[1.0, 1.0, 1.0, 1.0, 1.0, 0.0])?
 ///     .with_log_probs("rollout_log_prob", vec![-1.0, -0.5, -0.2, -2.0, -1.0, 0.0])?
-///     .with_log_probs("old_log_prob", vec![-1.0, -0.5, -0.2, -1.0, -3.0, 0.0])?;
+///     .with_log_probs("old_log_prob", vec![-1.0, -0.5, -0.2, -1.0, -3.0, 0.0])?
+///     .build()?;
 /// let cfg = CorrectionConfig::preset("decoupled_k3_rs_token_tis")?;
 /// let c = trmask::correction::correct(&CpuEngine::new(), &batch, &cfg)?;
 /// assert_eq!(c.seq_accept, vec![true, false]); // sequence 1 drifts: seq_mean_k3 > 0.01

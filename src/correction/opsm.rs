@@ -26,7 +26,7 @@ impl OpsmColumns {
                 weight: Vec::new(),
             });
         }
-        let adv = batch.advantages.as_deref().ok_or_else(|| {
+        let adv = batch.advantages().ok_or_else(|| {
             Error::input(
                 "advantages",
                 "is missing: rollout_rs 'opsm' rejects only sequences with a negative advantage",

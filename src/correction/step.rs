@@ -331,7 +331,6 @@ impl<'a> Step<'a> {
         if let Some((r, o, l, k)) = self.routed {
             batch = batch.with_routed_experts(r, o, l, k)?;
         }
-        batch.validate()?;
-        Ok(batch)
+        batch.build()
     }
 }

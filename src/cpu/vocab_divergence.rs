@@ -42,12 +42,7 @@ pub(crate) fn check_inputs(
     mask: &[bool],
     temperature: f64,
 ) -> Result<()> {
-    if !(temperature.is_finite() && temperature > 0.0) {
-        return Err(Error::config(
-            "temperature",
-            format!("{temperature} must be finite and > 0"),
-        ));
-    }
+    crate::config::check_temperature("temperature", temperature)?;
     if rollout.vocab() != train.vocab()
         || rollout.rows() != train.rows()
         || rollout.rows() != mask.len()

@@ -21,19 +21,43 @@ pub enum Backend {
     CpuFast,
 }
 
+impl Backend {
+    /// Every backend's name, as `--backend` and Python's `backend=` spell it.
+    pub const NAMES: [&'static str; 4] = ["auto", "gpu", "cpu", "cpu-fast"];
+
+    /// This backend's name (one of [`Backend::NAMES`]).
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// Whether this backend may open a GPU device (`auto` and `gpu`).
+    pub fn may_use_gpu(self) -> bool {
+        matches!(self, Backend::Auto | Backend::Gpu)
+    }
+}
+
+/// Parses a backend name; the error names the key `backend` (the CLI's `--backend` and
+/// Python's `backend=` both parse through this).
+///
+/// ```
+/// use trmask::backend::Backend;
+/// assert_eq!("cpu-fast".parse::<Backend>()?, Backend::CpuFast);
+/// let e = "tpu".parse::<Backend>().unwrap_err().to_string();
+/// assert!(e.contains("backend") && e.contains("auto, gpu, cpu, cpu-fast"), "{e}");
+/// # Ok::<(), trmask::Error>(())
+/// ```
 impl std::str::FromStr for Backend {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(Backend::Auto),
-            "gpu" => Ok(Backend::Gpu),
-            "cpu" => Ok(Backend::Cpu),
-            "cpu-fast" => Ok(Backend::CpuFast),
-            other => Err(Error::config(
-                "--backend",
-                format!("{other:?} is not one of auto, gpu, cpu, cpu-fast"),
-            )),
-        }
+        [Backend::Auto, Backend::Gpu, Backend::Cpu, Backend::CpuFast]
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| {
+                Error::config(
+                    "backend",
+                    format!("{s:?} is not one of {}", Self::NAMES.join(", ")),
+                )
+            })
     }
 }
 

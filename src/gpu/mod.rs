@@ -116,7 +116,7 @@ impl Engine for GpuEngine {
         let mean = ops::segment_reduce::mean_valid(batch.segments());
         let mut keys = Vec::with_capacity(4);
         // the longest build first: the others share the remaining cores meanwhile
-        if let (Some(r), Some(o)) = (&batch.rollout_logits, &batch.old_logits) {
+        if let (Some(r), Some(o)) = (batch.rollout_logits(), batch.old_logits()) {
             if let Ok(key) = ops::vocab_divergence::kernel_key(ctx, r, o) {
                 keys.push(key);
             }

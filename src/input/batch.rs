@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::input::logits::impossible_sample;
 use crate::input::logits::Logits;
 use crate::input::routing::{ExpertIds, Routing};
+pub use crate::input::segments::Segments;
 use crate::input::tensors;
 use crate::sampling::kept_set::KeptSets;
 
@@ -23,129 +24,58 @@ pub enum Layout {
     Packed { cu_seqlens: Vec<usize> },
 }
 
-/// The sequences of a batch: slot ranges plus the validity mask of every slot.
+/// A batch of responses: the layout plus whichever input tensors (docs/FORMAT.md) were given,
+/// validated once when built.
 ///
-/// Built by [`Batch::padded`] / [`Batch::packed`], or by [`Segments::new`], which checks that
-/// the ranges are ascending, disjoint and inside the mask, so no engine can index past it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Segments {
-    ranges: Vec<(usize, usize)>,
-    mask: Vec<bool>,
-}
-
-impl Segments {
-    /// Sequences `ranges` (half-open `(start, end)` slot ranges, ascending and disjoint) over
-    /// slots whose validity is `mask`. Slots outside every range are ignored.
-    ///
-    /// ```
-    /// let s = trmask::Segments::new(vec![(0, 2), (3, 5)], vec![true, true, false, true, false])?;
-    /// assert_eq!(s.lengths(), vec![2, 1]);
-    /// assert!(trmask::Segments::new(vec![(0, 6)], vec![true; 5]).is_err());
-    /// # Ok::<(), trmask::Error>(())
-    /// ```
-    pub fn new(ranges: Vec<(usize, usize)>, mask: Vec<bool>) -> Result<Self> {
-        let mut end = 0;
-        for (s, &(a, b)) in ranges.iter().enumerate() {
-            if a < end || b < a || b > mask.len() {
-                return Err(Error::input(
-                    "segments",
-                    format!(
-                        "sequence {s} spans slots {a}..{b}: ranges must be ascending, disjoint \
-                         and within the {} slots",
-                        mask.len()
-                    ),
-                ));
-            }
-            end = b;
-        }
-        Ok(Segments { ranges, mask })
-    }
-    /// `(start, end)` slot range of each sequence (half-open).
-    pub fn ranges(&self) -> &[(usize, usize)] {
-        &self.ranges
-    }
-    /// `true` where a slot holds a valid token.
-    pub fn mask(&self) -> &[bool] {
-        &self.mask
-    }
-    /// Number of sequences.
-    pub fn len(&self) -> usize {
-        self.ranges.len()
-    }
-    /// True when there is no sequence.
-    pub fn is_empty(&self) -> bool {
-        self.ranges.is_empty()
-    }
-    /// Number of slots (`B·T` or `N`).
-    pub fn slots(&self) -> usize {
-        self.mask.len()
-    }
-    /// Number of valid tokens of each sequence.
-    pub fn lengths(&self) -> Vec<usize> {
-        self.ranges
-            .iter()
-            .map(|&(a, b)| self.mask[a..b].iter().filter(|&&m| m).count())
-            .collect()
-    }
-    /// Index of the sequence owning each slot (`usize::MAX` for slots outside every sequence).
-    pub fn slot_owner(&self) -> Vec<usize> {
-        let mut owner = vec![usize::MAX; self.slots()];
-        for (s, &(a, b)) in self.ranges.iter().enumerate() {
-            owner[a..b].iter_mut().for_each(|o| *o = s);
-        }
-        owner
-    }
-}
-
-/// A batch of responses: the layout plus whichever input tensors (docs/FORMAT.md) were given.
-///
-/// Build it with [`Batch::padded`] or [`Batch::packed`], attach tensors with the `with_*`
-/// methods (each checks its shape) and call [`Batch::validate`] (done by every computation).
+/// Start with [`Batch::padded`] or [`Batch::packed`] (a [`BatchBuilder`]), attach tensors with
+/// the `with_*` methods (each checks its shape) and [`BatchBuilder::build`] it: the build checks
+/// everything that can be checked without computing (finite log-probs at valid positions,
+/// matching vocabularies, token ids in range, kept sets holding the sampled token), so every
+/// `Batch` is valid and no computation checks it again. The tensors are read through accessors
+/// named as in verl (`batch.old_log_prob()`, `batch.responses()`, …).
 ///
 /// ```
 /// use trmask::Batch;
 /// let batch = Batch::padded(2, 3, &[1.0, 1.0, 0.0, 1.0, 0.0, 0.0])?
 ///     .with_log_probs("rollout_log_prob", vec![-1.0, -0.5, f64::NAN, -2.0, 9.9, 9.9])?
-///     .with_log_probs("old_log_prob", vec![-1.1, -0.4, f64::NAN, -2.0, 0.0, 0.0])?;
-/// batch.validate()?;
+///     .with_log_probs("old_log_prob", vec![-1.1, -0.4, f64::NAN, -2.0, 0.0, 0.0])?
+///     .build()?;
 /// assert_eq!(batch.segments().lengths(), vec![2, 1]);
+/// assert_eq!(batch.old_log_prob().map(|v| v[1]), Some(-0.4));
+/// // a NaN at a valid position is refused when the batch is built
+/// let bad = Batch::padded(1, 2, &[1.0, 1.0])?
+///     .with_log_probs("old_log_prob", vec![-1.0, f64::NAN])?
+///     .build();
+/// assert!(bad.unwrap_err().to_string().contains("old_log_prob"));
 /// # Ok::<(), trmask::Error>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct Batch {
     layout: Layout,
     segments: Segments,
-    /// log π_roll(y_t), per slot.
-    pub rollout_log_prob: Option<Vec<f64>>,
-    /// log π_train(y_t) (verl's `old_log_prob`), per slot.
-    pub old_log_prob: Option<Vec<f64>>,
-    /// log π_θ(y_t) (current policy), per slot.
-    pub log_prob: Option<Vec<f64>>,
-    /// Per-token advantages, per slot.
-    pub advantages: Option<Vec<f64>>,
-    /// Sampled token ids y_t, per slot.
-    pub responses: Option<Vec<i64>>,
-    /// Rollout logits `[slots, V]`.
-    pub rollout_logits: Option<Logits>,
-    /// Trainer logits `[slots, V]`.
-    pub old_logits: Option<Logits>,
-    /// Rollout top-K ids `[slots, K]`.
-    pub rollout_topk_ids: Option<Vec<i64>>,
-    /// Rollout top-K log-probs `[slots, K]`.
-    pub rollout_topk_log_prob: Option<Vec<f64>>,
-    /// K of the top-K tensors (0 when absent).
-    pub topk: usize,
-    /// Per-sequence GRPO group id (verl's `uid`, TRL's prompt index), one per sequence.
-    pub uid: Option<Vec<i64>>,
-    /// The ids a truncated sampler kept at each valid token (`rollout_sampling_mask_*`).
-    pub kept_sets: Option<KeptSets>,
-    /// Both sides' MoE routed experts (`rollout_routed_experts`, `old_routed_experts`).
-    pub routing: Option<Routing>,
+    rollout_log_prob: Option<Vec<f64>>,
+    old_log_prob: Option<Vec<f64>>,
+    log_prob: Option<Vec<f64>>,
+    advantages: Option<Vec<f64>>,
+    responses: Option<Vec<i64>>,
+    rollout_logits: Option<Logits>,
+    old_logits: Option<Logits>,
+    rollout_topk_ids: Option<Vec<i64>>,
+    rollout_topk_log_prob: Option<Vec<f64>>,
+    topk: usize,
+    uid: Option<Vec<i64>>,
+    kept_sets: Option<KeptSets>,
+    routing: Option<Routing>,
 }
+
+/// A [`Batch`] being assembled: its layout and the tensors attached so far, each
+/// shape-checked; [`BatchBuilder::build`] validates the whole and returns the `Batch`.
+#[derive(Clone, Debug)]
+pub struct BatchBuilder(Batch);
 
 impl Batch {
     /// A padded `[batch, seq_len]` batch; `response_mask` (row-major) must hold only 0 and 1.
-    pub fn padded(batch: usize, seq_len: usize, response_mask: &[f64]) -> Result<Self> {
+    pub fn padded(batch: usize, seq_len: usize, response_mask: &[f64]) -> Result<BatchBuilder> {
         let slots = batch
             .checked_mul(seq_len)
             .ok_or_else(|| Error::input("response_mask", "shape overflows"))?;
@@ -187,7 +117,7 @@ impl Batch {
     }
 
     /// A packed batch of `cu_seqlens.len() − 1` sequences over `N = cu_seqlens[S]` slots.
-    pub fn packed(cu_seqlens: &[i64]) -> Result<Self> {
+    pub fn packed(cu_seqlens: &[i64]) -> Result<BatchBuilder> {
         if cu_seqlens.is_empty() {
             return Err(Error::input(
                 "cu_seqlens",
@@ -225,8 +155,8 @@ impl Batch {
         ))
     }
 
-    fn with_layout(layout: Layout, segments: Segments) -> Self {
-        Batch {
+    fn with_layout(layout: Layout, segments: Segments) -> BatchBuilder {
+        BatchBuilder(Batch {
             layout,
             segments,
             rollout_log_prob: None,
@@ -242,7 +172,7 @@ impl Batch {
             uid: None,
             kept_sets: None,
             routing: None,
-        }
+        })
     }
 
     /// The layout.
@@ -273,6 +203,73 @@ impl Batch {
         }
     }
 
+    /// log π_roll(y_t), per slot.
+    pub fn rollout_log_prob(&self) -> Option<&[f64]> {
+        self.rollout_log_prob.as_deref()
+    }
+    /// log π_train(y_t) (verl's `old_log_prob`), per slot.
+    pub fn old_log_prob(&self) -> Option<&[f64]> {
+        self.old_log_prob.as_deref()
+    }
+    /// log π_θ(y_t) (the current policy), per slot.
+    pub fn log_prob(&self) -> Option<&[f64]> {
+        self.log_prob.as_deref()
+    }
+    /// Per-token advantages, per slot.
+    pub fn advantages(&self) -> Option<&[f64]> {
+        self.advantages.as_deref()
+    }
+    /// Sampled token ids y_t, per slot.
+    pub fn responses(&self) -> Option<&[i64]> {
+        self.responses.as_deref()
+    }
+    /// Rollout logits `[slots, V]`.
+    pub fn rollout_logits(&self) -> Option<&Logits> {
+        self.rollout_logits.as_ref()
+    }
+    /// Trainer logits `[slots, V]`.
+    pub fn old_logits(&self) -> Option<&Logits> {
+        self.old_logits.as_ref()
+    }
+    /// Rollout top-K ids `[slots, K]`, row-major.
+    pub fn rollout_topk_ids(&self) -> Option<&[i64]> {
+        self.rollout_topk_ids.as_deref()
+    }
+    /// Rollout top-K log-probs `[slots, K]`, row-major.
+    pub fn rollout_topk_log_prob(&self) -> Option<&[f64]> {
+        self.rollout_topk_log_prob.as_deref()
+    }
+    /// K of the top-K tensors (0 when absent).
+    pub fn topk(&self) -> usize {
+        self.topk
+    }
+    /// Per-sequence GRPO group id (verl's `uid`, TRL's prompt index), one per sequence.
+    pub fn uid(&self) -> Option<&[i64]> {
+        self.uid.as_deref()
+    }
+    /// The ids a truncated sampler kept at each valid token (`rollout_sampling_mask_*`).
+    pub fn kept_sets(&self) -> Option<&KeptSets> {
+        self.kept_sets.as_ref()
+    }
+    /// Both sides' MoE routed experts (`rollout_routed_experts`, `old_routed_experts`).
+    pub fn routing(&self) -> Option<&Routing> {
+        self.routing.as_ref()
+    }
+
+    /// This batch with the per-token f64 tensor `name` replaced by `values` derived from its
+    /// own validated inputs (the rollout log-probs from its logits, the trainer's renormalised
+    /// over the kept set): only the new values are checked.
+    pub(crate) fn with_derived(&self, name: &str, values: Vec<f64>) -> Result<Batch> {
+        self.check_token_shape(name, values.len())?;
+        self.check_finite(name, &values)?;
+        let mut b = self.clone();
+        match b.values_slot(name) {
+            Some(slot) => *slot = Some(values),
+            None => return Err(Error::input(name, "is not a per-token f64 tensor")),
+        }
+        Ok(b)
+    }
+
     fn check_token_shape(&self, name: &str, len: usize) -> Result<()> {
         if len != self.slots() {
             return Err(Error::input(
@@ -285,22 +282,6 @@ impl Batch {
             ));
         }
         Ok(())
-    }
-
-    /// Attaches a per-token f64 tensor by its docs/FORMAT.md name
-    /// (`rollout_log_prob`, `old_log_prob`, `log_prob`, `advantages`).
-    pub fn with_log_probs(mut self, name: &str, values: Vec<f64>) -> Result<Self> {
-        self.check_token_shape(name, values.len())?;
-        match self.values_slot(name) {
-            Some(slot) => *slot = Some(values),
-            None => {
-                return Err(Error::input(
-                    name,
-                    "is not a per-token f64 tensor (see docs/FORMAT.md)",
-                ))
-            }
-        }
-        Ok(self)
     }
 
     /// The per-token f64 tensor `name` (one of [`tensors::per_token_values`]), if given.
@@ -331,104 +312,6 @@ impl Batch {
         .nth(i)
     }
 
-    /// Attaches the per-sequence group ids (`uid`, `[B]` padded or `[S]` packed).
-    pub fn with_uid(mut self, uid: Vec<i64>) -> Result<Self> {
-        let n = self.num_seqs();
-        if uid.len() != n {
-            let msg = format!("has {} values but the batch has {n} sequences", uid.len());
-            return Err(Error::input("uid", msg));
-        }
-        self.uid = Some(uid);
-        Ok(self)
-    }
-
-    /// Attaches the sampled token ids.
-    pub fn with_responses(mut self, ids: Vec<i64>) -> Result<Self> {
-        self.check_token_shape("responses", ids.len())?;
-        self.responses = Some(ids);
-        Ok(self)
-    }
-
-    /// Attaches `rollout_logits` or `old_logits` (`[slots, V]`).
-    pub fn with_logits(mut self, name: &str, logits: Logits) -> Result<Self> {
-        if logits.rows() != self.slots() {
-            return Err(Error::input(
-                name,
-                format!(
-                    "has {} rows but the batch has {} token slots",
-                    logits.rows(),
-                    self.slots()
-                ),
-            ));
-        }
-        match name {
-            "rollout_logits" => self.rollout_logits = Some(logits),
-            "old_logits" => self.old_logits = Some(logits),
-            other => {
-                return Err(Error::input(
-                    other,
-                    "is not a logits tensor (see docs/FORMAT.md)",
-                ))
-            }
-        }
-        Ok(self)
-    }
-
-    /// Attaches the rollout top-K ids and log-probs (`[slots, K]` each, row-major).
-    pub fn with_topk(mut self, ids: Vec<i64>, log_probs: Vec<f64>, k: usize) -> Result<Self> {
-        if k == 0 {
-            return Err(Error::input("rollout_topk_ids", "K must be at least 1"));
-        }
-        if ids.len() != self.slots() * k {
-            return Err(Error::input(
-                "rollout_topk_ids",
-                format!("has {} values, expected {} x {k}", ids.len(), self.slots()),
-            ));
-        }
-        if log_probs.len() != ids.len() {
-            return Err(Error::input(
-                "rollout_topk_log_prob",
-                format!(
-                    "has {} values, expected {} (same shape as rollout_topk_ids)",
-                    log_probs.len(),
-                    ids.len()
-                ),
-            ));
-        }
-        self.rollout_topk_ids = Some(ids);
-        self.rollout_topk_log_prob = Some(log_probs);
-        self.topk = k;
-        Ok(self)
-    }
-
-    /// Attaches the kept sets of a truncated sampler: `rollout_sampling_mask_ids` sliced by
-    /// `rollout_sampling_mask_offsets` (one span per valid token, or one per slot); the
-    /// structure is checked here, the ids against the vocabulary and `responses` by
-    /// [`Batch::validate`].
-    pub fn with_kept_sets(mut self, ids: Vec<i64>, offsets: &[i64]) -> Result<Self> {
-        let k = KeptSets::new(ids, offsets, self.mask(), &|i| self.position(i))?;
-        self.kept_sets = Some(k);
-        Ok(self)
-    }
-
-    /// Attaches both sides' MoE routed experts, `[slots, layers, top_k]` each, row-major, i32
-    /// or i64 (`rollout_routed_experts`: the rollout engine's; `old_routed_experts`: the
-    /// trainer's own choice). Ids at padding are never read; see [`Routing::new`] for the
-    /// checks.
-    pub fn with_routed_experts<'a>(
-        mut self,
-        rollout: impl Into<ExpertIds<'a>>,
-        old: impl Into<ExpertIds<'a>>,
-        layers: usize,
-        top_k: usize,
-    ) -> Result<Self> {
-        let pos = |i: usize| self.position(i);
-        let (r, o) = (rollout.into(), old.into());
-        let r = Routing::from_ids(r, o, layers, top_k, self.mask(), &pos)?;
-        self.routing = Some(r);
-        Ok(self)
-    }
-
     /// Vocabulary size, when logits are present.
     pub fn vocab(&self) -> Option<usize> {
         self.old_logits
@@ -448,23 +331,30 @@ impl Batch {
         }
     }
 
+    /// A per-token f64 tensor is finite at every valid position.
+    fn check_finite(&self, name: &str, v: &[f64]) -> Result<()> {
+        let mask = self.mask();
+        if let Some(i) = (0..v.len()).find(|&i| mask[i] && !v[i].is_finite()) {
+            return Err(Error::input(
+                name,
+                format!(
+                    "value {} at valid position {} is not finite",
+                    v[i],
+                    self.position(i)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks everything that can be checked without computing: finite log-probs at valid
-    /// positions, matching vocabularies, token ids in range.
-    pub fn validate(&self) -> Result<()> {
+    /// positions, matching vocabularies, token ids in range (the shapes were checked as the
+    /// tensors were attached). Run once, by [`BatchBuilder::build`].
+    fn validate(&self) -> Result<()> {
         let mask = self.mask();
         for name in tensors::per_token_values() {
             if let Some(v) = self.values(name) {
-                self.check_token_shape(name, v.len())?;
-                if let Some(i) = (0..v.len()).find(|&i| mask[i] && !v[i].is_finite()) {
-                    return Err(Error::input(
-                        name,
-                        format!(
-                            "value {} at valid position {} is not finite",
-                            v[i],
-                            self.position(i)
-                        ),
-                    ));
-                }
+                self.check_finite(name, v)?;
             }
         }
         if let (Some(a), Some(b)) = (&self.rollout_logits, &self.old_logits) {
@@ -522,5 +412,167 @@ impl Batch {
             }
         }
         Ok(())
+    }
+}
+
+impl BatchBuilder {
+    /// Attaches a per-token f64 tensor by its docs/FORMAT.md name
+    /// (`rollout_log_prob`, `old_log_prob`, `log_prob`, `advantages`).
+    pub fn with_log_probs(mut self, name: &str, values: Vec<f64>) -> Result<Self> {
+        self.0.check_token_shape(name, values.len())?;
+        match self.0.values_slot(name) {
+            Some(slot) => *slot = Some(values),
+            None => {
+                return Err(Error::input(
+                    name,
+                    "is not a per-token f64 tensor (see docs/FORMAT.md)",
+                ))
+            }
+        }
+        Ok(self)
+    }
+
+    /// Attaches the per-sequence group ids (`uid`, `[B]` padded or `[S]` packed).
+    pub fn with_uid(mut self, uid: Vec<i64>) -> Result<Self> {
+        let n = self.0.num_seqs();
+        if uid.len() != n {
+            let msg = format!("has {} values but the batch has {n} sequences", uid.len());
+            return Err(Error::input("uid", msg));
+        }
+        self.0.uid = Some(uid);
+        Ok(self)
+    }
+
+    /// Attaches the sampled token ids.
+    pub fn with_responses(mut self, ids: Vec<i64>) -> Result<Self> {
+        self.0.check_token_shape("responses", ids.len())?;
+        self.0.responses = Some(ids);
+        Ok(self)
+    }
+
+    /// Attaches `rollout_logits` or `old_logits` (`[slots, V]`).
+    pub fn with_logits(mut self, name: &str, logits: Logits) -> Result<Self> {
+        if logits.rows() != self.0.slots() {
+            return Err(Error::input(
+                name,
+                format!(
+                    "has {} rows but the batch has {} token slots",
+                    logits.rows(),
+                    self.0.slots()
+                ),
+            ));
+        }
+        match name {
+            "rollout_logits" => self.0.rollout_logits = Some(logits),
+            "old_logits" => self.0.old_logits = Some(logits),
+            other => {
+                return Err(Error::input(
+                    other,
+                    "is not a logits tensor (see docs/FORMAT.md)",
+                ))
+            }
+        }
+        Ok(self)
+    }
+
+    /// Attaches the rollout top-K ids and log-probs (`[slots, K]` each, row-major).
+    pub fn with_topk(mut self, ids: Vec<i64>, log_probs: Vec<f64>, k: usize) -> Result<Self> {
+        if k == 0 {
+            return Err(Error::input("rollout_topk_ids", "K must be at least 1"));
+        }
+        if ids.len() != self.0.slots() * k {
+            return Err(Error::input(
+                "rollout_topk_ids",
+                format!(
+                    "has {} values, expected {} x {k}",
+                    ids.len(),
+                    self.0.slots()
+                ),
+            ));
+        }
+        if log_probs.len() != ids.len() {
+            return Err(Error::input(
+                "rollout_topk_log_prob",
+                format!(
+                    "has {} values, expected {} (same shape as rollout_topk_ids)",
+                    log_probs.len(),
+                    ids.len()
+                ),
+            ));
+        }
+        self.0.rollout_topk_ids = Some(ids);
+        self.0.rollout_topk_log_prob = Some(log_probs);
+        self.0.topk = k;
+        Ok(self)
+    }
+
+    /// Attaches the kept sets of a truncated sampler: `rollout_sampling_mask_ids` sliced by
+    /// `rollout_sampling_mask_offsets` (one span per valid token, or one per slot); the
+    /// structure is checked here, the ids against the vocabulary and `responses` by
+    /// [`BatchBuilder::build`].
+    pub fn with_kept_sets(mut self, ids: Vec<i64>, offsets: &[i64]) -> Result<Self> {
+        let b = &self.0;
+        let k = KeptSets::new(ids, offsets, b.mask(), &|i| b.position(i))?;
+        self.0.kept_sets = Some(k);
+        Ok(self)
+    }
+
+    /// Attaches both sides' MoE routed experts, `[slots, layers, top_k]` each, row-major, i32
+    /// or i64 (`rollout_routed_experts`: the rollout engine's; `old_routed_experts`: the
+    /// trainer's own choice). Ids at padding are never read; see [`Routing::new`] for the
+    /// checks.
+    pub fn with_routed_experts<'a>(
+        mut self,
+        rollout: impl Into<ExpertIds<'a>>,
+        old: impl Into<ExpertIds<'a>>,
+        layers: usize,
+        top_k: usize,
+    ) -> Result<Self> {
+        let b = &self.0;
+        let pos = |i: usize| b.position(i);
+        let (r, o) = (rollout.into(), old.into());
+        let r = Routing::from_ids(r, o, layers, top_k, b.mask(), &pos)?;
+        self.0.routing = Some(r);
+        Ok(self)
+    }
+
+    /// Whether the rollout policy's sampled-token log-probs are given or derivable: its
+    /// log-probs, its logits or its top-K log-probs.
+    pub fn has_rollout_policy(&self) -> bool {
+        let b = &self.0;
+        b.rollout_log_prob.is_some()
+            || b.rollout_logits.is_some()
+            || b.rollout_topk_log_prob.is_some()
+    }
+    /// Whether the training policy's log-probs are given or derivable: `old_log_prob`,
+    /// `log_prob` or the trainer's logits.
+    pub fn has_training_policy(&self) -> bool {
+        let b = &self.0;
+        b.old_log_prob.is_some() || b.log_prob.is_some() || b.old_logits.is_some()
+    }
+
+    /// Number of slots (`B·T` or `N`).
+    pub fn slots(&self) -> usize {
+        self.0.slots()
+    }
+    /// Slot validity, as [`Batch::mask`].
+    pub fn mask(&self) -> &[bool] {
+        self.0.mask()
+    }
+    /// The per-token shape, as [`Batch::token_shape`].
+    pub fn token_shape(&self) -> Vec<usize> {
+        self.0.token_shape()
+    }
+    /// Human-readable position of a slot, as [`Batch::position`].
+    pub fn position(&self, slot: usize) -> String {
+        self.0.position(slot)
+    }
+
+    /// Validates the batch as a whole (finite log-probs at valid positions, matching
+    /// vocabularies, token ids in range, kept sets holding the sampled token, `responses` with
+    /// logits when log-probs are not given) and returns it.
+    pub fn build(self) -> Result<Batch> {
+        self.0.validate()?;
+        Ok(self.0)
     }
 }

@@ -14,20 +14,10 @@ pub(crate) fn sampled_log_probs(
     responses: &[i64],
     temperature: f64,
 ) -> Result<Vec<f64>> {
-    if !(temperature.is_finite() && temperature > 0.0) {
-        return Err(Error::config(
-            "temperature",
-            format!("{temperature} must be finite and > 0"),
-        ));
-    }
+    crate::config::check_temperature("temperature", temperature)?;
+    // the batch was validated when built: rows and ids match it, ids are in the vocabulary
     let mask = batch.mask();
     let v = logits.vocab();
-    if logits.rows() != mask.len() || responses.len() != mask.len() {
-        return Err(Error::input(
-            name,
-            format!("has {} rows, the batch {} slots", logits.rows(), mask.len()),
-        ));
-    }
     let inv_t = 1.0 / temperature;
     (0..mask.len())
         .into_par_iter()
@@ -38,15 +28,6 @@ pub(crate) fn sampled_log_probs(
                     return Ok(0.0);
                 }
                 let y = responses[r];
-                if y < 0 || y as usize >= v {
-                    return Err(Error::input(
-                        "responses",
-                        format!(
-                            "token id {y} at valid position {} is outside [0, {v})",
-                            batch.position(r)
-                        ),
-                    ));
-                }
                 logits.row_f64(r, buf);
                 let (mut m, mut arg) = (f64::NEG_INFINITY, usize::MAX);
                 for (i, x) in buf.iter_mut().enumerate() {

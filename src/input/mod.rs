@@ -5,10 +5,11 @@ pub(crate) mod batch;
 pub(crate) mod derive;
 pub(crate) mod logits;
 pub mod routing;
+pub(crate) mod segments;
 pub(crate) mod support;
 pub mod tensors;
 pub(crate) mod values;
 
-pub use batch::{Batch, Layout, Segments};
+pub use batch::{Batch, BatchBuilder, Layout, Segments};
 pub use logits::{DType, Logits};
 pub use routing::{RouteTokens, Routing};

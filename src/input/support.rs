@@ -41,12 +41,13 @@
 //!     .with_log_probs("advantages", vec![1.0, -1.0])?
 //!     .with_topk(vec![0, 1, 1, 2], vec![-0.5, -1.2, -0.4, -1.5], 2)?
 //!     .with_logits("old_logits", Logits::from_f32(
-//!         &[2.0, 1.0, 0.0, -1.0, 0.0, 1.0, -0.5, -2.0], 2, 4)?)?;
+//!         &[2.0, 1.0, 0.0, -1.0, 0.0, 1.0, -0.5, -2.0], 2, 4)?)?
+//!     .build()?;
 //! let stats = topk_divergence(&batch, TopkSupport::Union, TrainerTopk::from_batch(&batch, 1.0)?)?;
 //! assert_eq!(stats.support_size, vec![2, 3]); // y = 3 joins the second row's support
 //! let cfg: DppoConfig = DppoConfig::from_json(&serde_json::json!(
 //!     {"divergence": "topk_tv", "delta": 0.05, "direction": "predictive_aggregated"}))?;
-//! let adv = batch.advantages.as_deref().unwrap();
+//! let adv = batch.advantages().unwrap();
 //! let (keep, metrics) = dppo_mask(&stats, adv, batch.mask(), &cfg)?;
 //! assert_eq!(keep.len(), 2);
 //! assert!(metrics.contains_key("trmask/dppo_masked_fraction"));
@@ -92,7 +93,7 @@ pub struct TrainerSupportLogProbs<'a> {
 impl<'a> TrainerTopk<'a> {
     /// The batch's `old_logits` at the given temperature.
     pub fn from_batch(batch: &'a Batch, temperature: f64) -> Result<Self> {
-        let logits = batch.old_logits.as_ref().ok_or_else(|| {
+        let logits = batch.old_logits().ok_or_else(|| {
             Error::input(
                 "old_logits",
                 "is required for top-K divergences (or give trainer log-probs on the support)",
@@ -143,9 +144,8 @@ pub fn prepare_support(
     support: TopkSupport,
     trainer: &TrainerTopk<'_>,
 ) -> Result<PreparedSupport> {
-    batch.validate()?;
-    let k = batch.topk;
-    let (ids_in, lp_in) = match (&batch.rollout_topk_ids, &batch.rollout_topk_log_prob) {
+    let k = batch.topk();
+    let (ids_in, lp_in) = match (batch.rollout_topk_ids(), batch.rollout_topk_log_prob()) {
         (Some(i), Some(l)) => (i, l),
         (None, _) => {
             return Err(Error::input(
@@ -160,23 +160,10 @@ pub fn prepare_support(
             ))
         }
     };
-    if k == 0 {
-        return Err(Error::input("rollout_topk_ids", "K must be at least 1"));
-    }
+    // K ≥ 1 and the [slots, K] shapes were checked when the tensors were attached
     let slots = batch.slots();
-    if ids_in.len() != slots * k || lp_in.len() != slots * k {
-        return Err(Error::input(
-            "rollout_topk_ids",
-            format!(
-                "{} ids / {} log-probs do not hold [{slots}, {k}]",
-                ids_in.len(),
-                lp_in.len()
-            ),
-        ));
-    }
     let responses = batch
-        .responses
-        .as_ref()
+        .responses()
         .ok_or_else(|| Error::input("responses", "is required for top-K divergences"))?;
     let vocab = trainer.vocab();
     if let Some(bv) = batch.vocab() {
@@ -192,12 +179,7 @@ pub fn prepare_support(
             logits,
             temperature,
         } => {
-            if !(temperature.is_finite() && *temperature > 0.0) {
-                return Err(Error::config(
-                    "temperature",
-                    format!("{temperature} must be finite and > 0"),
-                ));
-            }
+            crate::config::check_temperature("temperature", *temperature)?;
             if logits.rows() != slots {
                 return Err(Error::input(
                     "old_logits",
@@ -295,7 +277,7 @@ pub fn prepare_support(
         let yi = match row_ids.iter().position(|&i| i == y) {
             Some(j) => j,
             None => {
-                let roll_y = batch.rollout_log_prob.as_ref().ok_or_else(|| {
+                let roll_y = batch.rollout_log_prob().ok_or_else(|| {
                     Error::input(
                         "rollout_log_prob",
                         format!(

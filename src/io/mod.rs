@@ -30,7 +30,7 @@ pub use write::{
 };
 
 use crate::error::{Error, Result};
-use crate::input::batch::Batch;
+use crate::input::batch::{Batch, BatchBuilder};
 use crate::input::logits::Logits;
 use crate::input::tensors;
 use raw::{Dense, LogitsSource, Raw};
@@ -171,10 +171,10 @@ fn to_ids(name: &str, d: &[f64]) -> Result<Vec<i64>> {
 /// naming the other. Ids at padding (garbage, NaN, null) are never read.
 fn routed_experts(
     raw: &mut Raw,
-    batch: Batch,
+    batch: BatchBuilder,
     mask: &[bool],
     check: impl Fn(&str, &[usize], usize) -> Result<()>,
-) -> Result<Batch> {
+) -> Result<BatchBuilder> {
     use crate::input::routing::{OLD, ROLLOUT};
     match (raw.dense.remove(ROLLOUT), raw.dense.remove(OLD)) {
         (Some(mut r), Some(mut o)) => {
@@ -238,7 +238,7 @@ fn missing(raw: &Raw, target: &str, what: &str) -> Error {
     Error::input(target, msg)
 }
 
-fn layout(raw: &mut Raw, opts: &ReadOptions) -> Result<Batch> {
+fn layout(raw: &mut Raw, opts: &ReadOptions) -> Result<BatchBuilder> {
     let token_shape = tensors::token_shape_sources()
         .into_iter()
         .find_map(|n| raw.dense.get(n).map(|d| (n.to_string(), d.shape.clone())));
@@ -535,24 +535,21 @@ fn build(mut raw: Raw, opts: &ReadOptions) -> Result<Input> {
         }
         (None, None) => {}
     }
-    if batch.rollout_log_prob.is_none()
-        && batch.rollout_logits.is_none()
-        && batch.rollout_topk_log_prob.is_none()
-    {
+    if !batch.has_rollout_policy() {
         return Err(missing(
             &raw,
             "rollout_log_prob",
             "the rollout policy's log-probs (or rollout_logits, or its top-K) are needed",
         ));
     }
-    if batch.old_log_prob.is_none() && batch.log_prob.is_none() && batch.old_logits.is_none() {
+    if !batch.has_training_policy() {
         return Err(missing(
             &raw,
             "old_log_prob",
             "the training policy's log-probs (old_log_prob, log_prob or old_logits) are needed",
         ));
     }
-    batch.validate()?;
+    let batch = batch.build()?;
     if implied && batch.slots() == 0 {
         // the layout-less batch has no token: say so rather than name a mask it lacks
         let name = tensors::log_prob_names()

@@ -24,14 +24,14 @@ fn places(s: &Subject) -> Vec<Option<(usize, usize)>> {
 /// A token's text as a quoted literal (newlines and tabs visible), or "" without a tokenizer.
 fn text_of(s: &Subject, slot: usize) -> Option<String> {
     let decode = s.decode?;
-    let id = s.batch.responses.as_ref()?.get(slot).copied()?;
+    let id = s.batch.responses()?.get(slot).copied()?;
     decode(id).map(|t| format!("{t:?}"))
 }
 
 /// One strip cell's tooltip: position, token id (and text), log ρ, k3.
 fn cell_title(s: &Subject, slot: usize, t: usize, lr: &[f64], k3: &[f64]) -> String {
     let mut out = format!("t={t}");
-    if let Some(id) = s.batch.responses.as_ref().and_then(|r| r.get(slot)) {
+    if let Some(id) = s.batch.responses().and_then(|r| r.get(slot)) {
         let _ = write!(out, " id {id}");
     }
     if let Some(text) = text_of(s, slot) {
@@ -110,9 +110,9 @@ pub(super) fn worst_tokens(s: &Subject) -> String {
         return String::new();
     }
     let places = places(s);
-    let roll = s.batch.rollout_log_prob.as_ref();
+    let roll = s.batch.rollout_log_prob();
     let train = crate::engine::passes::training_log_prob(s.batch);
-    let text = s.decode.is_some() && s.batch.responses.is_some();
+    let text = s.decode.is_some() && s.batch.responses().is_some();
     let mut html = String::from("<table><tr><th>seq</th><th>position</th><th>token id</th>");
     if text {
         html.push_str("<th>text</th>");
@@ -122,14 +122,13 @@ pub(super) fn worst_tokens(s: &Subject) -> String {
          <th>sequence</th></tr>",
     );
     let cell =
-        |v: Option<&Vec<f64>>, i: usize| v.and_then(|v| v.get(i)).map_or("-".into(), |x| num(*x));
+        |v: Option<&[f64]>, i: usize| v.and_then(|v| v.get(i)).map_or("-".into(), |x| num(*x));
     let c = &s.analysis.corrections;
     for &i in &slots {
         let (seq, t) = places[i].unwrap_or((0, 0));
         let id = s
             .batch
-            .responses
-            .as_ref()
+            .responses()
             .and_then(|r| r.get(i))
             .map_or("-".into(), |x| x.to_string());
         let _ = write!(html, "<tr><td>{seq}</td><td>{t}</td><td>{id}</td>");

@@ -67,14 +67,17 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
     let b = w.batch;
     let mask = b.mask();
     let valid = mask.iter().filter(|&&m| m).count();
-    if w.temperature_flag && b.rollout_logits.is_none() && b.old_logits.is_none() {
+    if w.temperature_flag && b.rollout_logits().is_none() && b.old_logits().is_none() {
         out.push(
             "warning: --temperature has no effect: the input has no logits, and log-probs are \
              used as given (they must already be at the sampling temperature)"
                 .into(),
         );
     }
-    if b.kept_sets.is_some() && b.rollout_logits.is_none() && b.rollout_topk_log_prob.is_none() {
+    if b.kept_sets().is_some()
+        && b.rollout_logits().is_none()
+        && b.rollout_topk_log_prob().is_none()
+    {
         out.push(
             "warning: rollout_sampling_mask_ids is unused: the kept mass needs the rollout's \
              logits (rollout_logits) or its raw top-K log-probs (rollout_topk_log_prob) beside \
@@ -101,7 +104,7 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
     }
     // quantisation noise floor of k3: each rounded log-prob carries an error of variance
     // ulp²/12, so lr has variance (ulp_r² + ulp_o²)/12 and E[k3] ≈ E[lr²]/2 ≥ that / 2.
-    let roll = b.rollout_log_prob.as_ref();
+    let roll = b.rollout_log_prob();
     let train = crate::engine::passes::training_log_prob(b);
     let mut floor = None;
     if let (Some(r), Some(t)) = (roll, train) {

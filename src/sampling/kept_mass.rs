@@ -356,13 +356,13 @@ pub fn kept_mass_of_ids_topk(
 /// the rollout logits (divided by `temperature`, read on the host in f64), else from the raw
 /// top-K where it covers the set (flagged elsewhere); `None` without either.
 fn kept_mass_of_sets(batch: &Batch, temperature: f64) -> Result<Option<(Vec<f64>, Vec<bool>)>> {
-    let Some(sets) = &batch.kept_sets else {
+    let Some(sets) = batch.kept_sets() else {
         return Ok(None);
     };
     let mask = batch.mask();
     let mut lkm = vec![0.0; mask.len()];
     let mut known = vec![false; mask.len()];
-    if let Some(l) = &batch.rollout_logits {
+    if let Some(l) = batch.rollout_logits() {
         l.host_bytes("rollout_logits")?;
         let mut row = vec![0.0; l.vocab()];
         for i in (0..mask.len()).filter(|&i| mask[i]) {
@@ -375,8 +375,9 @@ fn kept_mass_of_sets(batch: &Batch, temperature: f64) -> Result<Option<(Vec<f64>
             lkm[i] = log_kept_mass_of_ids(&row, sets.row(i))?;
             known[i] = true;
         }
-    } else if let (Some(ids), Some(lp)) = (&batch.rollout_topk_ids, &batch.rollout_topk_log_prob) {
-        let k = batch.topk;
+    } else if let (Some(ids), Some(lp)) = (batch.rollout_topk_ids(), batch.rollout_topk_log_prob())
+    {
+        let k = batch.topk();
         for i in (0..mask.len()).filter(|&i| mask[i]) {
             let r = i * k..(i + 1) * k;
             let m = kept_mass_of_ids_topk(&ids[r.clone()], &lp[r], sets.row(i))?;
@@ -403,7 +404,7 @@ pub(crate) fn batch_kept_mass(
     t.validate()?;
     let (log_kept_mass, known) = if let Some(x) = kept_mass_of_sets(batch, temperature)? {
         x
-    } else if batch.kept_sets.is_some() {
+    } else if batch.kept_sets().is_some() {
         if replay {
             return Err(Error::input(
                 "rollout_logits",
@@ -422,7 +423,7 @@ pub(crate) fn batch_kept_mass(
             }
             return Ok(None);
         }
-        let Some(topk) = batch.rollout_topk_log_prob.as_deref() else {
+        let Some(topk) = batch.rollout_topk_log_prob() else {
             if replay {
                 return Err(Error::input(
                     "rollout_topk_log_prob",
@@ -431,7 +432,7 @@ pub(crate) fn batch_kept_mass(
             }
             return Ok(None);
         };
-        let k = batch.topk;
+        let k = batch.topk();
         let mask = batch.mask();
         let mut log_kept_mass = vec![0.0; mask.len()];
         let mut known = vec![false; mask.len()];
@@ -447,36 +448,33 @@ pub(crate) fn batch_kept_mass(
     let mask = batch.mask();
     // without log-probs, the sampled tokens' log-probs come from the logits and `responses`,
     // as everywhere else (docs/FORMAT.md, Input tensors)
-    let from_logits = |name: &'static str, logits: Option<&crate::Logits>| match (
-        logits,
-        batch.responses.as_deref(),
-    ) {
-        (Some(l), Some(y)) => sampled_log_probs(batch, (name, l), y, temperature).map(Some),
-        _ => Ok(None),
-    };
+    let from_logits =
+        |name: &'static str, logits: Option<&crate::Logits>| match (logits, batch.responses()) {
+            (Some(l), Some(y)) => sampled_log_probs(batch, (name, l), y, temperature).map(Some),
+            _ => Ok(None),
+        };
     let derived_train;
-    let (name, train) = match (&batch.old_log_prob, &batch.log_prob) {
+    let (name, train) = match (batch.old_log_prob(), batch.log_prob()) {
         (Some(o), _) if !bypass => ("old_log_prob", o),
         (_, Some(l)) => ("log_prob", l),
         (Some(o), None) => ("old_log_prob", o),
         (None, None) => {
-            derived_train =
-                from_logits("old_logits", batch.old_logits.as_ref())?.ok_or_else(|| {
-                    Error::input(
-                        "old_log_prob",
-                        "is missing: the kept mass is compared with the trainer's log-prob (give \
+            derived_train = from_logits("old_logits", batch.old_logits())?.ok_or_else(|| {
+                Error::input(
+                    "old_log_prob",
+                    "is missing: the kept mass is compared with the trainer's log-prob (give \
                      it, or old_logits with responses)",
-                    )
-                })?;
-            ("old_log_prob", &derived_train)
+                )
+            })?;
+            ("old_log_prob", derived_train.as_slice())
         }
     };
     let derived_roll;
-    let roll = match batch.rollout_log_prob.as_deref() {
+    let roll = match batch.rollout_log_prob() {
         Some(r) => r,
         None => {
-            derived_roll = from_logits("rollout_logits", batch.rollout_logits.as_ref())?
-                .ok_or_else(|| {
+            derived_roll =
+                from_logits("rollout_logits", batch.rollout_logits())?.ok_or_else(|| {
                     Error::input(
                         "rollout_log_prob",
                         "is missing: the kept mass needs it (or rollout_logits with responses)",
@@ -502,13 +500,7 @@ pub(crate) fn batch_kept_mass(
     };
     let (k3_before, k3_after) = (k3s(train), k3s(&kept_train));
     let replayed = if replay {
-        let mut b = batch.clone();
-        if name == "old_log_prob" {
-            b.old_log_prob = Some(kept_train);
-        } else {
-            b.log_prob = Some(kept_train);
-        }
-        Some((name, b))
+        Some((name, batch.with_derived(name, kept_train)?))
     } else {
         None
     };

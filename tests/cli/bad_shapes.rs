@@ -38,7 +38,7 @@ fn token_stats_length_mismatch_is_an_error_on_both_engines() {
 
 #[test]
 fn segment_reduce_length_mismatch_is_an_error_on_both_engines() {
-    let batch = Batch::padded(2, 3, &[1.0; 6]).unwrap();
+    let batch = Batch::padded(2, 3, &[1.0; 6]).unwrap().build().unwrap();
     let segs = batch.segments();
     for (name, e) in engines() {
         let short = [1.0; 4];
@@ -57,7 +57,7 @@ fn segment_reduce_length_mismatch_is_an_error_on_both_engines() {
 
 #[test]
 fn corrections_pass_and_vocab_mismatches_are_errors_on_both_engines() {
-    let batch = Batch::padded(2, 2, &[1.0; 4]).unwrap();
+    let batch = Batch::padded(2, 2, &[1.0; 4]).unwrap().build().unwrap();
     let plan = Default::default();
     let logits = Logits::from_f32(&[0.0; 8], 2, 4).unwrap();
     let other = Logits::from_f32(&[0.0; 12], 3, 4).unwrap();
@@ -98,6 +98,8 @@ fn topk_divergence_errors_on_both_engines_and_the_cpu_engine_is_the_reference() 
             .with_topk(vec![0, 1, 1, 2, 3, 4], lps, 2)
             .unwrap()
             .with_logits("old_logits", Logits::from_f32(&logits, 3, 6).unwrap())
+            .unwrap()
+            .build()
             .unwrap()
     };
     let good = batch(vec![-0.5, -1.5, -0.9, -1.1, -0.2, -2.5]);

@@ -405,7 +405,7 @@ fn dppo_and_pdm_masks_match_library() {
     for d in configs {
         let cfg = DppoConfig::from_json(&serde_json::from_str(d).unwrap()).unwrap();
         let (stats, batch) = library_stats(cfg.support);
-        let adv = batch.advantages.as_deref().unwrap();
+        let adv = batch.advantages().unwrap();
         let (keep, metrics) = dppo_mask(&stats, adv, batch.mask(), &cfg).unwrap();
         assert!(keep.contains(&0.0) && keep.contains(&1.0), "{d}: {keep:?}");
         let a = analyze("dppo", "cpu", Some(&format!(r#"{{"dppo": {d}}}"#)));

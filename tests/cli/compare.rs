@@ -43,6 +43,8 @@ fn batch(seed: u64, offset: f64) -> Batch {
         .unwrap()
         .with_log_probs("old_log_prob", old)
         .unwrap()
+        .build()
+        .unwrap()
 }
 
 fn check(engine: &dyn Engine, name: &str) {

@@ -13,6 +13,7 @@ mod cli_topk;
 mod compare;
 mod docs_run;
 mod dumps;
+mod flags;
 mod hostile;
 mod recipes;
 mod report_html;

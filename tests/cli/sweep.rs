@@ -32,6 +32,8 @@ fn batch(seed: u64, b: usize, t: usize) -> Batch {
         .unwrap()
         .with_log_probs("old_log_prob", old)
         .unwrap()
+        .build()
+        .unwrap()
 }
 
 /// (rejected sequences, rejected tokens) of a run with `option` at `threshold`.

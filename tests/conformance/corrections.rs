@@ -23,6 +23,8 @@ fn rho_batch() -> Batch {
         .unwrap()
         .with_log_probs("old_log_prob", old)
         .unwrap()
+        .build()
+        .unwrap()
 }
 
 fn seq_out<'a>(a: &'a trmask::analysis::Analysis, name: &str) -> &'a [f64] {
@@ -137,6 +139,8 @@ fn extreme_inputs_every_preset() {
         .with_log_probs("old_log_prob", old.clone())
         .unwrap()
         .with_log_probs("log_prob", old)
+        .unwrap()
+        .build()
         .unwrap();
     for name in CorrectionConfig::preset_names() {
         let c = CorrectionConfig::preset(name).unwrap();

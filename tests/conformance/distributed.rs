@@ -148,8 +148,7 @@ impl Whole {
                 .with_logits("old_logits", o)
                 .unwrap();
         }
-        batch.validate().unwrap();
-        batch
+        batch.build().unwrap()
     }
 
     /// Slot range of sequences `a..b` in a per-token output.

@@ -39,13 +39,13 @@ fn every_entry_point_gives_the_same_weights_mask_and_metrics() {
     let plain = CorrectionConfig::from_json_str(&CONFIG.replace("true", "false")).unwrap();
     let (b, t) = (64usize, 512usize);
     let mask = batch.mask().to_vec();
-    let roll = batch.rollout_log_prob.clone().unwrap();
-    let old = batch.old_log_prob.clone().unwrap();
-    let adv = batch.advantages.clone().unwrap();
-    let responses = batch.responses.clone().unwrap();
-    let uid = batch.uid.clone().unwrap();
-    let topk_ids = batch.rollout_topk_ids.clone().unwrap();
-    let topk_lp = batch.rollout_topk_log_prob.clone().unwrap();
+    let roll = batch.rollout_log_prob().unwrap().to_vec();
+    let old = batch.old_log_prob().unwrap().to_vec();
+    let adv = batch.advantages().unwrap().to_vec();
+    let responses = batch.responses().unwrap().to_vec();
+    let uid = batch.uid().unwrap().to_vec();
+    let topk_ids = batch.rollout_topk_ids().unwrap().to_vec();
+    let topk_lp = batch.rollout_topk_log_prob().unwrap().to_vec();
     let step = Step::padded(b, t)
         .response_mask(&mask[..])
         .rollout_log_prob(&roll[..])

@@ -150,8 +150,8 @@ fn trl_per_sequence_advantages_broadcast_over_the_row() {
     per_seq.insert("advantages".into(), adv);
     let a = trmask::io::batch_from_json(&Value::Object(full).to_string()).unwrap();
     let b = trmask::io::batch_from_json(&Value::Object(per_seq).to_string()).unwrap();
-    assert_eq!(a.advantages, b.advantages);
-    assert!(a.advantages.is_some());
+    assert_eq!(a.advantages(), b.advantages());
+    assert!(a.advantages().is_some());
 }
 
 #[test]

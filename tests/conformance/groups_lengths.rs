@@ -268,7 +268,7 @@ fn uid_from_json_and_shape_errors() {
     })
     .to_string();
     let batch = trmask::io::batch_from_json(&text).unwrap();
-    assert_eq!(batch.uid, Some(vec![4, 4, 9]));
+    assert_eq!(batch.uid(), Some(&[4, 4, 9][..]));
     for bad in [json!([4, 4]), json!([[4], [4], [9]]), json!([4.5, 4, 9])] {
         let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
         v["uid"] = bad.clone();
@@ -284,5 +284,5 @@ fn uid_from_json_and_shape_errors() {
     })
     .to_string();
     let batch = trmask::io::batch_from_json(&text).unwrap();
-    assert_eq!(batch.uid, Some(vec![1, 1]));
+    assert_eq!(batch.uid(), Some(&[1, 1][..]));
 }

@@ -406,6 +406,8 @@ fn step_and_corrector_match_analyze_and_padding_never_matters() {
             .with_logits("old_logits", ol.clone())
             .unwrap()
             .with_kept_sets(ids_v.to_vec(), off_v)
+            .unwrap()
+            .build()
             .unwrap();
         let an = trmask::analysis::analyze(e.as_ref(), &batch, &cfg).unwrap();
         assert!((out(&an, "log_kept_mass")[0] - s0).abs() < 1e-15);
@@ -459,6 +461,8 @@ fn kept_sets_with_logits_and_responses_need_no_log_probs() {
             .with_logits("old_logits", ol.clone())
             .unwrap()
             .with_kept_sets(ids.clone(), &off)
+            .unwrap()
+            .build()
             .unwrap();
         let an = trmask::analysis::analyze(e.as_ref(), &batch, &cfg)
             .unwrap_or_else(|err| panic!("{}: {err}", e.name()));

@@ -83,6 +83,8 @@ impl Moe {
                 self.k,
             )
             .unwrap()
+            .build()
+            .unwrap()
     }
 
     /// Rows `a..z` packed: only their valid slots (each row's valid tokens are a prefix).
@@ -105,6 +107,8 @@ impl Moe {
             .with_log_probs("old_log_prob", old)
             .unwrap()
             .with_routed_experts(&rr, &orr, self.l, self.k)
+            .unwrap()
+            .build()
             .unwrap()
     }
 
@@ -268,7 +272,7 @@ fn slime_and_vllm_names_read_the_same_batch() {
         let cpu = engine.name() == "cpu";
         for (what, p) in [("slime", &slime), ("vLLM", &vllm)] {
             let input = trmask::io::read_input(p, &Default::default()).unwrap();
-            assert!(input.batch.routing.is_some(), "{what}");
+            assert!(input.batch.routing().is_some(), "{what}");
             let a = analyze(engine.as_ref(), &input.batch, &cfg).unwrap();
             check_metrics(&format!("{} {what}", engine.name()), &a.metrics, cpu);
         }
@@ -327,6 +331,8 @@ fn route_flip_criteria_on_both_engines() {
         .with_log_probs("rollout_log_prob", vec![-1.0])
         .unwrap()
         .with_log_probs("old_log_prob", vec![-1.0])
+        .unwrap()
+        .build()
         .unwrap();
     let e = analyze(&CpuEngine::new(), &bare, &cfg)
         .unwrap_err()

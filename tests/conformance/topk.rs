@@ -8,7 +8,7 @@ use trmask::topk::{
     dppo_mask, topk_divergence, DppoConfig, DppoDirection, TopkDivergence, TopkStats, TopkSupport,
     TrainerSupportLogProbs, TrainerTopk,
 };
-use trmask::{Batch, DType, Engine, Error, Logits};
+use trmask::{Batch, BatchBuilder, DType, Engine, Error, Logits};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/real-small");
 
@@ -116,16 +116,20 @@ impl Real {
         }
         (ids, lps)
     }
-    fn batch(&self, k: usize) -> Batch {
-        let (ids, lps) = self.topk(k);
+    fn batch(&self, k: usize) -> BatchBuilder {
         let roll_y: Vec<f64> = (0..self.n)
             .map(|r| self.rollout_log_softmax(r)[self.y[r] as usize])
             .collect();
+        self.batch_without_log_probs(k)
+            .with_log_probs("rollout_log_prob", roll_y)
+            .unwrap()
+    }
+    /// The batch without `rollout_log_prob`: the responses and the rollout top-K.
+    fn batch_without_log_probs(&self, k: usize) -> BatchBuilder {
+        let (ids, lps) = self.topk(k);
         Batch::packed(&self.cu)
             .unwrap()
             .with_responses(self.y.clone())
-            .unwrap()
-            .with_log_probs("rollout_log_prob", roll_y)
             .unwrap()
             .with_topk(ids, lps, k)
             .unwrap()
@@ -193,7 +197,7 @@ fn naive(real: &Real, r: usize, support: &[usize], mu_s: &[f64]) -> Naive {
 fn real_small_top20_matches_reference() {
     let real = load();
     let k = 20;
-    let batch = real.batch(k);
+    let batch = real.batch(k).build().unwrap();
     // Our top-20 is the reference's set S.
     let ref_ids = real.i32s("bf16.topk_ids");
     let (ids, _) = real.topk(k);
@@ -274,7 +278,7 @@ fn real_small_top20_matches_reference() {
 fn real_small_small_k_both_supports() {
     let real = load();
     for k in [1usize, 2, 3] {
-        let batch = real.batch(k);
+        let batch = real.batch(k).build().unwrap();
         let (ids, _) = real.topk(k);
         let mut outside = 0;
         for support in [TopkSupport::Union, TopkSupport::ReplaceKth] {
@@ -327,8 +331,8 @@ fn real_small_small_k_both_supports() {
 fn trainer_log_probs_path_matches_logits_path() {
     let real = load();
     let k = 2;
-    let batch = real.batch(k);
-    let ids = batch.rollout_topk_ids.clone().unwrap();
+    let batch = real.batch(k).build().unwrap();
+    let ids = batch.rollout_topk_ids().unwrap().to_vec();
     for tau in [1.0, 0.7] {
         let q_lp: Vec<Vec<f64>> = (0..real.n)
             .map(|r| {
@@ -380,15 +384,20 @@ fn trainer_log_probs_path_matches_logits_path() {
 }
 
 /// A padded [2, 3] batch, V = 6, K = 2; row 1, t ≥ 1 are padding full of garbage.
-fn small_batch(ids: Vec<i64>, lps: Vec<f64>) -> Batch {
-    let v = 6;
+fn small_batch(ids: Vec<i64>, lps: Vec<f64>) -> BatchBuilder {
     let nan = f64::NAN;
+    small_batch_without_log_probs(ids, lps)
+        .with_log_probs("rollout_log_prob", vec![-1.0, -1.0, -3.0, -2.0, nan, nan])
+        .unwrap()
+}
+
+/// [`small_batch`] without `rollout_log_prob`.
+fn small_batch_without_log_probs(ids: Vec<i64>, lps: Vec<f64>) -> BatchBuilder {
+    let v = 6;
     let logits: Vec<f32> = (0..6 * v).map(|i| ((i * 7) % 11) as f32 * 0.3).collect();
     Batch::padded(2, 3, &[1.0, 1.0, 1.0, 1.0, 0.0, 0.0])
         .unwrap()
         .with_responses(vec![0, 1, 5, 2, -7, 99])
-        .unwrap()
-        .with_log_probs("rollout_log_prob", vec![-1.0, -1.0, -3.0, -2.0, nan, nan])
         .unwrap()
         .with_topk(ids, lps, 2)
         .unwrap()
@@ -428,7 +437,7 @@ fn run(b: &Batch) -> trmask::Result<TopkStats> {
 #[test]
 fn padding_is_ignored() {
     let (ids, lps) = good_ids();
-    let s = run(&small_batch(ids, lps)).unwrap();
+    let s = run(&small_batch(ids, lps).build().unwrap()).unwrap();
     assert_eq!(s.support_size, vec![2, 2, 3, 2, 0, 0]);
     for x in [&s.topk_kl, &s.topk_tv, &s.ddot_aggregated, &s.rollout_tail] {
         assert_eq!(&x[4..], &[0.0, 0.0]);
@@ -437,8 +446,8 @@ fn padding_is_ignored() {
     assert!(s.topk_kl[..4].iter().all(|&v| v > 0.0));
 }
 
-fn expect_err(b: Batch, tensor: &str, needle: &str) {
-    match run(&b) {
+fn expect_err(b: BatchBuilder, tensor: &str, needle: &str) {
+    match b.build().and_then(|b| run(&b)) {
         Err(Error::InvalidInput { tensor: t, problem }) => {
             assert_eq!(t, tensor, "{problem}");
             assert!(
@@ -483,9 +492,11 @@ fn bad_topk_inputs_name_the_row() {
     expect_err(small_batch(ids, lps2), "rollout_topk_log_prob", "[0, 0]");
     // Sampled token outside the top-K without rollout_log_prob.
     let (ids, lps) = good_ids();
-    let mut b = small_batch(ids, lps);
-    b.rollout_log_prob = None;
-    expect_err(b, "rollout_log_prob", "[0, 2]");
+    expect_err(
+        small_batch_without_log_probs(ids, lps),
+        "rollout_log_prob",
+        "[0, 2]",
+    );
     // A NaN trainer logit at a valid row.
     let (ids, lps) = good_ids();
     let mut logits: Vec<f32> = vec![0.5; 36];
@@ -496,7 +507,7 @@ fn bad_topk_inputs_name_the_row() {
     expect_err(b, "old_logits", "[1, 0]");
     // Trainer log-probs on S that sum past 1.
     let (ids, lps) = good_ids();
-    let b = small_batch(ids, lps);
+    let b = small_batch(ids, lps).build().unwrap();
     let train = vec![-0.1; 12];
     let err = topk_divergence(
         &b,
@@ -516,7 +527,7 @@ fn bad_topk_inputs_name_the_row() {
     let (ids, mut lps2) = good_ids();
     lps2[0] = (0.6f64).ln();
     lps2[1] = (0.400_009f64).ln();
-    assert!(run(&small_batch(ids, lps2)).is_ok());
+    assert!(run(&small_batch(ids, lps2).build().unwrap()).is_ok());
 }
 
 /// Hand-made statistics: one token per sign combination of (A, π_y − μ_y, ddot), all over δ,
@@ -631,7 +642,7 @@ fn empty_batch_metrics_are_zero() {
 #[test]
 fn real_small_masks() {
     let real = load();
-    let batch = real.batch(20);
+    let batch = real.batch(20).build().unwrap();
     let s = run(&batch).unwrap();
     let adv: Vec<f64> = (0..real.n)
         .map(|i| if i % 3 == 0 { -1.0 } else { 0.7 })
@@ -731,6 +742,8 @@ fn gpu_real_small_matches_reference() {
                     "old_logits",
                     Logits::from_bytes(bytes.clone(), dtype, real.n, real.v).unwrap(),
                 )
+                .unwrap()
+                .build()
                 .unwrap();
             let tr = TrainerTopk::from_batch(&batch, 1.0).unwrap();
             let c = topk_divergence(&batch, support, tr).unwrap();
@@ -747,7 +760,7 @@ fn gpu_real_small_matches_reference() {
 
 /// A random padded batch: V, K, temperature, −inf trainer logits, logits up to ±`scale`,
 /// empty and all-masked rows, garbage (NaN, bad ids) in the padding.
-fn random_batch(rng: &mut Rng, b: usize, t: usize, v: usize, k: usize, scale: f64) -> Batch {
+fn random_batch(rng: &mut Rng, b: usize, t: usize, v: usize, k: usize, scale: f64) -> BatchBuilder {
     let slots = b * t;
     let mut mask = vec![0.0; slots];
     for r in 0..b {
@@ -837,21 +850,24 @@ fn gpu_random_inputs_match_reference() {
     .iter()
     .enumerate()
     {
-        let batch = random_batch(&mut rng, 5, 4, v, k, scale);
+        let builder = random_batch(&mut rng, 5, 4, v, k, scale);
+        let batch = builder.clone().build().unwrap();
         for (support, temperature) in [(TopkSupport::Union, 1.0), (TopkSupport::ReplaceKth, 0.7)] {
             // Rounding the trainer logits to 16 bits first: the reference sees the same values.
             for dtype in [DType::F32, DType::BF16, DType::F16] {
-                let old = batch.old_logits.as_ref().unwrap();
+                let old = batch.old_logits().unwrap();
                 let vals: Vec<f32> = (0..old.rows() * v)
                     .map(|i| DType::F32.decode(old.bytes(), i))
                     .collect();
-                let b = batch
+                let b = builder
                     .clone()
                     .with_logits(
                         "old_logits",
                         Logits::from_bytes(to_dtype_bytes(&vals, dtype), dtype, old.rows(), v)
                             .unwrap(),
                     )
+                    .unwrap()
+                    .build()
                     .unwrap();
                 let tr = TrainerTopk::from_batch(&b, temperature).unwrap();
                 let c = topk_divergence(&b, support, tr).unwrap();
@@ -890,6 +906,8 @@ fn gpu_errors_and_infinities() {
     logits[5 * 6] = f32::NAN;
     let b = small_batch(ids.clone(), lps.clone())
         .with_logits("old_logits", Logits::from_f32(&logits, 6, 6).unwrap())
+        .unwrap()
+        .build()
         .unwrap();
     let tr = TrainerTopk::from_batch(&b, 1.0).unwrap();
     match engine.topk_divergence(&b, TopkSupport::Union, tr) {
@@ -905,6 +923,8 @@ fn gpu_errors_and_infinities() {
     logits[5 * 6 + 2] = f32::NAN;
     let b = small_batch(ids, lps)
         .with_logits("old_logits", Logits::from_f32(&logits, 6, 6).unwrap())
+        .unwrap()
+        .build()
         .unwrap();
     let tr = TrainerTopk::from_batch(&b, 1.0).unwrap();
     let c = topk_divergence(&b, TopkSupport::Union, tr).unwrap();
@@ -914,7 +934,7 @@ fn gpu_errors_and_infinities() {
     // Bad top-K input errors come from the shared validation.
     let (mut ids, lps) = good_ids();
     ids[5] = 6;
-    let b = small_batch(ids, lps);
+    let b = small_batch(ids, lps).build().unwrap();
     let tr = TrainerTopk::from_batch(&b, 1.0).unwrap();
     assert!(engine.topk_divergence(&b, TopkSupport::Union, tr).is_err());
 }
@@ -925,8 +945,7 @@ fn gpu_errors_and_infinities() {
 fn logits_without_log_probs_give_the_support_its_sampled_log_prob() {
     let real = load();
     let k = 2;
-    let given = real.batch(k);
-    let ids = given.rollout_topk_ids.as_ref().unwrap();
+    let (ids, _) = real.topk(k);
     let outside = (0..real.n)
         .filter(|&r| !ids[r * k..(r + 1) * k].contains(&real.y[r]))
         .count();
@@ -940,9 +959,12 @@ fn logits_without_log_probs_give_the_support_its_sampled_log_prob() {
         .flat_map(|&x| half::bf16::from_f64(x).to_le_bytes())
         .collect();
     let rollout = Logits::from_bytes(bf16, DType::BF16, real.n, real.v).unwrap();
-    let given = given.with_logits("rollout_logits", rollout).unwrap();
-    let mut derived = given.clone();
-    derived.rollout_log_prob = None;
+    let given = real.batch(k).with_logits("rollout_logits", rollout.clone());
+    let given = given.unwrap().build().unwrap();
+    let derived = real
+        .batch_without_log_probs(k)
+        .with_logits("rollout_logits", rollout);
+    let derived = derived.unwrap().build().unwrap();
     let cpu = trmask::cpu::CpuEngine::new();
     let cfg = trmask::CorrectionConfig::default();
     let a = trmask::analysis::analyze(&cpu, &given, &cfg).unwrap();

@@ -661,6 +661,8 @@ fn verl_test_seq_fraction_high_uses_raw_weights() {
         .with_log_probs("rollout_log_prob", vec![0.0; 4])
         .unwrap()
         .with_log_probs("old_log_prob", lr)
+        .unwrap()
+        .build()
         .unwrap();
     let cfg =
         CorrectionConfig::from_json_str(r#"{"rollout_is": "token", "rollout_is_threshold": 2.0}"#)

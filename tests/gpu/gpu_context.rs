@@ -281,6 +281,8 @@ fn submissions_do_not_grow_with_the_sequence_count() {
                 .with_log_probs("rollout_log_prob", roll.clone())
                 .unwrap()
                 .with_log_probs("old_log_prob", old.clone())
+                .unwrap()
+                .build()
                 .unwrap();
             let before = engine.context().submissions();
             trmask::analysis::analyze(&engine, &batch, &config).unwrap();
@@ -412,14 +414,16 @@ fn mapped_and_staged_readbacks_give_the_same_analysis() {
         .map(|s| (3 * s) as i64)
         .chain([n as i64])
         .collect();
-    let take = |l: &Option<trmask::Logits>| l.clone().expect("logits in the sample");
+    let take = |l: Option<&trmask::Logits>| l.cloned().expect("logits in the sample");
     let batch = trmask::Batch::packed(&cu)
         .unwrap()
-        .with_logits("rollout_logits", take(&full.rollout_logits))
+        .with_logits("rollout_logits", take(full.rollout_logits()))
         .unwrap()
-        .with_logits("old_logits", take(&full.old_logits))
+        .with_logits("old_logits", take(full.old_logits()))
         .unwrap()
-        .with_responses(full.responses.clone().unwrap())
+        .with_responses(full.responses().unwrap().to_vec())
+        .unwrap()
+        .build()
         .unwrap();
     for config in [
         trmask::CorrectionConfig::default(),

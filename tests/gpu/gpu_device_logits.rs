@@ -32,6 +32,8 @@ fn topk_on_device_logits_matches_host_logits_bit_for_bit() {
         .with_topk(ids, lps, k)
         .unwrap()
         .with_logits("old_logits", host.clone())
+        .unwrap()
+        .build()
         .unwrap();
     // the tensor starts 12 bytes into the caller's buffer
     let mut bytes = vec![0u8; 12];

@@ -92,7 +92,7 @@ fn run_every_op(e: &GpuEngine, what: &str) {
         .collect();
     let roll: Vec<f64> = (0..n).map(|_| rng.range(-4.0, -2.0)).collect();
     let train: Vec<f64> = roll.iter().map(|r| r + rng.range(-0.2, 0.2)).collect();
-    let batch0 = Batch::padded(b, t, &mask_f).unwrap();
+    let batch0 = Batch::padded(b, t, &mask_f).unwrap().build().unwrap();
     let seg = batch0.segments().clone();
     let m = seg.mask();
     let ts = e.token_stats(&roll, &train, m).unwrap();
@@ -169,6 +169,8 @@ fn run_every_op(e: &GpuEngine, what: &str) {
             .with_topk(ids, lps, k)
             .unwrap()
             .with_logits("old_logits", enc(&bb, da))
+            .unwrap()
+            .build()
             .unwrap();
         let tr = TrainerTopk::from_batch(&batch, 1.0).unwrap();
         let got = Engine::topk_divergence(e, &batch, TopkSupport::Union, tr).unwrap();

@@ -55,6 +55,8 @@ fn inputs() -> Inputs {
         .with_topk(ids, lps, K)
         .unwrap()
         .with_logits("old_logits", old_logits.clone())
+        .unwrap()
+        .build()
         .unwrap();
     let seg = batch.segments().clone();
     Inputs {

@@ -52,7 +52,7 @@ fn padded_case(rng: &mut Rng, b: usize, t: usize) -> Case {
         }
     }
     Case {
-        batch: Batch::padded(b, t, &mask).unwrap(),
+        batch: Batch::padded(b, t, &mask).unwrap().build().unwrap(),
         roll,
         train,
     }
@@ -253,7 +253,7 @@ fn padded_and_packed_agree() {
         train.extend_from_slice(&case.train[r * t..r * t + len]);
         cu.push(cu.last().unwrap() + len as i64);
     }
-    let packed = Batch::packed(&cu).unwrap();
+    let packed = Batch::packed(&cu).unwrap().build().unwrap();
     let pad = gpu
         .token_stats(&case.roll, &case.train, case.batch.mask())
         .unwrap();
@@ -313,7 +313,7 @@ fn four_million_tokens_packed() {
         let len = rng.below(4000).min(n - *cu.last().unwrap() as usize);
         cu.push(cu.last().unwrap() + len as i64);
     }
-    let batch = Batch::packed(&cu).unwrap();
+    let batch = Batch::packed(&cu).unwrap().build().unwrap();
     let roll: Vec<f64> = (0..n).map(|_| rng.range(-8.0, 0.0)).collect();
     let train: Vec<f64> = roll.iter().map(|r| r + rng.range(-0.3, 0.3)).collect();
     let case = Case { batch, roll, train };

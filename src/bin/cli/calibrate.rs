@@ -17,8 +17,8 @@ pub struct Args {
     #[arg(long = "target-reject-rate", allow_negative_numbers = true)]
     target_reject_rate: f64,
     /// auto, gpu, cpu or cpu-fast (as for analyze).
-    #[arg(long, default_value = "auto")]
-    pub backend: String,
+    #[arg(long, default_value = "auto", value_parser = crate::backend_parser())]
+    pub backend: trmask::backend::Backend,
     /// Every slot is a valid token (as for analyze).
     #[arg(long)]
     all_valid: bool,
@@ -68,7 +68,7 @@ pub fn run(a: Args) -> Result<(), trmask::Error> {
         ));
     }
     let common = Common {
-        backend: a.backend.clone(),
+        backend: a.backend,
         config: None,
         preset: None,
         temperature: None,

@@ -1,5 +1,5 @@
 //! `trmask analyze --distributed mpi`: one rank of a data-parallel job.
-use crate::Common;
+use crate::{Common, Distributed};
 use std::path::{Path, PathBuf};
 
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
@@ -23,7 +23,7 @@ fn for_rank(path: &Path, rank: i32, size: i32, flag: &str) -> Result<PathBuf, tr
 }
 
 #[cfg(not(feature = "mpi"))]
-pub fn analyze(_: &str, _: &Paths, _: &Common, _: bool) -> Result<(), trmask::Error> {
+pub fn analyze(_: Distributed, _: &Paths, _: &Common, _: bool) -> Result<(), trmask::Error> {
     Err(trmask::Error::config(
         "--distributed",
         "this trmask was built without MPI; rebuild with `cargo build --features mpi`",
@@ -32,19 +32,14 @@ pub fn analyze(_: &str, _: &Paths, _: &Common, _: bool) -> Result<(), trmask::Er
 
 #[cfg(feature = "mpi")]
 pub fn analyze(
-    kind: &str,
+    kind: Distributed,
     paths: &Paths,
     common: &Common,
     all_metrics: bool,
 ) -> Result<(), trmask::Error> {
     use crate::{analyse_one, setup, subject};
     use mpi::traits::Communicator;
-    if kind != "mpi" {
-        return Err(trmask::Error::config(
-            "--distributed",
-            format!("must be `mpi`, got `{kind}`"),
-        ));
-    }
+    let Distributed::Mpi = kind;
     if paths.input.len() != 1 {
         return Err(trmask::Error::config(
             "--distributed",

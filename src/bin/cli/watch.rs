@@ -506,7 +506,7 @@ pub fn run(args: Args) -> Result<u8, trmask::Error> {
         ));
     }
     let common = Common {
-        backend: "auto".into(),
+        backend: trmask::backend::Backend::Auto,
         config: args.config.clone(),
         preset: args.preset.clone(),
         temperature: None,

@@ -16,11 +16,11 @@ use rayon::prelude::*;
 /// logits `old_logits` (plus `rollout_log_prob` where a sampled token is not in the top-K,
 /// checked per row).
 pub fn topk_missing_input(batch: &Batch) -> Option<&'static str> {
-    if batch.rollout_topk_ids.is_none() || batch.rollout_topk_log_prob.is_none() {
+    if batch.rollout_topk_ids().is_none() || batch.rollout_topk_log_prob().is_none() {
         Some("rollout_topk_ids")
-    } else if batch.responses.is_none() {
+    } else if batch.responses().is_none() {
         Some("responses")
-    } else if batch.old_logits.is_none() {
+    } else if batch.old_logits().is_none() {
         Some("old_logits")
     } else {
         None
@@ -28,21 +28,21 @@ pub fn topk_missing_input(batch: &Batch) -> Option<&'static str> {
 }
 
 /// The log-probs of the training policy: `old_log_prob` (decoupled mode), else `log_prob`.
-pub fn training_log_prob(batch: &Batch) -> Option<&Vec<f64>> {
-    batch.old_log_prob.as_ref().or(batch.log_prob.as_ref())
+pub fn training_log_prob(batch: &Batch) -> Option<&[f64]> {
+    batch.old_log_prob().or(batch.log_prob())
 }
 
 /// The training policy's log-probs for a mode: bypass mode uses `log_prob` (π_θ); decoupled
 /// mode uses `old_log_prob`, falling back to `log_prob` when the batch has none.
-pub fn training_log_prob_for(batch: &Batch, bypass: bool) -> Result<Option<&Vec<f64>>> {
+pub fn training_log_prob_for(batch: &Batch, bypass: bool) -> Result<Option<&[f64]>> {
     if bypass {
-        if batch.log_prob.is_none() && batch.old_log_prob.is_some() {
+        if batch.log_prob().is_none() && batch.old_log_prob().is_some() {
             return Err(Error::input(
                 "log_prob",
                 "is missing: bypass_mode uses log_prob (the current policy) as the training policy",
             ));
         }
-        Ok(batch.log_prob.as_ref())
+        Ok(batch.log_prob())
     } else {
         Ok(training_log_prob(batch))
     }
@@ -130,17 +130,16 @@ fn table_inner(
     support: TopkSupport,
     binary_kl_column: bool,
 ) -> Result<StatTable> {
-    batch.validate()?;
-    if batch.rollout_logits.is_some() || batch.old_logits.is_some() {
+    if batch.rollout_logits().is_some() || batch.old_logits().is_some() {
         crate::config::check_temperature("temperature", temperature)?;
     }
     let mut table = StatTable::default();
     let mask = batch.mask();
     let mut derived: Option<(Vec<f64>, Vec<f64>)> = None;
-    if let (Some(r), Some(o)) = (&batch.rollout_logits, &batch.old_logits) {
+    if let (Some(r), Some(o)) = (batch.rollout_logits(), batch.old_logits()) {
         // π_train(y) = 0 makes KL(π_roll‖π_train) infinite and the sampled log-ratio −∞
         // (non-finite log-probs are errors, docs/FORMAT.md (Layout)): one verdict on every engine.
-        if let Some(ids) = batch.responses.as_deref() {
+        if let Some(ids) = batch.responses() {
             if let Some(i) = crate::input::logits::impossible_sample(o, ids, mask) {
                 return Err(Error::input(
                     "old_logits",
@@ -154,8 +153,8 @@ fn table_inner(
                 ));
             }
         }
-        let v = engine.vocab_divergence(r, o, batch.responses.as_deref(), mask, temperature)?;
-        if batch.responses.is_some() {
+        let v = engine.vocab_divergence(r, o, batch.responses(), mask, temperature)?;
+        if batch.responses().is_some() {
             derived = Some((v.rollout_logp, v.train_logp));
         }
         table.stats.insert("kl".into(), v.kl);
@@ -172,13 +171,13 @@ fn table_inner(
     // log-softmax gather of `responses`), else, for the rollout, from its top-K where every
     // valid y_t is among it.
     let mut roll = batch
-        .rollout_log_prob
-        .as_ref()
-        .or(derived.as_ref().map(|d| &d.0));
-    let mut train = training_log_prob_for(batch, bypass)?.or(derived.as_ref().map(|d| &d.1));
+        .rollout_log_prob()
+        .or(derived.as_ref().map(|d| d.0.as_slice()));
+    let mut train =
+        training_log_prob_for(batch, bypass)?.or(derived.as_ref().map(|d| d.1.as_slice()));
     let from_topk;
     if roll.is_none() {
-        from_topk = match (&batch.rollout_logits, &batch.responses) {
+        from_topk = match (batch.rollout_logits(), batch.responses()) {
             // docs/FORMAT.md (Input tensors): logits without log-probs give the sampled-token log-probs
             (Some(logits), Some(y)) => Some(sampled_log_probs(
                 batch,
@@ -188,23 +187,23 @@ fn table_inner(
             )?),
             _ => topk_sampled_rollout_log_prob(batch),
         };
-        roll = from_topk.as_ref();
+        roll = from_topk.as_deref();
     }
     let from_logits;
     if train.is_none() {
-        if let (Some(logits), Some(y)) = (&batch.old_logits, &batch.responses) {
+        if let (Some(logits), Some(y)) = (batch.old_logits(), batch.responses()) {
             from_logits = Some(sampled_log_probs(
                 batch,
                 ("old_logits", logits),
                 y,
                 temperature,
             )?);
-            train = from_logits.as_ref();
+            train = from_logits.as_deref();
         }
     }
     if let (Some(r), Some(t)) = (roll, train) {
         let s = engine.token_stats(r, t, mask)?;
-        let masked = |v: &Vec<f64>| -> Vec<f64> {
+        let masked = |v: &[f64]| -> Vec<f64> {
             v.par_iter()
                 .zip(mask)
                 .map(|(&x, &m)| if m { x } else { 0.0 })
@@ -247,7 +246,7 @@ fn table_inner(
             "is missing: the batch needs both policies' log-probs (or both logits with responses)",
         ));
     }
-    if let Some(r) = &batch.routing {
+    if let Some(r) = batch.routing() {
         // the one computation of the routing outputs (input::routing)
         let t = r.token_stats().clone();
         table.stats.insert("route_flip".into(), t.flip.clone());
@@ -257,11 +256,9 @@ fn table_inner(
         // the support needs log π_roll(y) where y is outside the top-K: derived from the
         // rollout logits when the batch carries no `rollout_log_prob` (logits are shared)
         let with_log_prob;
-        let topk_batch = match (&batch.rollout_log_prob, roll) {
-            (None, Some(r)) if batch.rollout_logits.is_some() => {
-                let mut b = batch.clone();
-                b.rollout_log_prob = Some(r.clone());
-                with_log_prob = b;
+        let topk_batch = match (batch.rollout_log_prob(), roll) {
+            (None, Some(r)) if batch.rollout_logits().is_some() => {
+                with_log_prob = batch.with_derived("rollout_log_prob", r.to_vec())?;
                 &with_log_prob
             }
             _ => batch,
@@ -287,11 +284,11 @@ fn table_inner(
 /// log π_roll(y_t) from the rollout top-K, where every valid y_t is among it (else `None`).
 fn topk_sampled_rollout_log_prob(batch: &Batch) -> Option<Vec<f64>> {
     let (ids, lps, y) = (
-        batch.rollout_topk_ids.as_ref()?,
-        batch.rollout_topk_log_prob.as_ref()?,
-        batch.responses.as_ref()?,
+        batch.rollout_topk_ids()?,
+        batch.rollout_topk_log_prob()?,
+        batch.responses()?,
     );
-    let k = batch.topk;
+    let k = batch.topk();
     let mask = batch.mask();
     let mut out = vec![0.0; mask.len()];
     for r in (0..mask.len()).filter(|&r| mask[r]) {
