@@ -268,6 +268,24 @@ pub const INV_FACT: [f64; 12] = [
     1.0 / 39916800.0,
 ];
 
+/// Unit in the last place of `x` in a float format with `mantissa` explicit bits (0 for 0).
+pub fn ulp(x: f64, mantissa: i32) -> f64 {
+    if x == 0.0 {
+        0.0
+    } else {
+        (2f64).powi(x.abs().log2().floor() as i32 - mantissa)
+    }
+}
+
+/// Whether `x` is exactly a bf16 value and exactly an f16 value.
+#[inline]
+pub fn half_exact(x: f64) -> (bool, bool) {
+    (
+        half::bf16::from_f64(x).to_f64() == x,
+        half::f16::from_f64(x).to_f64() == x,
+    )
+}
+
 #[cfg(test)]
 mod tests {
 

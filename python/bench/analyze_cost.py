@@ -37,11 +37,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def step(b, t, seed=0):
-    """A realistic step: most tokens confident, log-prob mismatch of a few 1e-2 with a heavy
-    tail on a few tokens, responses of varied length, GRPO groups of 8."""
+    """A realistic step: most tokens confident, a log-prob mismatch of a few 1e-2 varying by
+    response (a few rejected at `seq_mean_k3` 0.01) with a heavy tail on a few tokens,
+    responses of varied length, GRPO groups of 8."""
     g = torch.Generator().manual_seed(seed)
     old = torch.rand(b, t, generator=g).clamp_min(1e-12).log() * 0.5  # -Exp(2): mostly near 0
-    noise = 0.03 * torch.randn(b, t, generator=g)
+    # per response a mismatch scale around 0.03 (k3 ~ 5e-4), a few well past it
+    scale = 0.03 * torch.exp(0.7 * torch.randn(b, 1, generator=g))
+    noise = scale * torch.randn(b, t, generator=g)
     tail = torch.rand(b, t, generator=g) < 0.005
     noise = torch.where(tail, 0.5 * torch.randn(b, t, generator=g), noise)
     roll = -(old + noise).abs()

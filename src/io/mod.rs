@@ -15,6 +15,7 @@
 pub mod dumps;
 mod files;
 mod json_stream;
+mod mapped;
 pub mod names;
 mod raw;
 mod write;
@@ -23,6 +24,7 @@ pub use files::{
     check_distinct, first_line, open_input, read_lines, read_text, Commit, JSON_LIMIT,
 };
 pub use json_stream::label_id;
+pub use mapped::{map_step, MappedStep};
 pub use names::Renames;
 pub use write::{
     append_metrics_line, metrics_bytes, metrics_json, metrics_line, outputs_bytes, seq_output,

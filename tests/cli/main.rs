@@ -13,6 +13,7 @@ mod cli_topk;
 mod compare;
 mod docs_run;
 mod dumps;
+mod fused;
 mod hostile;
 mod recipes;
 mod report_html;

@@ -1,11 +1,12 @@
 //! The fused lean pass: verl's corrections for log-prob-only batches in one pass over each
 //! sequence, reading the borrowed inputs in their own dtype and writing the weights and the
-//! modified mask into caller-owned buffers (`Corrector::correct_into`).
+//! modified mask into caller-owned buffers (`Corrector::correct_into`), and for `trmask
+//! analyze` (`analysis::analyze_fused`) also the statistics table's reductions (`stats`).
 //!
 //! [`plan`] compiles a resolved config into a [`LeanPlan`] where the pass serves it (verl's
-//! metrics only; sampled-token criteria k1 / k2 / k3 / abs / ser, token or sequence; token or
-//! sequence IS, TIS or IcePop, batch-normalised or not); anything else (logits, top-K, DPPO,
-//! LN-TRM, the token veto, legacy mode, trmask's diagnostics) takes the full path. The pass
+//! metrics, trmask's diagnostics; sampled-token criteria k1 / k2 / k3 / abs / ser, token or
+//! sequence; token or sequence IS, TIS or IcePop, batch-normalised or not); anything else
+//! (logits, top-K, DPPO, LN-TRM, the token veto, legacy mode) takes the full path. The pass
 //! gives the full path's masks and decisions, and its weights and metrics to within rounding
 //! (per-sequence sums in lanes by slot, as the CPU engine's segment sums; batch sums
 //! compensated; `e^x` by `math::exp_bounded` on both paths); inputs it cannot vouch for (a
@@ -15,7 +16,8 @@
 mod finish;
 mod pass;
 mod plan;
+mod stats;
 mod tile;
 
-pub(crate) use pass::{run, LeanInputs, LeanLayout};
+pub(crate) use pass::{run, run_with, LeanInputs, LeanLayout};
 pub(crate) use plan::{plan, LeanPlan};

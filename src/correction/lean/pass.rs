@@ -2,6 +2,7 @@
 
 use super::finish::{chunk_partial, details, diag_partial, SeqRec};
 use super::plan::{is_weight, LAgg, LeanPlan};
+use super::stats::TableAcc;
 use super::tile::{Cols, SeqLanes, TILE};
 use crate::config::{IsLevel, IsSpec};
 use crate::error::Result;
@@ -78,6 +79,10 @@ impl LeanInputs<'_> {
     }
 }
 
+/// A task's accumulators: the diagnostics (`plan.diag`), `trmask analyze`'s table reductions
+/// (`plan.analyze`).
+type Accs<'a> = (Option<&'a mut DiagAcc>, Option<&'a mut TableAcc>);
+
 /// One task's sequences and its disjoint views of the output buffers.
 struct Task<'o> {
     seqs: std::ops::Range<usize>,
@@ -96,6 +101,16 @@ pub(crate) fn run(
     out: &mut Outputs<'_>,
     ex: &mut dyn Exchange,
 ) -> Result<Option<(Corrections, Partial)>> {
+    Ok(run_with(plan, inp, out, ex)?.map(|(c, p, _)| (c, p)))
+}
+
+/// [`run`], with `trmask analyze`'s table reductions where `plan.analyze`.
+pub(crate) fn run_with(
+    plan: &LeanPlan,
+    inp: &LeanInputs<'_>,
+    out: &mut Outputs<'_>,
+    ex: &mut dyn Exchange,
+) -> Result<Option<(Corrections, Partial, Option<TableAcc>)>> {
     let Some(ranges) = inp.ranges() else {
         return Ok(None);
     };
@@ -104,7 +119,10 @@ pub(crate) fn run(
         LeanLayout::Padded { .. } => inp.mask.map_or(slots, |m| m.len()),
         LeanLayout::Packed(_) => slots,
     };
-    if out.mask.len() != slots || out.weights.as_ref().map(|w| w.len()) != plan.is.map(|_| slots) {
+    // `trmask analyze` keeps no weights: it passes no buffer, and none is written
+    let weights = out.weights.as_ref().map(|w| w.len());
+    let weights_fit = weights == plan.is.map(|_| slots) || (plan.analyze && weights.is_none());
+    if out.mask.len() != slots || !weights_fit {
         return Ok(None);
     }
     let deferred = plan.is.is_some_and(|is| is.batch_normalize);
@@ -117,17 +135,23 @@ pub(crate) fn run(
     };
     let chunks = run_tasks(tasks, |mut t| {
         let mut diag = plan.diag.then(DiagAcc::default);
-        kernel(plan, inp, &ranges, &mut t, deferred, &feeds, diag.as_mut()).map(|r| (r, diag))
+        let mut st = plan.analyze.then(TableAcc::default);
+        let acc = (diag.as_mut(), st.as_mut());
+        kernel(plan, inp, &ranges, &mut t, deferred, &feeds, acc).map(|r| (r, diag, st))
     });
     let mut recs = Vec::with_capacity(ranges.len());
     let mut diag = plan.diag.then(DiagAcc::default);
+    let mut table = plan.analyze.then(TableAcc::default);
     for c in chunks {
-        let Some(Some((r, d))) = c else {
+        let Some(Some((r, d, st))) = c else {
             return Ok(None);
         };
         recs.extend(r);
         if let (Some(all), Some(d)) = (diag.as_mut(), d) {
             all.merge(&d);
+        }
+        if let (Some(all), Some(st)) = (table.as_mut(), st) {
+            all.merge(st);
         }
     }
     // this shard's metrics: one partial of every sequence's record, in order
@@ -150,7 +174,7 @@ pub(crate) fn run(
     if let Some(d) = &diag {
         diag_partial(&c, &recs, d, &feeds, inp.uid, &mut merged);
     }
-    Ok(Some((c, merged)))
+    Ok(Some((c, merged, table)))
 }
 
 /// `f` of every task, in order: the calling thread and `current_num_threads − 1` of rayon's
@@ -246,7 +270,7 @@ fn kernel(
     t: &mut Task<'_>,
     deferred: bool,
     feeds: &Feeds,
-    diag: Option<&mut DiagAcc>,
+    acc: Accs<'_>,
 ) -> Option<Vec<SeqRec>> {
     let mut cols = Cols::take();
     let c = &mut cols;
@@ -255,16 +279,14 @@ fn kernel(
         {
             if std::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU has AVX-512F (checked just above).
-                break 'run unsafe {
-                    kernel_avx512(plan, inp, ranges, t, deferred, c, feeds, diag)
-                };
+                break 'run unsafe { kernel_avx512(plan, inp, ranges, t, deferred, c, feeds, acc) };
             }
             if std::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2 (checked just above).
-                break 'run unsafe { kernel_avx2(plan, inp, ranges, t, deferred, c, feeds, diag) };
+                break 'run unsafe { kernel_avx2(plan, inp, ranges, t, deferred, c, feeds, acc) };
             }
         }
-        kernel_body(plan, inp, ranges, t, deferred, c, feeds, diag)
+        kernel_body(plan, inp, ranges, t, deferred, c, feeds, acc)
     };
     Cols::give(cols);
     recs
@@ -284,9 +306,9 @@ macro_rules! kernel_for {
             deferred: bool,
             cols: &mut Cols,
             feeds: &Feeds,
-            diag: Option<&mut DiagAcc>,
+            acc: Accs<'_>,
         ) -> Option<Vec<SeqRec>> {
-            kernel_body(plan, inp, ranges, t, deferred, cols, feeds, diag)
+            kernel_body(plan, inp, ranges, t, deferred, cols, feeds, acc)
         }
     };
 }
@@ -303,7 +325,7 @@ fn kernel_body(
     deferred: bool,
     cols: &mut Cols,
     feeds: &Feeds,
-    mut diag: Option<&mut DiagAcc>,
+    (mut diag, mut stats): Accs<'_>,
 ) -> Option<Vec<SeqRec>> {
     if inp.mask.is_none() {
         cols.m.fill(1); // every slot valid (the columns may hold an earlier call's mask)
@@ -398,6 +420,9 @@ fn kernel_body(
                     av.load(k, &mut cols.a[..used]);
                 }
                 cols.feed_diag(used, feeds, token_is.is_some(), &mut sd);
+                if let Some(st) = stats.as_deref_mut() {
+                    st.tile(cols, used, k, inp.adv.is_some());
+                }
                 if used < len {
                     sd.gap();
                 }
@@ -435,13 +460,16 @@ fn kernel_body(
                 }
             }
         }
+        let token_rejected = plan
+            .criteria
+            .iter()
+            .zip(&rec.crit)
+            .any(|(c, r)| c.agg == LAgg::Token && r.rej > 0);
         if let Some(d) = diag.as_deref_mut() {
-            let token_rejected = plan
-                .criteria
-                .iter()
-                .zip(&rec.crit)
-                .any(|(c, r)| c.agg == LAgg::Token && r.rej > 0);
             d.fold(&sd, seq_rejected, seq_rejected || token_rejected);
+        }
+        if let Some(st) = stats.as_deref_mut() {
+            st.end_seq(rec.n, rec.n_rej_any, !(seq_rejected || token_rejected));
         }
         recs.push(rec);
         cursor = e;
@@ -639,7 +667,7 @@ mod tests {
                 bool,
                 &mut Cols,
                 &Feeds,
-                Option<&mut DiagAcc>,
+                Accs<'_>,
             ) -> Option<Vec<SeqRec>>;
             let mut builds: Vec<(&str, Kernel)> = vec![("baseline", kernel_body)];
             #[cfg(target_arch = "x86_64")]
@@ -669,7 +697,17 @@ mod tests {
                     let mut cols = Cols::take();
                     let f = Feeds::default();
                     recs.extend(
-                        k(&plan, &inp, &ranges, &mut task, false, &mut cols, &f, None).unwrap(),
+                        k(
+                            &plan,
+                            &inp,
+                            &ranges,
+                            &mut task,
+                            false,
+                            &mut cols,
+                            &f,
+                            (None, None),
+                        )
+                        .unwrap(),
                     );
                     Cols::give(cols);
                 }

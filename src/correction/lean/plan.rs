@@ -49,6 +49,8 @@ pub struct LeanPlan {
     pub(crate) is: Option<IsSpec>,
     /// trmask's own metrics too (the diagnostics fed from each tile), not verl's only.
     pub(crate) diag: bool,
+    /// `trmask analyze`'s table reductions too (`stats::TableAcc`; needs `diag`).
+    pub(crate) analyze: bool,
 }
 
 /// The lean pass's plan for `r`, `None` where it does not serve the config.
@@ -96,6 +98,7 @@ pub(crate) fn plan(r: &Resolved) -> Option<LeanPlan> {
         criteria,
         is: r.is,
         diag: !r.verl_metrics_only,
+        analyze: false,
     })
 }
 
