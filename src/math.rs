@@ -238,8 +238,18 @@ pub fn binary_kl(lp: f64, lq: f64, lr: f64) -> f64 {
     } else {
         (lp, lq, lr)
     };
-    let (p, q) = (lp.exp(), lq.exp());
-    let (a, b) = (-lp.exp_m1(), -lq.exp_m1());
+    // p = e^lp and its complement a = 1 − p from one call: e^lp below −ln 2 (then a ∈ (½, 1)
+    // is `1 − p` to half an ulp), else −expm1(lp) (then p ∈ [½, 1) is `1 − a` likewise)
+    let split = |x: f64| {
+        if x < -std::f64::consts::LN_2 {
+            let e = x.exp();
+            (e, 1.0 - e)
+        } else {
+            let c = -x.exp_m1();
+            (1.0 - c, c)
+        }
+    };
+    let ((p, a), (q, b)) = (split(lp), split(lq));
     // v = ln(b/a), (b − a)/a = (p − q)/a = q·expm1(d)/a
     let t = q * d.exp_m1() / a;
     let v = if t.abs() < 0.5 {

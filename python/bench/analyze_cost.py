@@ -10,7 +10,10 @@ as safetensors, then alternates, --repeat times each:
   (b) verl's function with the same preset (token TIS 2.0 + `seq_mean_k3` 0.01) on the same
       batch as CPU torch tensors (loaded by verl_real.load_verl, bare call, one thread count).
 
-    RAYON_NUM_THREADS=2 python python/bench/analyze_cost.py --threads 2 --repeat 7
+Each round runs trmask (and --base, another binary, when given) then verl; wall clock and CPU
+time (user + system) of each, peak RSS of trmask's process.
+
+    RAYON_NUM_THREADS=2 python python/bench/analyze_cost.py --threads 2 --repeat 7 [--base OLD]
 """
 
 import argparse
@@ -70,7 +73,8 @@ def timed_analyze(exe, path, metrics):
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", r.stderr).group(1)
     secs = sum(float(x) * 60 ** i for i, x in enumerate(reversed(wall.split(":"))))
     rss_kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr).group(1))
-    return secs, rss_kib * 1024, r.stdout
+    cpu = sum(float(re.search(rf"{k} time \(seconds\): (\S+)", r.stderr).group(1)) for k in ("User", "System"))
+    return secs, rss_kib * 1024, cpu, r.stdout
 
 
 def main():
@@ -80,6 +84,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--trmask", default=str(ROOT / "target" / "release" / "trmask"))
+    ap.add_argument("--base", help="another trmask binary timed in the same rounds (a baseline)")
     ap.add_argument("--keep", help="also write the step to this path")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -93,26 +98,34 @@ def main():
             write(tensors, a.keep)
         size = path.stat().st_size
         old, roll, mask = tensors["old_log_prob"], tensors["rollout_log_prob"], tensors["response_mask"]
-        tt, rss, vt = [], [], []
+        runs = {b: ([], [], []) for b in [a.trmask] + ([a.base] if a.base else [])}
+        vt, vc = [], []
         out = ""
         for _ in range(a.repeat):
-            s, r, out = timed_analyze(a.trmask, path, pathlib.Path(d) / "m.json")
-            tt.append(s)
-            rss.append(r)
+            for exe, (tt, rss, cpu) in runs.items():
+                s, r, c, o = timed_analyze(exe, path, pathlib.Path(d) / "m.json")
+                out = out or o
+                tt.append(s)
+                rss.append(r)
+                cpu.append(c)
             with torch.no_grad():
-                t0 = time.perf_counter()
+                c0, t0 = os.times(), time.perf_counter()
                 verl_fn(old, roll, mask, **cfg)
                 vt.append(time.perf_counter() - t0)
+                c1 = os.times()
+                vc.append(c1.user + c1.system - c0.user - c0.system)
     mib = 2 ** 20
     print(out)
     print(f"verl {version}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', '-')}; "
-          f"{a.batch} × {a.seq} float32 step, {size / mib:.1f} MiB; best / median of {a.repeat}")
-    print(f"trmask analyze (whole process): {min(tt) * 1e3:.0f} / {np.median(tt) * 1e3:.0f} ms, "
-          f"peak RSS {min(rss) / mib:.0f} / {np.median(rss) / mib:.0f} MiB "
-          f"(input + {(max(rss) - size) / mib:.0f} MiB at most)")
-    print(f"verl compute_rollout_correction_and_rejection_mask: {min(vt) * 1e3:.0f} / "
-          f"{np.median(vt) * 1e3:.0f} ms")
+          f"{a.batch} × {a.seq} float32 step, {size / mib:.1f} MiB; best / median of {a.repeat}, "
+          f"wall and CPU (user + system) time; load average {os.getloadavg()[0]:.1f}")
+    ms = lambda v: f"{min(v) * 1e3:.0f} / {np.median(v) * 1e3:.0f} ms"
+    for exe, (tt, rss, cpu) in runs.items():
+        print(f"trmask analyze ({exe}), whole process: wall {ms(tt)}, CPU {ms(cpu)}, "
+              f"peak RSS {min(rss) / mib:.0f} / {np.median(rss) / mib:.0f} MiB "
+              f"(input + {(max(rss) - size) / mib:.0f} MiB at most)")
+    print(f"verl compute_rollout_correction_and_rejection_mask: wall {ms(vt)}, CPU {ms(vc)}")
 
 
 if __name__ == "__main__":

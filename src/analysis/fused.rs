@@ -11,6 +11,7 @@ use crate::correction::{check_valid_tokens, lean};
 use crate::error::Result;
 use crate::input::batch::Layout;
 use crate::input::values::{MaskOut, Outputs};
+use crate::io::{Input, ReadOptions};
 use crate::partial::{exchange, SingleProcess};
 
 /// The analysis of `step` (laid out as `layout`) in the fused pass, `None` where the full path
@@ -50,8 +51,7 @@ pub fn analyze_fused(
         mask: MaskOut::Bool(&mut mask),
     };
     let mut ex = SingleProcess;
-    let Some((mut corrections, partial, Some(table))) =
-        lean::run_with(&plan, &inp, &mut out, &mut ex)?
+    let Some((mut corrections, partial, Some(table))) = lean::run(&plan, &inp, &mut out, &mut ex)?
     else {
         return Ok(None);
     };
@@ -80,4 +80,23 @@ pub fn analyze_fused(
         sweeps,
         findings,
     }))
+}
+
+/// [`analyze_fused`] of the file at `path`, read in place ([`crate::io::map_step`]): the input
+/// as the summary sees it and its analysis, `None` where the full path must read and analyse it.
+pub fn analyze_file_fused(
+    path: &std::path::Path,
+    opts: &ReadOptions,
+    config: &CorrectionConfig,
+) -> Result<Option<(Input, Analysis)>> {
+    let Some(m) = crate::io::map_step(path, opts)? else {
+        return Ok(None);
+    };
+    let Some((step, layout)) = m.step() else {
+        return Ok(None);
+    };
+    let Some(a) = analyze_fused(&step, &layout, config)? else {
+        return Ok(None);
+    };
+    Ok(crate::io::mapped_input(m).map(|i| (i, a)))
 }

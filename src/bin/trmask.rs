@@ -240,17 +240,19 @@ fn analyse_one(
         all_valid: c.all_valid,
     };
     let result = (|| {
-        let read = match fused.then(|| analyse_fused(ctx, path, &opts)) {
-            Some(r) => r?,
-            None => None,
+        let note = |i: &trmask::io::Input| i.renames.note().map(|n| eprintln!("{n}"));
+        let read = match fused {
+            true => trmask::analysis::analyze_file_fused(path, &opts, &ctx.cfg)?,
+            false => None,
         };
         let (input, analysis) = match read {
-            Some(done) => done,
+            Some((input, analysis)) => {
+                note(&input);
+                (input, analysis)
+            }
             None => {
                 let input = trmask::io::read_input(path, &opts)?;
-                if let Some(note) = input.renames.note() {
-                    eprintln!("{note}");
-                }
+                note(&input);
                 let analysis = analyse(&input.batch)?;
                 (input, analysis)
             }
@@ -280,29 +282,6 @@ fn analyse_one(
         pb.finish_and_clear();
     }
     result
-}
-
-/// `path` analysed in the fused CPU pass, read in place (`None`: the full path reads and
-/// analyses it).
-fn analyse_fused(
-    ctx: &Ctx,
-    path: &Path,
-    opts: &trmask::io::ReadOptions,
-) -> Result<Option<(trmask::io::Input, trmask::analysis::Analysis)>, trmask::Error> {
-    let Some(m) = trmask::io::map_step(path, opts)? else {
-        return Ok(None);
-    };
-    let Some((step, layout)) = m.step() else {
-        return Ok(None);
-    };
-    let Some(a) = trmask::analysis::analyze_fused(&step, &layout, &ctx.cfg)? else {
-        return Ok(None);
-    };
-    let input = m.into_input();
-    if let Some(note) = input.as_ref().and_then(|i| i.renames.note()) {
-        eprintln!("{note}");
-    }
-    Ok(input.map(|input| (input, a)))
 }
 
 fn subject<'a>(

@@ -237,7 +237,7 @@ impl Corrector {
             .as_ref()
             .zip(step.lean_inputs(self.config.bypass_mode));
         if let Some((plan, inp)) = lean {
-            if let Some((mut c, p)) = lean::run(plan, &inp, &mut out, ex)? {
+            if let Some((mut c, p, _)) = lean::run(plan, &inp, &mut out, ex)? {
                 let merged = exchange(ex, p)?;
                 if merged.count("#valid_tokens") == 0 {
                     // the full path words the error for the layout

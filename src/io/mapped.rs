@@ -1,49 +1,69 @@
 //! A safetensors step read in place for the fused pass ([`crate::analysis::analyze_fused`]):
 //! the file memory-mapped, its tensors borrowed in their own dtype as a [`Step`], nothing
-//! widened. Only padded steps of both policies' log-probs, the response mask, advantages and
-//! `uid` (plus tensors this analysis does not read: sampled ids, the rollout top-K) are read
-//! so; anything else is `None`, for [`super::read_input`] and the full path.
+//! widened. Only padded steps of per-token values (both policies' log-probs, advantages), the
+//! response mask and per-sequence group ids (plus tensors this analysis does not read: sampled
+//! ids, the rollout top-K) are read so; anything else is `None`, for [`super::read_input`] and
+//! the full path.
 
-use super::{files, raw, Input, ReadOptions};
+use super::names::Renames;
+use super::{files, raw};
 use crate::correction::step::Step;
 use crate::error::{Error, Result};
 use crate::input::batch::{Batch, Layout};
+use crate::input::tensors::{self, Role, Shape};
 use crate::input::values::{MaskValues, Values};
 use safetensors::Dtype;
-use std::collections::BTreeMap;
 use std::path::Path;
 
-/// The tensors the fused analysis reads, and those it may leave unread.
-const READ: [&str; 6] = [
-    "response_mask",
-    "rollout_log_prob",
-    "old_log_prob",
-    "log_prob",
-    "advantages",
-    "uid",
-];
-const UNREAD: [&str; 3] = ["responses", "rollout_topk_ids", "rollout_topk_log_prob"];
+type Range = std::ops::Range<usize>;
+
+/// How the fused analysis takes a tensor of the table.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Use {
+    /// Per-token values (both policies' log-probs, advantages), borrowed in their dtype.
+    Values,
+    Mask,
+    /// One id per sequence (GRPO groups).
+    Group,
+    /// Read by no statistic of a log-prob step (sampled ids, the rollout top-K without
+    /// trainer logits or a sampler's truncation, which the fused pass does not serve).
+    Unread,
+}
+
+/// `None` for a tensor the fused analysis does not take (the full path reads the step).
+fn usage(name: &str) -> Option<Use> {
+    let t = tensors::spec(name)?;
+    match (t.role, t.shape) {
+        (Role::Values, Shape::Token | Shape::TokenOrSeq) => Some(Use::Values),
+        (Role::Mask, _) => Some(Use::Mask),
+        (Role::Ids, Shape::Seq) => Some(Use::Group),
+        (Role::Ids, Shape::Token) | (_, Shape::TokenK) => Some(Use::Unread),
+        _ => None,
+    }
+}
 
 /// A memory-mapped step (see the module docs).
 pub struct MappedStep {
     map: memmap2::Mmap,
-    /// trmask name → (dtype, byte range in the map).
-    tensors: BTreeMap<String, (Dtype, std::ops::Range<usize>)>,
+    /// The per-token values: (trmask name, dtype, byte range in the map).
+    values: Vec<(String, Dtype, Range)>,
+    mask: (Dtype, Range),
     batch: usize,
     seq_len: usize,
-    uid: Option<Vec<i64>>,
-    renames: super::Renames,
+    /// The per-sequence ids: (trmask name, values).
+    group: Option<(String, Vec<i64>)>,
+    renames: Renames,
     sources: Vec<(String, String, String)>,
     step: Option<f64>,
 }
 
 /// Maps `path` when it is a padded safetensors step the fused analysis reads in place (else
 /// `None`: the caller reads it with [`super::read_input`], which words any problem).
-pub fn map_step(path: &Path, opts: &ReadOptions) -> Result<Option<MappedStep>> {
+pub(super) fn map(path: &Path) -> Result<Option<MappedStep>> {
     let is_st = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"));
-    if opts.all_valid || !is_st || files::is_stream(path) {
+    if !is_st || files::is_stream(path) {
         return Ok(None);
     }
     let p = path.display().to_string();
@@ -69,14 +89,10 @@ pub fn map_step(path: &Path, opts: &ReadOptions) -> Result<Option<MappedStep>> {
         return Ok(None);
     };
     let base = map.as_ptr() as usize;
-    let mut tensors = BTreeMap::new();
-    let mut shapes = BTreeMap::new();
+    let mut found = Vec::new();
     let mut sources = Vec::new();
     for (name, source) in &mapping {
-        if !READ.contains(&name.as_str()) && !UNREAD.contains(&name.as_str()) {
-            return Ok(None);
-        }
-        let Ok(view) = st.tensor(source) else {
+        let (Some(u), Ok(view)) = (usage(name), st.tensor(source)) else {
             return Ok(None);
         };
         let start = view.data().as_ptr() as usize - base;
@@ -85,89 +101,98 @@ pub fn map_step(path: &Path, opts: &ReadOptions) -> Result<Option<MappedStep>> {
             source.clone(),
             format!("{:?}", view.dtype()).to_lowercase(),
         ));
-        shapes.insert(name.clone(), view.shape().to_vec());
-        tensors.insert(
-            name.clone(),
-            (view.dtype(), start..start + view.data().len()),
-        );
+        let range = start..start + view.data().len();
+        found.push((name.clone(), u, view.dtype(), view.shape().to_vec(), range));
     }
-    let Some([b, t]) = shapes
-        .get("response_mask")
-        .and_then(|s| <[usize; 2]>::try_from(s.as_slice()).ok())
+    let Some([b, t]) = found
+        .iter()
+        .find(|f| f.1 == Use::Mask)
+        .and_then(|f| <[usize; 2]>::try_from(f.3.as_slice()).ok())
     else {
         return Ok(None);
     };
-    for (name, shape) in &shapes {
-        let ids = matches!(tensors[name].0, Dtype::I32 | Dtype::I64);
-        let fits = match name.as_str() {
-            "uid" => *shape == [b],
-            "responses" => ids && *shape == [b, t],
-            "rollout_topk_ids" | "rollout_topk_log_prob" => {
-                (ids == (name == "rollout_topk_ids"))
-                    && shape.len() == 3
-                    && shape[..2] == [b, t]
-                    && shapes.get(other_topk(name)).is_some_and(|o| o == shape)
+    if b == 0 || t == 0 {
+        // no slot: nothing bounds the declared rows by the file's size (the full path says so)
+        return Ok(None);
+    }
+    let ids = |d: Dtype| matches!(d, Dtype::I32 | Dtype::I64);
+    let topk: Vec<Vec<usize>> = found
+        .iter()
+        .filter(|f| tensors::spec(&f.0).is_some_and(|s| s.shape == Shape::TokenK))
+        .map(|f| f.3.clone())
+        .collect();
+    let mut values = Vec::new();
+    let mut mask = None;
+    let mut group = None;
+    for (name, u, dtype, shape, range) in found {
+        let role = tensors::spec(&name).map(|s| s.role);
+        let token = shape == [b, t];
+        let fits = match u {
+            Use::Values | Use::Mask => token,
+            Use::Group => shape == [b] && ids(dtype),
+            Use::Unread if shape.len() == 3 => {
+                shape[..2] == [b, t]
+                    && topk.len() == 2
+                    && topk.iter().all(|s| *s == shape)
+                    && ids(dtype) == (role == Some(Role::Ids))
             }
-            _ => *shape == [b, t],
+            Use::Unread => token && ids(dtype),
         };
         if !fits {
             return Ok(None);
         }
+        match u {
+            Use::Values => values.push((name, dtype, range)),
+            Use::Mask => mask = Some((dtype, range)),
+            Use::Group => {
+                let bytes = &map[range];
+                let v: Vec<i64> = if dtype == Dtype::I64 {
+                    bytes
+                        .chunks_exact(8)
+                        .map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()))
+                        .collect()
+                } else {
+                    bytes
+                        .chunks_exact(4)
+                        .map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or_default())))
+                        .collect()
+                };
+                group = Some((name, v));
+            }
+            Use::Unread => {}
+        }
     }
-    let uid = match tensors.get("uid") {
-        None => None,
-        Some((Dtype::I64, r)) => Some(
-            map[r.clone()]
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()))
-                .collect(),
-        ),
-        Some((Dtype::I32, r)) => Some(
-            map[r.clone()]
-                .chunks_exact(4)
-                .map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or_default())))
-                .collect(),
-        ),
-        Some(_) => return Ok(None),
+    let Some(mask) = mask else {
+        return Ok(None);
     };
     drop(st);
     Ok(Some(MappedStep {
         map,
-        tensors,
+        values,
+        mask,
         batch: b,
         seq_len: t,
-        uid,
+        group,
         renames,
         sources,
         step,
     }))
 }
 
-fn other_topk(name: &str) -> &'static str {
-    if name == "rollout_topk_ids" {
-        "rollout_topk_log_prob"
-    } else {
-        "rollout_topk_ids"
-    }
-}
-
 impl MappedStep {
-    fn values(&self, name: &str) -> Option<Option<Values<'_>>> {
-        let Some((dtype, r)) = self.tensors.get(name) else {
-            return Some(None);
-        };
+    fn values(&self, dtype: Dtype, r: &Range) -> Option<Values<'_>> {
         let bytes = &self.map[r.clone()];
-        Some(Some(match dtype {
+        Some(match dtype {
             Dtype::F32 => Values::F32(bytemuck::try_cast_slice(bytes).ok()?),
             Dtype::F64 => Values::F64(bytemuck::try_cast_slice(bytes).ok()?),
             Dtype::BF16 => Values::BF16(bytemuck::try_cast_slice(bytes).ok()?),
             Dtype::F16 => Values::F16(bytemuck::try_cast_slice(bytes).ok()?),
             _ => return None,
-        }))
+        })
     }
 
     fn mask(&self) -> Option<MaskValues<'_>> {
-        let (dtype, r) = self.tensors.get("response_mask")?;
+        let (dtype, r) = &self.mask;
         let bytes = &self.map[r.clone()];
         Some(match dtype {
             // a bool byte other than 0 / 1 is read as a bad mask value, not assumed away
@@ -183,13 +208,11 @@ impl MappedStep {
     /// borrowed views do not take.
     pub fn step(&self) -> Option<(Step<'_>, Layout)> {
         let mut s = Step::padded(self.batch, self.seq_len).response_mask(self.mask()?);
-        for name in ["rollout_log_prob", "old_log_prob", "log_prob", "advantages"] {
-            if let Some(v) = self.values(name)? {
-                s = s.values(name, v).ok()?;
-            }
+        for (name, dtype, r) in &self.values {
+            s = s.values(name, self.values(*dtype, r)?).ok()?;
         }
-        if let Some(u) = &self.uid {
-            s = s.uid(u);
+        if let Some((name, ids)) = &self.group {
+            s = s.ids(name, ids).ok()?;
         }
         let layout = Layout::Padded {
             batch: self.batch,
@@ -198,9 +221,13 @@ impl MappedStep {
         Some((s, layout))
     }
 
-    /// The input as the summary and the warnings see it: the layout and the response mask,
-    /// no tensor attached (`None` on a mask value other than 0 / 1).
-    pub fn into_input(self) -> Option<Input> {
+    /// The input as the summary and the warnings see it — the layout and the response mask, no
+    /// tensor attached (`None` on a mask value other than 0 / 1) — with the renames, the
+    /// `(name, name in the file, dtype)` of every tensor and the file's `step`.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn into_parts(
+        self,
+    ) -> Option<(Batch, Renames, Vec<(String, String, String)>, Option<f64>)> {
         let m = self.mask()?;
         let n = self.batch * self.seq_len;
         let mut mask = Vec::with_capacity(n);
@@ -216,11 +243,6 @@ impl MappedStep {
             k += len;
         }
         let batch = Batch::from_mask(self.batch, self.seq_len, mask)?;
-        Some(Input {
-            batch,
-            renames: self.renames,
-            sources: self.sources,
-            step: self.step,
-        })
+        Some((batch, self.renames, self.sources, self.step))
     }
 }

@@ -39,11 +39,8 @@ fn analyze(
 /// The two runs agree: the same keys, every number equal to 1e-12 relative (sweeps' arrays
 /// element by element), the same summary and warnings; the first one ran the fused pass.
 fn same_as_full_path(input: &Path, preset: &str, tag: &str) {
-    let m = trmask::io::map_step(input, &Default::default()).unwrap();
-    let m = m.unwrap_or_else(|| panic!("{tag}: read in place"));
-    let (step, layout) = m.step().expect("borrowed");
     let cfg = trmask::CorrectionConfig::preset(preset).unwrap();
-    let fused = trmask::analysis::analyze_fused(&step, &layout, &cfg).unwrap();
+    let fused = trmask::analysis::analyze_file_fused(input, &Default::default(), &cfg).unwrap();
     assert!(fused.is_some(), "{tag}: the fused pass serves it");
     let (fused, fs, fe) = analyze(input, preset, tag, false);
     let (full, ls, le) = analyze(input, preset, tag, true);

@@ -19,5 +19,5 @@ mod plan;
 mod stats;
 mod tile;
 
-pub(crate) use pass::{run, run_with, LeanInputs, LeanLayout};
+pub(crate) use pass::{run, LeanInputs, LeanLayout};
 pub(crate) use plan::{plan, LeanPlan};

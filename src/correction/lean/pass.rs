@@ -91,21 +91,12 @@ struct Task<'o> {
     mask: MaskOut<'o>,
 }
 
-/// Runs the lean pass: this shard's decisions (metrics left empty) and its metric partial
-/// (to be exchanged and finished by the caller), or `Ok(None)` when it steps aside (the caller
-/// runs the full path, which overwrites every output slot). `ex` carries the batch-norm
-/// factor's partial between data-parallel ranks.
+/// Runs the lean pass: this shard's decisions (metrics left empty), its metric partial (to be
+/// exchanged and finished by the caller) and, where `plan.analyze`, `trmask analyze`'s table
+/// reductions; or `Ok(None)` when it steps aside (the caller runs the full path, which
+/// overwrites every output slot). `ex` carries the batch-norm factor's partial between
+/// data-parallel ranks.
 pub(crate) fn run(
-    plan: &LeanPlan,
-    inp: &LeanInputs<'_>,
-    out: &mut Outputs<'_>,
-    ex: &mut dyn Exchange,
-) -> Result<Option<(Corrections, Partial)>> {
-    Ok(run_with(plan, inp, out, ex)?.map(|(c, p, _)| (c, p)))
-}
-
-/// [`run`], with `trmask analyze`'s table reductions where `plan.analyze`.
-pub(crate) fn run_with(
     plan: &LeanPlan,
     inp: &LeanInputs<'_>,
     out: &mut Outputs<'_>,
