@@ -2,7 +2,7 @@
 
 use super::finish::{chunk_partial, details, diag_partial, SeqRec};
 use super::plan::{is_weight, LAgg, LeanPlan};
-use super::stats::TableAcc;
+use super::stats::{Accs, TableAcc};
 use super::tile::{Cols, SeqLanes, TILE};
 use crate::config::{IsLevel, IsSpec};
 use crate::error::Result;
@@ -79,10 +79,6 @@ impl LeanInputs<'_> {
     }
 }
 
-/// A task's accumulators: the diagnostics (`plan.diag`), `trmask analyze`'s table reductions
-/// (`plan.analyze`).
-type Accs<'a> = (Option<&'a mut DiagAcc>, Option<&'a mut TableAcc>);
-
 /// One task's sequences and its disjoint views of the output buffers.
 struct Task<'o> {
     seqs: std::ops::Range<usize>,
@@ -124,11 +120,14 @@ pub(crate) fn run(
         adv: inp.adv.is_some(),
         weights: plan.is.is_some(),
     };
+    let certs = Mutex::default();
     let chunks = run_tasks(tasks, |mut t| {
         let mut diag = plan.diag.then(DiagAcc::default);
         let mut st = plan.analyze.then(TableAcc::default);
         let acc = (diag.as_mut(), st.as_mut());
-        kernel(plan, inp, &ranges, &mut t, deferred, &feeds, acc).map(|r| (r, diag, st))
+        let recs = kernel(plan, inp, &ranges, &mut t, deferred, &feeds, acc);
+        st.iter_mut().for_each(|s| s.shed(&certs));
+        recs.map(|r| (r, diag, st))
     });
     let mut recs = Vec::with_capacity(ranges.len());
     let mut diag = plan.diag.then(DiagAcc::default);
@@ -144,6 +143,9 @@ pub(crate) fn run(
         if let (Some(all), Some(st)) = (table.as_mut(), st) {
             all.merge(st);
         }
+    }
+    if let Some(t) = table.as_mut() {
+        t.absorb(certs);
     }
     // this shard's metrics: one partial of every sequence's record, in order
     let mut merged = chunk_partial(plan, &recs);

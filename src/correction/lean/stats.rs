@@ -7,9 +7,11 @@
 
 use super::tile::{Cols, TILE};
 use crate::bounds::certificate::{CERT_ACCEPTED, CERT_ALL};
-use crate::math::{binary_kl, half_exact, ulp, LaneSum, LANES};
+use crate::math::{binary_kl, binary_kl_given8, half_exact, ulp, LaneSum, LANES};
+use crate::metrics::diag::DiagAcc;
 use crate::partial::{Acc, CertAcc, Empty, Partial, Sum};
 use crate::stats::Findings;
+use std::sync::Mutex;
 
 /// The table's columns of a log-prob-only batch, as `trmask/<name>_mean` / `_max` name them.
 pub(crate) const COLUMNS: [&str; 8] = [
@@ -108,6 +110,23 @@ fn column(x: &mut [f64], v: &[u64], f: impl Fn(usize) -> f64, max: &mut f64, lan
     lanes.add(x);
 }
 
+/// A lean task's accumulators: the diagnostics (`plan.diag`), `trmask analyze`'s table
+/// reductions (`plan.analyze`).
+pub(crate) type Accs<'a> = (Option<&'a mut DiagAcc>, Option<&'a mut TableAcc>);
+
+/// `b`'s certificate inputs into `a` (maxima).
+fn merge_cert(a: &mut CertAcc, b: &CertAcc) {
+    a.delta = a.delta.max(b.delta);
+    a.kl_seq = a.kl_seq.max(b.kl_seq);
+    a.horizon = a.horizon.max(b.horizon);
+    if a.dbar.len() < b.dbar.len() {
+        a.dbar.resize(b.dbar.len(), 0.0);
+    }
+    for (x, &y) in a.dbar.iter_mut().zip(&b.dbar) {
+        *x = x.max(y);
+    }
+}
+
 /// A shard's reductions, its sequences folded in order.
 pub(crate) struct TableAcc {
     // ---- the sequence being fed ----
@@ -120,7 +139,12 @@ pub(crate) struct TableAcc {
     worst: Option<(usize, usize, f64)>,
     /// `min(½ ser, 1)` of each valid token, in order.
     dbar: Vec<f64>,
-    x: Box<[f64; TILE]>,
+    /// Scratch columns of [`TILE`] slots each (allocated at the first tile, freed by
+    /// [`TableAcc::shed`]).
+    x: Vec<f64>,
+    /// expm1(c) of the tile's valid slots (0 at padding), and the binary KL's.
+    e: Vec<f64>,
+    y: Vec<f64>,
     // ---- the shard ----
     sums: [Sum; NC],
     maxes: [f64; NC],
@@ -146,7 +170,9 @@ impl Default for TableAcc {
             k3_sum: 0.0,
             worst: None,
             dbar: Vec::new(),
-            x: Box::new([0.0; TILE]),
+            x: Vec::new(),
+            e: Vec::new(),
+            y: Vec::new(),
             sums: [Sum::default(); NC],
             maxes: [f64::NEG_INFINITY; NC],
             lr2_sum: Sum::default(),
@@ -171,27 +197,56 @@ impl TableAcc {
         let v = &cols.valid[..n8];
         let c = &cols.c[..n8];
         let lr = if cols.wide { &cols.lr[..n8] } else { c };
+        if self.x.is_empty() {
+            for v in [&mut self.x, &mut self.e, &mut self.y] {
+                *v = vec![0.0; TILE];
+            }
+        }
         let TableAcc {
-            x, lanes, max, lr2, ..
+            x,
+            e,
+            y,
+            lanes,
+            max,
+            lr2,
+            ..
         } = self;
         let x = &mut x[..n8];
+        let e = &mut e[..n8];
         let o = &cols.o;
         let r = &cols.r;
         let (k3, rho) = (&cols.k3, &cols.rho);
+        for j in 0..n8 {
+            e[j] = if v[j] != 0 { c[j].exp_m1() } else { 0.0 };
+        }
         column(x, v, |j| c[j].abs(), &mut max[0], &mut lanes[0]);
-        column(
-            x,
-            v,
-            |j| binary_kl(o[j], r[j], o[j] - r[j]),
-            &mut max[1],
-            &mut lanes[1],
-        );
+        if cols.wide {
+            column(
+                x,
+                v,
+                |j| binary_kl(o[j], r[j], o[j] - r[j]),
+                &mut max[1],
+                &mut lanes[1],
+            );
+        } else {
+            // the log-ratio is `c`: its expm1 and k3 are this tile's; eight slots at a time
+            let oct = |s: &[f64], j0: usize| -> [f64; LANES] {
+                s[j0..j0 + LANES].try_into().expect("an octet")
+            };
+            for j0 in (0..n8).step_by(LANES) {
+                let (o8, r8) = (oct(o, j0), oct(r, j0));
+                let (c8, e8, k8) = (oct(c, j0), oct(e, j0), oct(&k3[..], j0));
+                let b = binary_kl_given8(&o8, &r8, &c8, &e8, &k8);
+                y[j0..j0 + LANES].copy_from_slice(&b);
+            }
+            column(x, v, |j| y[j], &mut max[1], &mut lanes[1]);
+        }
         column(x, v, |j| -c[j], &mut max[2], &mut lanes[2]);
         column(x, v, |j| 0.5 * c[j] * c[j], &mut max[3], &mut lanes[3]);
         column(x, v, |j| k3[j], &mut max[K3], &mut lanes[K3]);
         column(x, v, |j| lr[j], &mut max[LOG_RATIO], &mut lanes[LOG_RATIO]);
         column(x, v, |j| rho[j], &mut max[6], &mut lanes[6]);
-        column(x, v, |j| c[j].exp_m1().abs(), &mut max[7], &mut lanes[7]);
+        column(x, v, |j| e[j].abs(), &mut max[7], &mut lanes[7]);
         // the certificate's D̄_t: min(½ ser, 1) of each valid token
         let dbar = &mut self.dbar;
         dbar.extend(
@@ -252,6 +307,27 @@ impl TableAcc {
         self.dbar.clear();
     }
 
+    /// A task's end: its certificate inputs merged into `shared` (maxima: any order gives the
+    /// same), its scratch freed, so that the tasks waiting to be merged in order hold only
+    /// their sums.
+    pub(crate) fn shed(&mut self, shared: &Mutex<[CertAcc; 2]>) {
+        if let Ok(mut c) = shared.lock() {
+            merge_cert(&mut c[0], &std::mem::take(&mut self.cert_all));
+            merge_cert(&mut c[1], &std::mem::take(&mut self.cert_accepted));
+        }
+        for v in [&mut self.x, &mut self.e, &mut self.y, &mut self.dbar] {
+            *v = Vec::new();
+        }
+    }
+
+    /// The certificate inputs every task shed.
+    pub(crate) fn absorb(&mut self, shared: Mutex<[CertAcc; 2]>) {
+        if let Ok([all, accepted]) = shared.into_inner() {
+            merge_cert(&mut self.cert_all, &all);
+            merge_cert(&mut self.cert_accepted, &accepted);
+        }
+    }
+
     /// Merges the next shard (sequence order kept).
     pub(crate) fn merge(&mut self, o: TableAcc) {
         for i in 0..NC {
@@ -259,20 +335,8 @@ impl TableAcc {
             self.maxes[i] = self.maxes[i].max(o.maxes[i]);
         }
         self.lr2_sum.merge(o.lr2_sum);
-        for (a, b) in [
-            (&mut self.cert_all, &o.cert_all),
-            (&mut self.cert_accepted, &o.cert_accepted),
-        ] {
-            a.delta = a.delta.max(b.delta);
-            a.kl_seq = a.kl_seq.max(b.kl_seq);
-            a.horizon = a.horizon.max(b.horizon);
-            if a.dbar.len() < b.dbar.len() {
-                a.dbar.resize(b.dbar.len(), 0.0);
-            }
-            for (x, &y) in a.dbar.iter_mut().zip(&b.dbar) {
-                *x = x.max(y);
-            }
-        }
+        merge_cert(&mut self.cert_all, &o.cert_all);
+        merge_cert(&mut self.cert_accepted, &o.cert_accepted);
         self.kept += o.kept;
         self.valid += o.valid;
         self.worst_by_seq.extend(o.worst_by_seq);
