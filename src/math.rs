@@ -218,13 +218,17 @@ pub fn log1mexp(x: f64) -> f64 {
 /// `p ≤ 1 − 1e-8`). Complements that are merely tiny (p within 1e-9 of 1) are used exactly.
 pub const BINARY_KL_FLOOR: f64 = 1e-8;
 
-/// `x·(e^u − 1 − u)` given `y = x·e^u`: a term of a KL in the `Σ x·k3(ln(y/x))` form, never
-/// negative up to rounding and free of cancellation (series for small u, `y − x(1+u)` for u > 1).
-fn kl_term(x: f64, y: f64, u: f64) -> f64 {
+/// `x·(e^u − 1 − u)` given `y = x·e^u` and `s = k3_series(u)`: a term of a KL in the
+/// `Σ x·k3(ln(y/x))` form, never negative up to rounding and free of cancellation (series for
+/// small u, `y − x(1+u)` for u > 1).
+#[inline(always)]
+fn kl_term(x: f64, y: f64, u: f64, s: f64) -> f64 {
     if u > 1.0 {
         y - x * (1.0 + u)
+    } else if u.abs() < 0.1 {
+        x * s
     } else {
-        x * k3_from_log_ratio(u)
+        x * (u.exp_m1() - u)
     }
 }
 
@@ -238,32 +242,131 @@ fn kl_term(x: f64, y: f64, u: f64) -> f64 {
 /// and q are both within 1e-9 of 1. A log-prob ≥ 0 counts as `p = 1 − BINARY_KL_FLOOR`
 /// (see docs/CORRECTIONS.md); equal inputs give exactly 0.
 pub fn binary_kl(lp: f64, lq: f64, lr: f64) -> f64 {
-    let floor = |x: f64| {
-        if x >= 0.0 {
-            (-BINARY_KL_FLOOR).ln_1p()
+    let em1 = lr.exp_m1();
+    let k3 = if lr.abs() < 0.1 {
+        k3_series(lr)
+    } else {
+        em1 - lr
+    };
+    binary_kl_given(lp, lq, lr, em1, k3)
+}
+
+/// [`binary_kl`] given `em1 = expm1(lr)` and `k3 = k3_from_log_ratio(lr)` (a caller that has
+/// them already: the same bits, two functions fewer).
+pub fn binary_kl_given(lp: f64, lq: f64, lr: f64, em1: f64, k3: f64) -> f64 {
+    let b = BinaryKl::new(lp, lq, lr, em1, k3);
+    b.finish(k3_series(-b.d), k3_series(b.v), k3_series(-b.v))
+}
+
+/// [`binary_kl_given`] of eight slots: the same bits, its three k3 series per slot in loops
+/// over the eight (one vector each).
+#[inline(always)]
+pub fn binary_kl_given8(
+    lp: &[f64; 8],
+    lq: &[f64; 8],
+    lr: &[f64; 8],
+    em1: &[f64; 8],
+    k3: &[f64; 8],
+) -> [f64; 8] {
+    // plain loops over the lanes (`array::from_fn`'s closures stay calls)
+    let (mut d, mut v) = ([0.0; 8], [0.0; 8]);
+    let mut b = [BinaryKl::default(); 8];
+    for l in 0..8 {
+        b[l] = BinaryKl::new(lp[l], lq[l], lr[l], em1[l], k3[l]);
+        (d[l], v[l]) = (b[l].d, b[l].v);
+    }
+    let (mut s1, mut s2, mut s3) = ([0.0; 8], [0.0; 8], [0.0; 8]);
+    for l in 0..8 {
+        s1[l] = k3_series(-d[l]);
+        s2[l] = k3_series(v[l]);
+        s3[l] = k3_series(-v[l]);
+    }
+    let mut out = [0.0; 8];
+    for l in 0..8 {
+        out[l] = b[l].finish(s1[l], s2[l], s3[l]);
+    }
+    out
+}
+
+/// One slot of [`binary_kl`] up to its k3 series.
+#[derive(Clone, Copy, Default)]
+struct BinaryKl {
+    p: f64,
+    a: f64,
+    q: f64,
+    b: f64,
+    d: f64,
+    v: f64,
+    k3: f64,
+}
+
+impl BinaryKl {
+    #[inline(always)]
+    fn new(lp: f64, lq: f64, lr: f64, em1: f64, k3: f64) -> Self {
+        let floor = |x: f64| {
+            if x >= 0.0 {
+                (-BINARY_KL_FLOOR).ln_1p()
+            } else {
+                x
+            }
+        };
+        let (lp, lq, d, em1, k3) = if lp >= 0.0 || lq >= 0.0 {
+            // a clamped side: the ratio follows the clamped log-probs
+            let (cp, cq) = (floor(lp), floor(lq));
+            let d = cp - cq;
+            (cp, cq, d, d.exp_m1(), k3_from_log_ratio(d))
         } else {
-            x
+            (lp, lq, lr, em1, k3)
+        };
+        // p = e^lp and its complement a = 1 − p from one call: e^lp below −ln 2 (then
+        // a ∈ (½, 1) is `1 − p` to half an ulp), else −expm1(lp) (then p ∈ [½, 1) is `1 − a`
+        // likewise)
+        let split = |x: f64| {
+            if x < -std::f64::consts::LN_2 {
+                let e = x.exp();
+                (e, 1.0 - e)
+            } else {
+                let c = -x.exp_m1();
+                (1.0 - c, c)
+            }
+        };
+        let ((p, a), (q, b)) = (split(lp), split(lq));
+        // v = ln(b/a), (b − a)/a = (p − q)/a = q·expm1(d)/a
+        let t = q * em1 / a;
+        let v = if t.abs() < 0.5 {
+            t.ln_1p()
+        } else {
+            log1mexp(lq) - log1mexp(lp)
+        };
+        BinaryKl {
+            p,
+            a,
+            q,
+            b,
+            d,
+            v,
+            k3,
         }
-    };
-    let (lp, lq, d) = if lp >= 0.0 || lq >= 0.0 {
-        // a clamped side: the ratio follows the clamped log-probs
-        let (cp, cq) = (floor(lp), floor(lq));
-        (cp, cq, cp - cq)
-    } else {
-        (lp, lq, lr)
-    };
-    let (p, q) = (lp.exp(), lq.exp());
-    let (a, b) = (-lp.exp_m1(), -lq.exp_m1());
-    // v = ln(b/a), (b − a)/a = (p − q)/a = q·expm1(d)/a
-    let t = q * d.exp_m1() / a;
-    let v = if t.abs() < 0.5 {
-        t.ln_1p()
-    } else {
-        log1mexp(lq) - log1mexp(lp)
-    };
-    let fwd = kl_term(p, q, -d) + kl_term(a, b, v);
-    let rev = kl_term(q, p, d) + kl_term(b, a, -v);
-    fwd.max(rev)
+    }
+
+    /// The divergence, given `k3_series` of −d, v and −v.
+    #[inline(always)]
+    fn finish(&self, s1: f64, s2: f64, s3: f64) -> f64 {
+        let BinaryKl {
+            p,
+            a,
+            q,
+            b,
+            d,
+            v,
+            k3,
+        } = *self;
+        let fwd = kl_term(p, q, -d, s1) + kl_term(a, b, v, s2);
+        // kl_term(q, p, d), its k3 given
+        let qd = if d > 1.0 { p - q * (1.0 + d) } else { q * k3 };
+        let rev = qd + kl_term(b, a, -v, s3);
+        fwd.max(rev)
+    }
 }
 
 /// `1/n!` for n = 0..=11: the Taylor coefficients shared by the CPU vocabulary fast path.
@@ -281,6 +384,24 @@ pub const INV_FACT: [f64; 12] = [
     1.0 / 3628800.0,
     1.0 / 39916800.0,
 ];
+
+/// Unit in the last place of `x` in a float format with `mantissa` explicit bits (0 for 0).
+pub fn ulp(x: f64, mantissa: i32) -> f64 {
+    if x == 0.0 {
+        0.0
+    } else {
+        (2f64).powi(x.abs().log2().floor() as i32 - mantissa)
+    }
+}
+
+/// Whether `x` is exactly a bf16 value and exactly an f16 value.
+#[inline]
+pub fn half_exact(x: f64) -> (bool, bool) {
+    (
+        half::bf16::from_f64(x).to_f64() == x,
+        half::f16::from_f64(x).to_f64() == x,
+    )
+}
 
 #[cfg(test)]
 mod tests {

@@ -189,6 +189,28 @@ impl TopkStats {
     }
 }
 
+/// What the summary screen and the `warning:` lines read besides the metrics, computed by the
+/// pass that analysed the batch (the fused pass from its tiles, the full path from its table).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Findings {
+    /// Valid tokens, and those the final mask keeps.
+    pub valid: u64,
+    pub kept: u64,
+    /// Per sequence, its valid token of largest |log ρ| (the last of equal ones): its position
+    /// among the sequence's valid tokens, its slot and |log ρ|; `None` without a valid token.
+    pub worst: Vec<Option<(usize, usize, f64)>>,
+    /// Mean and standard deviation of log ρ over the valid tokens.
+    pub log_ratio: Option<(f64, f64)>,
+    /// Each log-prob tensor holding positive valid values: its name, how many, the largest
+    /// and its slot (the last of equal ones).
+    pub positive: Vec<(String, u64, f64, usize)>,
+    /// Where every valid log-prob of both policies is exactly a bf16 or f16 value: the
+    /// narrowest format of the rollout's and of the training policy's, the fewer mantissa bits
+    /// of the two, and the noise floor rounding puts under k3 (the mean over valid tokens of
+    /// `(ulp_roll² + ulp_train²) / 24`).
+    pub quantised: Option<(&'static str, &'static str, i32, f64)>,
+}
+
 /// Per-token statistics by name (`log_ratio`, `rho`, `k1`, `k2`, `k3`, `abs`, `ser`, from
 /// logits `kl`, `kl_rev`, `tv`, `rollout_entropy`, `training_entropy`, and from the rollout
 /// top-K `topk_kl`, `topk_tv`, `ddot` (aggregated tail), `ddot_uniform`), one value per slot,

@@ -29,6 +29,8 @@ pub struct Analysis {
     /// batch's range ([`crate::analysis::sweep`]); empty for a data-parallel shard (its range is not
     /// the whole batch's).
     pub sweeps: Vec<crate::analysis::sweep::Sweep>,
+    /// What the summary screen and the warnings read besides the metrics.
+    pub findings: crate::stats::Findings,
 }
 
 /// Per-token outputs (docs/FORMAT.md, Outputs) written by `trmask analyze` (`ddot` is added as a copy of
@@ -90,7 +92,7 @@ pub fn analyze_shard(
     } = crate::correction::run::shard(engine, config, &resolved, &plan, batch, true, ex)?;
     let batch: &Batch = &batch;
     let sweeps = if ex.size() <= 1 {
-        crate::analysis::sweep::sweeps(batch, &table, &resolved, &corrections)?
+        crate::analysis::sweep::sweeps(Some(batch), Some(&table), &resolved, &corrections)?
     } else {
         Vec::new()
     };
@@ -225,11 +227,13 @@ pub fn analyze_shard(
     if let Some(c) = &certificate {
         metrics.extend(c.metrics());
     }
+    let findings = super::findings::findings(batch, &table, &corrections);
     Ok(Analysis {
         outputs,
         metrics,
         corrections,
         certificate,
         sweeps,
+        findings,
     })
 }

@@ -8,4 +8,7 @@ pub mod sweep;
 pub mod trend;
 
 mod analyze;
+mod findings;
+mod fused;
 pub use analyze::*;
+pub use fused::{analyze_file_fused, analyze_fused};

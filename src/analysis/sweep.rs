@@ -98,19 +98,18 @@ fn token_values<'a>(c: &Criterion, table: &'a StatTable) -> Result<&'a [f64]> {
     table.get(c.stat.name())
 }
 
-/// The sweep of every swept criterion of `cfg` (see the module docs), from the batch's
-/// statistics table and the corrections computed with it.
+/// The sweep of every swept criterion of `cfg` (see the module docs), from the corrections
+/// (sequence criteria: each sequence's statistic and valid tokens) and, for token criteria,
+/// the batch's statistics table (without one a token criterion is not swept).
 pub(crate) fn sweeps(
-    batch: &Batch,
-    table: &StatTable,
+    batch: Option<&Batch>,
+    table: Option<&StatTable>,
     cfg: &Resolved,
     corrections: &Corrections,
 ) -> Result<Vec<Sweep>> {
     if cfg.legacy.is_some() {
         return Ok(Vec::new());
     }
-    let mask = batch.mask();
-    let ranges = batch.segments().ranges();
     let mut out = Vec::new();
     for (c, r) in cfg.criteria.iter().zip(&corrections.criteria) {
         if c.name != r.name || matches!(c.stat, Stat::M2po | Stat::Cppo) {
@@ -127,23 +126,27 @@ pub(crate) fn sweeps(
             log,
             ..Counter::default()
         };
-        let tokens = (c.agg == Agg::Token)
-            .then(|| token_values(c, table))
-            .transpose()?;
+        let tokens = match (c.agg == Agg::Token, batch.zip(table)) {
+            (false, _) => None,
+            (true, Some((b, t))) => Some((b, token_values(c, t)?)),
+            (true, None) => continue,
+        };
         let mut tok = Vec::new();
-        for (i, &(start, end)) in ranges.iter().enumerate() {
-            let valid: Vec<usize> = (start..end).filter(|&j| mask[j]).collect();
-            if valid.is_empty() {
+        for (i, &len) in corrections.seq_len.iter().enumerate() {
+            if len == 0 {
                 continue;
             }
             k.n_seqs += 1;
-            k.n_tokens += valid.len() as u64;
+            k.n_tokens += len as u64;
             let score = match &tokens {
                 None => {
                     let s = r.seq_stat[i];
                     (!low(s)).then_some(s)
                 }
-                Some(v) => {
+                Some((b, v)) => {
+                    let (start, end) = b.segments().ranges()[i];
+                    let mask = b.mask();
+                    let valid: Vec<usize> = (start..end).filter(|&j| mask[j]).collect();
                     for &j in &valid {
                         if low(v[j]) {
                             k.fixed_tokens += 1;
@@ -160,11 +163,11 @@ pub(crate) fn sweeps(
                 }
             };
             match score {
-                Some(s) => k.seq.push((s, valid.len() as u64)),
+                Some(s) => k.seq.push((s, len as u64)),
                 None => {
                     k.fixed_seqs += 1;
                     if tokens.is_none() {
-                        k.fixed_tokens += valid.len() as u64;
+                        k.fixed_tokens += len as u64;
                     }
                 }
             }

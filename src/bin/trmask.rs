@@ -245,17 +245,30 @@ fn analyse_one(
     (path, several): (&Path, bool),
     c: &Common,
     analyse: &mut Analyse,
+    fused: bool,
 ) -> Result<Done, trmask::Error> {
     let pb = spinner(format!("analysing {}", path.display()));
     let opts = trmask::io::ReadOptions {
         all_valid: c.all_valid,
     };
     let result = (|| {
-        let input = trmask::io::read_input(path, &opts)?;
-        if let Some(note) = input.renames.note() {
-            eprintln!("{note}");
-        }
-        let analysis = analyse(&input.batch)?;
+        let note = |i: &trmask::io::Input| i.renames.note().map(|n| eprintln!("{n}"));
+        let read = match fused {
+            true => trmask::analysis::analyze_file_fused(path, &opts, &ctx.cfg)?,
+            false => None,
+        };
+        let (input, analysis) = match read {
+            Some((input, analysis)) => {
+                note(&input);
+                (input, analysis)
+            }
+            None => {
+                let input = trmask::io::read_input(path, &opts)?;
+                note(&input);
+                let analysis = analyse(&input.batch)?;
+                (input, analysis)
+            }
+        };
         let warnings = trmask::report::warnings(&trmask::report::WarningInputs {
             batch: &input.batch,
             analysis: &analysis,
@@ -352,9 +365,15 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
             let mut commit = trmask::io::Commit::new();
             let mut texts = Vec::new();
             for (k, path) in inputs.iter().enumerate() {
-                let d = analyse_one(&ctx, (path, inputs.len() > 1), &common, &mut |b| {
-                    trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg)
-                })?;
+                // without per-token outputs a CPU run takes the fused pass where it serves
+                let fused = output.is_none() && !ctx.engine.is_gpu();
+                let d = analyse_one(
+                    &ctx,
+                    (path, inputs.len() > 1),
+                    &common,
+                    &mut |b| trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg),
+                    fused,
+                )?;
                 let mut written = Vec::new();
                 if let Some(p) = &output {
                     commit.stage(p, trmask::io::outputs_bytes(p, &d.analysis.outputs)?)?;
@@ -440,9 +459,13 @@ fn run(cli: Cli) -> Result<u8, trmask::Error> {
             check_report_name(&output)?;
             let tok = tokenizer.as_deref().map(tokens::load).transpose()?;
             let ctx = setup(&common)?;
-            let d = analyse_one(&ctx, (&input, false), &common, &mut |b| {
-                trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg)
-            })?;
+            let d = analyse_one(
+                &ctx,
+                (&input, false),
+                &common,
+                &mut |b| trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg),
+                false,
+            )?;
             let name = input.display().to_string();
             let decode = tok.as_ref().map(|t| move |id: i64| tokens::text(t, id));
             let decode_ref = decode.as_ref().map(|f| f as &dyn Fn(i64) -> Option<String>);

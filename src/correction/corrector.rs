@@ -238,7 +238,7 @@ impl Corrector {
             .lean_inputs(self.config.bypass_mode)
             .filter(|_| self.lean);
         if let Some(inp) = lean {
-            if let Some((mut c, p)) = lean::run(&self.plan, &inp, &mut out, ex)? {
+            if let Some((mut c, p, _)) = lean::run(&self.plan, &inp, &mut out, ex)? {
                 let merged = exchange(ex, p)?;
                 if merged.count("#valid_tokens") == 0 {
                     // the full path words the error for the layout

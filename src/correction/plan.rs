@@ -39,6 +39,9 @@ pub(crate) struct Plan {
     pub(crate) is: Option<MaskIs>,
     /// trmask's own metrics too, not verl's only.
     pub(crate) diag: bool,
+    /// `trmask analyze`'s table reductions too (the fused pass's `stats::TableAcc`; needs
+    /// `diag`).
+    pub(crate) analyze: bool,
     /// Legacy mode, the token veto or DPPO: finished on the host by the full path.
     host_finish: bool,
 }
@@ -114,6 +117,7 @@ impl Plan {
             columns,
             is: r.is,
             diag: !r.verl_metrics_only,
+            analyze: false,
             host_finish: r.legacy.is_some() || r.dppo.is_some() || r.token_veto.is_some(),
         }
     }

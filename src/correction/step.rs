@@ -236,6 +236,15 @@ impl<'a> Step<'a> {
         })
     }
 
+    /// The training policy's tensor [`lean_inputs`](Self::lean_inputs) reads.
+    pub(crate) fn lean_train_name(&self) -> &'static str {
+        if self.old_log_prob.is_some() {
+            "old_log_prob"
+        } else {
+            "log_prob"
+        }
+    }
+
     pub(crate) fn to_batch(&self) -> Result<Batch> {
         if let Some(b) = self.whole {
             return Ok(b.clone());

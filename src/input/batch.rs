@@ -155,6 +155,18 @@ impl Batch {
         ))
     }
 
+    /// A padded `[batch, seq_len]` batch of slot validity `mask` (row-major), no tensor
+    /// attached; `None` when the sizes disagree.
+    pub(crate) fn from_mask(batch: usize, seq_len: usize, mask: Vec<bool>) -> Option<Self> {
+        if batch.checked_mul(seq_len)? != mask.len() {
+            return None;
+        }
+        let ranges = (0..batch)
+            .map(|b| (b * seq_len, (b + 1) * seq_len))
+            .collect();
+        Some(Self::with_layout(Layout::Padded { batch, seq_len }, Segments { ranges, mask }).0)
+    }
+
     fn with_layout(layout: Layout, segments: Segments) -> BatchBuilder {
         BatchBuilder(Batch {
             layout,

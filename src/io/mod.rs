@@ -15,6 +15,7 @@
 pub mod dumps;
 mod files;
 mod json_stream;
+mod mapped;
 pub mod names;
 mod raw;
 mod write;
@@ -23,6 +24,7 @@ pub use files::{
     check_distinct, first_line, open_input, read_lines, read_text, Commit, JSON_LIMIT,
 };
 pub use json_stream::label_id;
+pub use mapped::MappedStep;
 pub use names::Renames;
 pub use write::{
     append_metrics_line, metrics_bytes, metrics_json, metrics_line, outputs_bytes, seq_output,
@@ -97,6 +99,27 @@ pub fn read_input(path: &Path, opts: &ReadOptions) -> Result<Input> {
         raw::read_safetensors(path)?
     };
     build(raw, opts)
+}
+
+/// `path` mapped for the fused analysis when it is a padded safetensors step of log-probs
+/// ([`MappedStep`]); `None`: read it with [`read_input`].
+pub fn map_step(path: &Path, opts: &ReadOptions) -> Result<Option<MappedStep>> {
+    if opts.all_valid {
+        return Ok(None);
+    }
+    mapped::map(path)
+}
+
+/// The [`Input`] of a mapped step: its layout and response mask, no tensor attached (`None`
+/// on a mask value other than 0 / 1).
+pub fn mapped_input(m: MappedStep) -> Option<Input> {
+    let (batch, renames, sources, step) = m.into_parts()?;
+    Some(Input {
+        batch,
+        renames,
+        sources,
+        step,
+    })
 }
 
 /// Reads a batch from JSON text (see the module docs for the accepted names).

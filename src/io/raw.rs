@@ -51,7 +51,7 @@ pub(super) fn is_logits(name: &str) -> bool {
 }
 
 /// `trmask name → name in the file` for the keys of a file, after the framework map.
-fn map_names(keys: &[String]) -> Result<(BTreeMap<String, String>, Renames)> {
+pub(super) fn map_names(keys: &[String]) -> Result<(BTreeMap<String, String>, Renames)> {
     let mut m: BTreeMap<String, String> = keys.iter().map(|k| (k.clone(), k.clone())).collect();
     let renames = names::apply(&mut m, &known())?;
     let known = known();

@@ -126,17 +126,6 @@ pub(crate) fn worst_order(s: &Subject, r: &Ranking) -> Vec<usize> {
     idx
 }
 
-/// The valid slot of sequence `seq` with the largest |log ρ|: (position in the sequence, slot).
-pub(crate) fn worst_position(s: &Subject, seq: usize) -> Option<(usize, usize)> {
-    let lr = output(s.analysis, "log_ratio")?;
-    let (a, b) = s.batch.segments().ranges()[seq];
-    let mask = s.batch.mask();
-    (a..b)
-        .filter(|&i| mask[i])
-        .enumerate()
-        .max_by(|x, y| lr[x.1].abs().total_cmp(&lr[y.1].abs()))
-}
-
 /// The configuration in words, one line per part.
 pub(crate) fn config_words(config: &CorrectionConfig, preset: Option<&str>) -> Vec<String> {
     let mut out = Vec::new();

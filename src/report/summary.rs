@@ -2,7 +2,7 @@
 //! configured, what was read, how large the mismatch is, what was rejected, which sequences
 //! are worst, and what the bound certificate says.
 
-use super::subject::{config_words, num, output, ranking, worst_order, worst_position, Subject};
+use super::subject::{config_words, num, ranking, worst_order, Subject};
 
 /// How many of the worst sequences the summary lists.
 pub const WORST: usize = 5;
@@ -59,7 +59,8 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
         s.input, s.engine
     ));
     out.extend(config_words(s.config, s.preset));
-    let valid = b.mask().iter().filter(|&&m| m).count();
+    let f = &a.findings;
+    let valid = f.valid as usize;
     let shape = b.token_shape();
     let names: Vec<String> = s
         .sources
@@ -90,18 +91,10 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
     if let Some(x) = m("trmask/k3_mean") {
         mis.push(format!("k3 mean {}", num(x)));
     }
-    if let Some(lr) = output(a, "log_ratio") {
-        let mask = b.mask();
-        let best = (0..lr.len())
-            .filter(|&i| mask[i])
-            .max_by(|&x, &y| lr[x].abs().total_cmp(&lr[y].abs()));
-        if let Some(i) = best {
-            mis.push(format!(
-                "max |log rho| {} at {}",
-                num(lr[i].abs()),
-                b.position(i)
-            ));
-        }
+    // the batch's largest |log rho|: the last of equal ones, as each sequence's worst token
+    let best = f.worst.iter().flatten().max_by(|x, y| x.2.total_cmp(&y.2));
+    if let Some(&(_, slot, v)) = best {
+        mis.push(format!("max |log rho| {} at {}", num(v), b.position(slot)));
     }
     for (k, label) in [
         ("trmask/kl_mean", "exact KL mean"),
@@ -187,9 +180,7 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
     out.extend(super::breakdown::breakdown_lines(&a.metrics));
     let n = c.seq_accept.len();
     let acc = c.seq_accept.iter().filter(|&&x| x).count();
-    let kept = (0..c.mask.len())
-        .filter(|&i| b.mask()[i] && c.mask[i] > 0.0)
-        .count();
+    let kept = f.kept as usize;
     let mean_len = |want: bool| {
         let l: Vec<f64> = (0..n)
             .filter(|&i| c.seq_accept[i] == want)
@@ -233,11 +224,12 @@ pub fn summary(s: &Subject, written: &[String]) -> String {
                 "seq", "length", "statistic", "decision", "worst token (|log rho|)"
             ));
             for &i in order.iter().take(WORST) {
-                let pos = worst_position(s, i)
-                    .map(|(t, slot)| {
-                        let lr = output(a, "log_ratio").map(|v| v[slot].abs()).unwrap_or(0.0);
-                        format!("t={t} ({})", num(lr))
-                    })
+                let pos = f
+                    .worst
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .map(|(t, _, lr)| format!("t={t} ({})", num(lr)))
                     .unwrap_or_default();
                 out.push(format!(
                     "  {:>6} {:>7} {:>12}  {:<8} {}",

@@ -1,7 +1,7 @@
 //! `warning:` lines: things that make the numbers mean less than they seem, without changing
 //! any result or the exit code. Each needs enough valid tokens to be more than noise.
 
-use super::subject::{num, output};
+use super::subject::num;
 use crate::analysis::Analysis;
 use crate::config::{Agg, CorrectionConfig, Stat};
 use crate::input::batch::Batch;
@@ -16,27 +16,6 @@ pub struct WarningInputs<'a> {
     pub config: &'a CorrectionConfig,
     /// `--temperature` was given on the command line.
     pub temperature_flag: bool,
-}
-
-/// Unit in the last place of `x` in a float format with `mantissa` explicit bits.
-fn ulp(x: f64, mantissa: i32) -> f64 {
-    if x == 0.0 {
-        0.0
-    } else {
-        (2f64).powi(x.abs().log2().floor() as i32 - mantissa)
-    }
-}
-
-/// The narrowest of bf16 / f16 that holds every value exactly: (name, mantissa bits).
-fn quantised(values: &[f64], mask: &[bool]) -> Option<(&'static str, i32)> {
-    let valid = || (0..values.len()).filter(|&i| mask[i]).map(|i| values[i]);
-    if valid().all(|x| half::bf16::from_f64(x).to_f64() == x) {
-        Some(("bf16", 7))
-    } else if valid().all(|x| half::f16::from_f64(x).to_f64() == x) {
-        Some(("f16", 10))
-    } else {
-        None
-    }
 }
 
 /// The kind of a [`warnings`] line, a short stable name (`trmask/warn/<kind>` in Python's
@@ -65,8 +44,8 @@ pub fn kind(line: &str) -> &'static str {
 pub fn warnings(w: &WarningInputs) -> Vec<String> {
     let mut out = Vec::new();
     let b = w.batch;
-    let mask = b.mask();
-    let valid = mask.iter().filter(|&&m| m).count();
+    let f = &w.analysis.findings;
+    let valid = f.valid as usize;
     if w.temperature_flag && b.rollout_logits().is_none() && b.old_logits().is_none() {
         out.push(
             "warning: --temperature has no effect: the input has no logits, and log-probs are \
@@ -88,68 +67,48 @@ pub fn warnings(w: &WarningInputs) -> Vec<String> {
     if valid < MIN_TOKENS {
         return out;
     }
-    for name in crate::input::tensors::log_prob_names() {
-        let Some(v) = b.values(name) else { continue };
-        let pos: Vec<usize> = (0..v.len()).filter(|&i| mask[i] && v[i] > 0.0).collect();
-        if let Some(&top) = pos.iter().max_by(|&&x, &&y| v[x].total_cmp(&v[y])) {
-            out.push(format!(
-                "warning: {name} has {} positive value{} at valid positions (largest {} at {}): \
-                 log-probabilities are <= 0; are these logits, probabilities or scores?",
-                pos.len(),
-                if pos.len() == 1 { "" } else { "s" },
-                num(v[top]),
-                b.position(top)
-            ));
-        }
+    for (name, n, top, slot) in &f.positive {
+        out.push(format!(
+            "warning: {name} has {n} positive value{} at valid positions (largest {} at {}): \
+             log-probabilities are <= 0; are these logits, probabilities or scores?",
+            if *n == 1 { "" } else { "s" },
+            num(*top),
+            b.position(*slot)
+        ));
     }
     // quantisation noise floor of k3: each rounded log-prob carries an error of variance
     // ulp²/12, so lr has variance (ulp_r² + ulp_o²)/12 and E[k3] ≈ E[lr²]/2 ≥ that / 2.
-    let roll = b.rollout_log_prob();
-    let train = crate::engine::passes::training_log_prob(b);
     let mut floor = None;
-    if let (Some(r), Some(t)) = (roll, train) {
-        let qr = quantised(r, mask);
-        let qt = quantised(t, mask);
-        if let (Some((nr, mr)), Some((nt, mt))) = (qr, qt) {
-            let f = (0..r.len())
-                .filter(|&i| mask[i])
-                .map(|i| (ulp(r[i], mr).powi(2) + ulp(t[i], mt).powi(2)) / 24.0)
-                .sum::<f64>()
-                / valid as f64;
-            let k3 = w
-                .analysis
-                .metrics
-                .get("trmask/k3_mean")
-                .copied()
-                .unwrap_or(0.0);
-            let fmt = if nr == nt {
-                nr.to_string()
+    if let Some((nr, nt, m, fl)) = f.quantised {
+        let k3 = w
+            .analysis
+            .metrics
+            .get("trmask/k3_mean")
+            .copied()
+            .unwrap_or(0.0);
+        let fmt = if nr == nt {
+            nr.to_string()
+        } else {
+            format!("{nr}/{nt}")
+        };
+        let ratio = k3 / fl;
+        out.push(format!(
+            "warning: the log-probs are exactly {fmt}-representable: rounding (~2^-{} \
+             relative) puts a noise floor of about {} under k3 (ulp^2/12 per log-prob); \
+             measured k3 mean is {} ({}x the floor){}",
+            m + 1,
+            num(fl),
+            num(k3),
+            num((ratio * 10.0).round() / 10.0),
+            if ratio < 3.0 {
+                ": the measured mismatch is within rounding noise"
             } else {
-                format!("{nr}/{nt}")
-            };
-            let ratio = k3 / f;
-            out.push(format!(
-                "warning: the log-probs are exactly {fmt}-representable: rounding (~2^-{} \
-                 relative) puts a noise floor of about {} under k3 (ulp^2/12 per log-prob); \
-                 measured k3 mean is {} ({}x the floor){}",
-                mr.min(mt) + 1,
-                num(f),
-                num(k3),
-                num((ratio * 10.0).round() / 10.0),
-                if ratio < 3.0 {
-                    ": the measured mismatch is within rounding noise"
-                } else {
-                    ""
-                }
-            ));
-            floor = Some(f);
-        }
+                ""
+            }
+        ));
+        floor = Some(fl);
     }
-    if let Some(lr) = output(w.analysis, "log_ratio") {
-        let vals: Vec<f64> = (0..lr.len()).filter(|&i| mask[i]).map(|i| lr[i]).collect();
-        let mean = vals.iter().sum::<f64>() / vals.len() as f64;
-        let var = vals.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / vals.len() as f64;
-        let sd = var.sqrt();
+    if let Some((mean, sd)) = f.log_ratio {
         let replayed = w.analysis.metrics.contains_key("trmask/log_kept_mass_mean");
         if mean.abs() > 1e-3 && mean.abs() > 3.0 * sd && mean < 0.0 && !replayed {
             // the trainer − processed-rollout offset of a top-p sampler is log S ≥ log top_p

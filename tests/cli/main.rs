@@ -14,6 +14,7 @@ mod compare;
 mod docs_run;
 mod dumps;
 mod flags;
+mod fused;
 mod hostile;
 mod recipes;
 mod report_html;

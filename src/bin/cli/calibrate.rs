@@ -80,9 +80,13 @@ pub fn run(a: Args) -> Result<(), trmask::Error> {
     let mut sweeps = Vec::new();
     let mut floor: Option<trmask::calibrate::NoiseFloor> = None;
     for path in &a.inputs {
-        let d = analyse_one(&ctx, (path, several), &common, &mut |b| {
-            trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg)
-        })?;
+        let d = analyse_one(
+            &ctx,
+            (path, several),
+            &common,
+            &mut |b| trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg),
+            false,
+        )?;
         let s = d.analysis.sweeps.into_iter().next().ok_or_else(|| {
             trmask::Error::config("--criterion", "cannot be swept (a legacy option?)")
         })?;

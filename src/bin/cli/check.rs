@@ -71,9 +71,13 @@ pub fn run(a: Args) -> Result<u8, trmask::Error> {
     let several = a.inputs.len() > 1;
     let mut violations = 0usize;
     for path in &a.inputs {
-        let d = analyse_one(&ctx, (path, several), &a.common, &mut |b| {
-            trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg)
-        })?;
+        let d = analyse_one(
+            &ctx,
+            (path, several),
+            &a.common,
+            &mut |b| trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg),
+            false,
+        )?;
         let name = path.display().to_string();
         let batch = &d.input.batch;
         let mut lines = Vec::new();

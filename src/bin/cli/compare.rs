@@ -34,9 +34,13 @@ pub fn run(a: Args) -> Result<(), trmask::Error> {
     let ctx = setup(&a.common)?;
     let mut done = Vec::new();
     for path in &inputs {
-        done.push(analyse_one(&ctx, (path, true), &a.common, &mut |b| {
-            trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg)
-        })?);
+        done.push(analyse_one(
+            &ctx,
+            (path, true),
+            &a.common,
+            &mut |b| trmask::analysis::analyze(ctx.engine.as_ref(), b, &ctx.cfg),
+            false,
+        )?);
     }
     let c = trmask::compare::compare(&done[0].analysis, &done[1].analysis);
     let (na, nb) = (a.a.display().to_string(), a.b.display().to_string());

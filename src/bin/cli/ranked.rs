@@ -63,9 +63,13 @@ pub fn analyze(
             common.config.as_deref(),
             &[("--output", output.as_deref()), ("--metrics", metrics)],
         )?;
-        let d = analyse_one(&ctx, (&input, false), common, &mut |batch| {
-            trmask::distributed::analyze(ctx.engine.as_ref(), batch, &ctx.cfg, &world)
-        })?;
+        let d = analyse_one(
+            &ctx,
+            (&input, false),
+            common,
+            &mut |batch| trmask::distributed::analyze(ctx.engine.as_ref(), batch, &ctx.cfg, &world),
+            false,
+        )?;
         // this rank's outputs all or nothing, like the single-process run
         let mut commit = trmask::io::Commit::new();
         let mut written = Vec::new();

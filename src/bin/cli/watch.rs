@@ -285,9 +285,13 @@ impl Watch<'_> {
             let name = f.path.display().to_string();
             let engine = ctx.engine.as_ref();
             let cfg = &ctx.cfg;
-            let r = analyse_one(ctx, (&f.path, true), &self.common, &mut |b| {
-                trmask::analysis::analyze(engine, b, cfg)
-            });
+            let r = analyse_one(
+                ctx,
+                (&f.path, true),
+                &self.common,
+                &mut |b| trmask::analysis::analyze(engine, b, cfg),
+                false,
+            );
             match r {
                 Ok(d) => {
                     self.done.insert(f.path.clone());

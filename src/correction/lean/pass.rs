@@ -1,6 +1,7 @@
 //! The per-sequence kernel of the lean pass and its parallel driver.
 
 use super::finish::{chunk_partial, details, diag_partial, SeqRec};
+use super::stats::{Accs, TableAcc};
 use super::tile::{Cols, SeqLanes, TILE};
 use crate::config::IsLevel;
 use crate::correction::plan::Plan;
@@ -87,16 +88,16 @@ struct Task<'o> {
     mask: MaskOut<'o>,
 }
 
-/// Runs the lean pass: this shard's decisions (metrics left empty) and its metric partial
-/// (to be exchanged and finished by the caller), or `Ok(None)` when it steps aside (the caller
-/// runs the full path, which overwrites every output slot). `ex` carries the batch-norm
-/// factor's partial between data-parallel ranks.
+/// Runs the lean pass: this shard's decisions (metrics left empty), its metric partial (to be
+/// exchanged and finished by the caller) and, where `plan.analyze`, `trmask analyze`'s table
+/// reductions; or `Ok(None)` when it steps aside (the caller runs the full path, which
+/// overwrites every output slot). `ex` carries the batch-norm factor between ranks.
 pub(crate) fn run(
     plan: &Plan,
     inp: &LeanInputs<'_>,
     out: &mut Outputs<'_>,
     ex: &mut dyn Exchange,
-) -> Result<Option<(Corrections, Partial)>> {
+) -> Result<Option<(Corrections, Partial, Option<TableAcc>)>> {
     let Some(ranges) = inp.ranges() else {
         return Ok(None);
     };
@@ -105,7 +106,10 @@ pub(crate) fn run(
         LeanLayout::Padded { .. } => inp.mask.map_or(slots, |m| m.len()),
         LeanLayout::Packed(_) => slots,
     };
-    if out.mask.len() != slots || out.weights.as_ref().map(|w| w.len()) != plan.is.map(|_| slots) {
+    // `trmask analyze` keeps no weights: it passes no buffer, and none is written
+    let weights = out.weights.as_ref().map(|w| w.len());
+    let weights_fit = weights == plan.is.map(|_| slots) || (plan.analyze && weights.is_none());
+    if out.mask.len() != slots || !weights_fit {
         return Ok(None);
     }
     let deferred = plan.is.is_some_and(|is| is.batch_normalize);
@@ -116,20 +120,32 @@ pub(crate) fn run(
         adv: inp.adv.is_some(),
         weights: plan.is.is_some(),
     };
+    let certs = Mutex::default();
     let chunks = run_tasks(tasks, |mut t| {
         let mut diag = plan.diag.then(DiagAcc::default);
-        kernel(plan, inp, &ranges, &mut t, deferred, &feeds, diag.as_mut()).map(|r| (r, diag))
+        let mut st = plan.analyze.then(TableAcc::default);
+        let acc = (diag.as_mut(), st.as_mut());
+        let recs = kernel(plan, inp, &ranges, &mut t, deferred, &feeds, acc);
+        st.iter_mut().for_each(|s| s.shed(&certs));
+        recs.map(|r| (r, diag, st))
     });
     let mut recs = Vec::with_capacity(ranges.len());
     let mut diag = plan.diag.then(DiagAcc::default);
+    let mut table = plan.analyze.then(TableAcc::default);
     for c in chunks {
-        let Some(Some((r, d))) = c else {
+        let Some(Some((r, d, st))) = c else {
             return Ok(None);
         };
         recs.extend(r);
         if let (Some(all), Some(d)) = (diag.as_mut(), d) {
             all.merge(&d);
         }
+        if let (Some(all), Some(st)) = (table.as_mut(), st) {
+            all.merge(st);
+        }
+    }
+    if let Some(t) = table.as_mut() {
+        t.absorb(certs);
     }
     // this shard's metrics: one partial of every sequence's record, in order
     let mut merged = chunk_partial(plan, &recs);
@@ -151,7 +167,7 @@ pub(crate) fn run(
     if let Some(d) = &diag {
         diag_partial(&c, &recs, d, &feeds, inp.uid, &mut merged);
     }
-    Ok(Some((c, merged)))
+    Ok(Some((c, merged, table)))
 }
 
 /// `f` of every task, in order: the calling thread and `current_num_threads − 1` of rayon's
@@ -247,7 +263,7 @@ fn kernel(
     t: &mut Task<'_>,
     deferred: bool,
     feeds: &Feeds,
-    diag: Option<&mut DiagAcc>,
+    acc: Accs<'_>,
 ) -> Option<Vec<SeqRec>> {
     let mut cols = Cols::take();
     let c = &mut cols;
@@ -256,16 +272,14 @@ fn kernel(
         {
             if std::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU has AVX-512F (checked just above).
-                break 'run unsafe {
-                    kernel_avx512(plan, inp, ranges, t, deferred, c, feeds, diag)
-                };
+                break 'run unsafe { kernel_avx512(plan, inp, ranges, t, deferred, c, feeds, acc) };
             }
             if std::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2 (checked just above).
-                break 'run unsafe { kernel_avx2(plan, inp, ranges, t, deferred, c, feeds, diag) };
+                break 'run unsafe { kernel_avx2(plan, inp, ranges, t, deferred, c, feeds, acc) };
             }
         }
-        kernel_body(plan, inp, ranges, t, deferred, c, feeds, diag)
+        kernel_body(plan, inp, ranges, t, deferred, c, feeds, acc)
     };
     Cols::give(cols);
     recs
@@ -285,9 +299,9 @@ macro_rules! kernel_for {
             deferred: bool,
             cols: &mut Cols,
             feeds: &Feeds,
-            diag: Option<&mut DiagAcc>,
+            acc: Accs<'_>,
         ) -> Option<Vec<SeqRec>> {
-            kernel_body(plan, inp, ranges, t, deferred, cols, feeds, diag)
+            kernel_body(plan, inp, ranges, t, deferred, cols, feeds, acc)
         }
     };
 }
@@ -304,7 +318,7 @@ fn kernel_body(
     deferred: bool,
     cols: &mut Cols,
     feeds: &Feeds,
-    mut diag: Option<&mut DiagAcc>,
+    (mut diag, mut stats): Accs<'_>,
 ) -> Option<Vec<SeqRec>> {
     if inp.mask.is_none() {
         cols.m.fill(1); // every slot valid (the columns may hold an earlier call's mask)
@@ -399,6 +413,9 @@ fn kernel_body(
                     av.load(k, &mut cols.a[..used]);
                 }
                 cols.feed_diag(used, feeds, token_is.is_some(), &mut sd, acc);
+                if let Some(st) = stats.as_deref_mut() {
+                    st.tile(cols, used, k, inp.adv.is_some());
+                }
                 if used < len {
                     sd.gap();
                 }
@@ -436,13 +453,16 @@ fn kernel_body(
                 }
             }
         }
+        let token_rejected = plan
+            .criteria
+            .iter()
+            .zip(&rec.crit)
+            .any(|(c, r)| c.agg == MaskAgg::Token && r.rej > 0);
         if let Some(d) = diag.as_deref_mut() {
-            let token_rejected = plan
-                .criteria
-                .iter()
-                .zip(&rec.crit)
-                .any(|(c, r)| c.agg == MaskAgg::Token && r.rej > 0);
             d.fold(&sd, seq_rejected, seq_rejected || token_rejected);
+        }
+        if let Some(st) = stats.as_deref_mut() {
+            st.end_seq(rec.n, rec.n_rej_any, !(seq_rejected || token_rejected));
         }
         recs.push(rec);
         cursor = e;
@@ -641,7 +661,7 @@ mod tests {
                 bool,
                 &mut Cols,
                 &Feeds,
-                Option<&mut DiagAcc>,
+                Accs<'_>,
             ) -> Option<Vec<SeqRec>>;
             let mut builds: Vec<(&str, Kernel)> = vec![("baseline", kernel_body)];
             #[cfg(target_arch = "x86_64")]
@@ -671,7 +691,17 @@ mod tests {
                     let mut cols = Cols::take();
                     let f = Feeds::default();
                     recs.extend(
-                        k(&plan, &inp, &ranges, &mut task, false, &mut cols, &f, None).unwrap(),
+                        k(
+                            &plan,
+                            &inp,
+                            &ranges,
+                            &mut task,
+                            false,
+                            &mut cols,
+                            &f,
+                            (None, None),
+                        )
+                        .unwrap(),
                     );
                     Cols::give(cols);
                 }

@@ -195,15 +195,15 @@ pub(crate) struct Cols {
     /// The advantages of the tile's slots (diagnostics with advantages only).
     pub(crate) a: [f64; TILE],
     /// All ones at a valid slot, 0 at padding.
-    valid: [u64; TILE],
+    pub(super) valid: [u64; TILE],
     /// The tile took the column path (a log-ratio beyond the safety bound): `lr` holds the
     /// unclamped log-ratios.
-    wide: bool,
+    pub(super) wide: bool,
     /// k3 per slot (diagnostics only).
-    k3: [f64; TILE],
-    lr: [f64; TILE],
-    c: [f64; TILE],
-    rho: [f64; TILE],
+    pub(super) k3: [f64; TILE],
+    pub(super) lr: [f64; TILE],
+    pub(super) c: [f64; TILE],
+    pub(super) rho: [f64; TILE],
     x: [f64; TILE],
     y: [f64; TILE],
 }

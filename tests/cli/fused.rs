@@ -1,0 +1,138 @@
+//! `trmask analyze` on the CPU without `--output` runs the fused pass: its `--metrics` (sweeps
+//! included), summary screen and warnings equal the full path's (the same run with `--output`,
+//! which needs per-token outputs), on GRPO steps with advantages and `uid` and on the causal
+//! sample.
+
+use crate::common;
+use std::path::Path;
+
+/// `trmask analyze INPUT --preset PRESET --backend cpu --metrics M [--output O]`: (metrics,
+/// stdout without its `written:` line, stderr).
+fn analyze(
+    input: &Path,
+    preset: &str,
+    tag: &str,
+    full: bool,
+) -> (serde_json::Value, String, String) {
+    let m = common::scratch("fused", &format!("{tag}-{full}.json"));
+    let o = common::scratch("fused", &format!("{tag}-out.safetensors"));
+    let mut args = vec![
+        "analyze".to_string(),
+        input.display().to_string(),
+        "--preset".into(),
+        preset.into(),
+        "--backend".into(),
+        "cpu".into(),
+        "--metrics".into(),
+        m.display().to_string(),
+    ];
+    if full {
+        args.extend(["--output".into(), o.display().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, out, err) = common::run_trmask(&args);
+    assert_eq!(code, 0, "{err}");
+    let out: Vec<&str> = out.lines().filter(|l| !l.starts_with("written:")).collect();
+    (common::load_json(&m), out.join("\n"), err)
+}
+
+/// The two runs agree: the same keys, every number equal to 1e-12 relative (sweeps' arrays
+/// element by element), the same summary and warnings; the first one ran the fused pass.
+fn same_as_full_path(input: &Path, preset: &str, tag: &str) {
+    let cfg = trmask::CorrectionConfig::preset(preset).unwrap();
+    let fused = trmask::analysis::analyze_file_fused(input, &Default::default(), &cfg).unwrap();
+    assert!(fused.is_some(), "{tag}: the fused pass serves it");
+    let (fused, fs, fe) = analyze(input, preset, tag, false);
+    let (full, ls, le) = analyze(input, preset, tag, true);
+    let (f, l) = (fused.as_object().unwrap(), full.as_object().unwrap());
+    let keys =
+        |o: &serde_json::Map<String, serde_json::Value>| o.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(f), keys(l), "{tag}: metric keys");
+    for (k, v) in l {
+        let (a, b) = (numbers(&f[k]), numbers(v));
+        assert_eq!(a.len(), b.len(), "{tag}: {k}");
+        for (x, y) in a.iter().zip(&b) {
+            assert!(common::close12(*x, *y), "{tag}: {k}: fused {x} vs full {y}");
+        }
+    }
+    assert_eq!(fs, ls, "{tag}: summary");
+    assert_eq!(fe, le, "{tag}: warnings");
+}
+
+/// The numbers of a metric: a number, or a sweep's object of arrays (its keys in order, the
+/// criterion's name left out).
+fn numbers(v: &serde_json::Value) -> Vec<f64> {
+    match v {
+        serde_json::Value::Object(o) => o
+            .values()
+            .filter(|x| !x.is_string())
+            .flat_map(common::json_flatten)
+            .collect(),
+        x => common::json_flatten(x),
+    }
+}
+
+/// Writes a `[b, t]` GRPO step: variable lengths (some empty), a small mismatch with
+/// outliers past the safety bound, advantages, `uid` in groups of 4; log-probs in `dtype`.
+fn step(path: &Path, b: usize, t: usize, dtype: safetensors::Dtype, seed: u64) {
+    let mut rng = common::Rng::new(seed);
+    let (mut mask, mut roll, mut old, mut adv) = (vec![], vec![], vec![], vec![]);
+    for s in 0..b {
+        let len = if s % 7 == 3 { 0 } else { 1 + rng.below(t) };
+        let a = rng.range(-1.0, 1.0) as f32;
+        let scale = [0.005, 0.05, 0.3][rng.below(3)];
+        for j in 0..t {
+            mask.push(if j < len { 1f32 } else { 0.0 });
+            let x = rng.range(-6.0, -0.001);
+            let spike = if rng.bool(0.002) { 25.0 } else { 0.0 };
+            roll.push(x);
+            old.push((x + scale * rng.range(-1.0, 1.0) - spike).min(0.0));
+            adv.push(if j < len { a } else { 0.0 });
+        }
+    }
+    // a positive rollout log-prob at a valid slot (a warning)
+    roll[1] = 0.25;
+    let bytes = |v: &[f64]| -> Vec<u8> {
+        match dtype {
+            safetensors::Dtype::BF16 => v
+                .iter()
+                .flat_map(|&x| half::bf16::from_f64(x).to_le_bytes())
+                .collect(),
+            _ => v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+        }
+    };
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let uid: Vec<u8> = (0..b as i64).flat_map(|i| (i / 4).to_le_bytes()).collect();
+    let (r, o, m, a) = (bytes(&roll), bytes(&old), f32s(&mask), f32s(&adv));
+    use safetensors::tensor::TensorView;
+    fn tv(dt: safetensors::Dtype, shape: Vec<usize>, data: &[u8]) -> TensorView<'_> {
+        TensorView::new(dt, shape, data).unwrap()
+    }
+    let tensors = vec![
+        ("response_mask", tv(safetensors::Dtype::F32, vec![b, t], &m)),
+        ("rollout_log_probs", tv(dtype, vec![b, t], &r)),
+        ("old_log_prob", tv(dtype, vec![b, t], &o)),
+        ("advantages", tv(safetensors::Dtype::F32, vec![b, t], &a)),
+        ("uid", tv(safetensors::Dtype::I64, vec![b], &uid)),
+    ];
+    safetensors::serialize_to_file(tensors, None, path).unwrap();
+}
+
+#[test]
+fn fused_analyze_matches_the_full_path() {
+    for (tag, dtype, preset) in [
+        ("f32", safetensors::Dtype::F32, "decoupled_k3_rs_token_tis"),
+        (
+            "bf16",
+            safetensors::Dtype::BF16,
+            "decoupled_k3_rs_token_tis",
+        ),
+        ("f32-seq-is", safetensors::Dtype::F32, "decoupled_seq_is_rs"),
+    ] {
+        let p = common::scratch("fused", &format!("{tag}.safetensors"));
+        step(&p, 37, 1100, dtype, 7);
+        same_as_full_path(&p, preset, tag);
+    }
+    let causal = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/causal-sample/batch.safetensors");
+    same_as_full_path(&causal, "decoupled_k3_rs_token_tis", "causal");
+}
