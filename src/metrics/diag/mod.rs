@@ -305,7 +305,14 @@ impl SeqDiag {
         let mut k = 0;
         for j0 in (0..whole).step_by(LANES) {
             let v = oct(t.valid, j0);
-            if v.iter().all(|&v| v != 0) && self.t + LANES as u64 <= self.next_pb {
+            let all = v.iter().all(|&v| v != 0);
+            if all && self.t == self.next_pb {
+                // the first token, or the first of the next position bucket (as `slot` does;
+                // the buckets' edges are multiples of LANES, so the octet fits in one)
+                self.pb = bucket_of(self.t as usize);
+                self.next_pb = POSITION_BUCKETS[self.pb] as u64;
+            }
+            if all && self.t + LANES as u64 <= self.next_pb {
                 if !self.in_turn {
                     self.turns += 1;
                     self.in_turn = true;
