@@ -74,16 +74,7 @@ pub(super) fn map(path: &Path) -> Result<Option<MappedStep>> {
     let Ok(st) = safetensors::SafeTensors::deserialize(&map) else {
         return Ok(None);
     };
-    let step = safetensors::SafeTensors::read_metadata(&map)
-        .ok()
-        .and_then(|(_, m)| {
-            m.metadata()
-                .as_ref()?
-                .get("step")?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        });
+    let step = raw::step_metadata(&map);
     let keys: Vec<String> = st.names().into_iter().map(String::from).collect();
     let Ok((mapping, renames)) = raw::map_names(&keys) else {
         return Ok(None);

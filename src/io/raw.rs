@@ -75,16 +75,7 @@ pub(super) fn read_safetensors(path: &Path) -> Result<Raw> {
             Some((tensor, problem)) => Error::file(&p, format!("tensor `{tensor}`: {problem}")),
             None => Error::file(&p, format!("not a valid safetensors file: {e}")),
         })?;
-    let step = safetensors::SafeTensors::read_metadata(&map)
-        .ok()
-        .and_then(|(_, m)| {
-            m.metadata()
-                .as_ref()?
-                .get("step")?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        });
+    let step = step_metadata(&map);
     let keys: Vec<String> = st.names().into_iter().map(String::from).collect();
     let (mapping, renames) = map_names(&keys)?;
     let mut raw = Raw {
@@ -308,4 +299,18 @@ pub(super) fn read_json(text: &str) -> Result<Raw> {
         }
     }
     Ok(raw)
+}
+
+/// The `step` a safetensors file's metadata names, if any.
+pub(super) fn step_metadata(bytes: &[u8]) -> Option<f64> {
+    safetensors::SafeTensors::read_metadata(bytes)
+        .ok()
+        .and_then(|(_, m)| {
+            m.metadata()
+                .as_ref()?
+                .get("step")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
 }
