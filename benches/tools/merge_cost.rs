@@ -68,7 +68,8 @@ fn main() -> anyhow::Result<()> {
     let batch = Batch::padded(seqs, t, &mask)?
         .with_log_probs("rollout_log_prob", roll)?
         .with_log_probs("old_log_prob", old)?
-        .with_uid(uid)?;
+        .with_uid(uid)?
+        .build()?;
     let mut cfg = CorrectionConfig::preset("decoupled_k3_rs_token_tis")?;
     cfg.rollout_is_batch_normalize = true;
     let engine = trmask::cpu::CpuEngine::new();
