@@ -283,6 +283,20 @@ fn lean_against_full(
     }
     same_details(&lean, &full, what);
     same_metrics(&lean.metrics, &full.metrics, t, what);
+    // the diagnostics' per-token sums: one feed in lanes on both paths, so the same bits
+    let lanes = [
+        "trmask/by_prob/",
+        "trmask/adv_",
+        "trmask/turn/",
+        "trmask/k1_pos_",
+        "trmask/k3_pos_",
+        "trmask/abs_log_ratio_pos_",
+    ];
+    for (k, &v) in &full.metrics {
+        if lanes.iter().any(|p| k.starts_with(p)) {
+            assert_eq!(lean.metrics[k].to_bits(), v.to_bits(), "{what}: {k} bits");
+        }
+    }
     Some((full, corrector.has_lean_pass()))
 }
 
