@@ -46,6 +46,12 @@ pub const LANES: usize = 8;
 /// whole or in tiles of a multiple of `LANES`, and a loop that vectorises. Up to `LANES`
 /// terms it equals the plain left-to-right sum. The CPU engine's segment sums and the lean
 /// pass both sum this way, so their sequence statistics agree to the bit.
+/// The `LANES` elements of `s` from `j0` (one bounds check for the octet).
+#[inline(always)]
+pub(crate) fn octet<T>(s: &[T], j0: usize) -> &[T; LANES] {
+    s[j0..j0 + LANES].try_into().expect("an octet")
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LaneSum([f64; LANES]);
 

@@ -8,15 +8,15 @@ use super::finish::SeqRec;
 use crate::correction::plan::{Plan, MAX_LEAN_CRITERIA};
 use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs, MaskSource};
 use crate::input::values::MASK_BAD;
-use crate::math::{exp_bounded, k3_from_log_ratio, k3_series, LaneSum, LANES};
+use crate::math::{exp_bounded, k3_from_log_ratio, k3_series, octet as oct, LaneSum, LANES};
 use crate::metrics::diag::{DiagAcc, Feeds, SeqDiag, TileIn};
 use crate::partial::Sum;
 use crate::stats::SAFETY_BOUND;
 
 /// Slots a tile holds (inputs widened tile by tile on the stack, never as a whole); a
-/// multiple of [`LANES`].
+/// multiple of [`LANES`], at most what the diagnostics take at once.
 pub(crate) const TILE: usize = 512;
-const _: () = assert!(TILE.is_multiple_of(LANES));
+const _: () = assert!(TILE.is_multiple_of(LANES) && TILE <= crate::metrics::diag::RUN);
 
 /// A compensated sum in lanes (each lane Knuth's two-sum): verl's std and ESS cancel.
 #[derive(Clone, Copy, Default)]
@@ -52,14 +52,6 @@ fn two_sum(hi: &mut f64, lo: &mut f64, x: f64) {
     let bb = s - *hi;
     *lo += (*hi - (s - bb)) + (x - bb);
     *hi = s;
-}
-
-/// Valid slots (`v`: all ones, or 0 at padding) whose value passes `f` (no short circuit:
-/// the loop vectorises).
-/// The `LANES` elements of `s` from `j0` (one bounds check for the octet).
-#[inline(always)]
-fn oct<T>(s: &[T], j0: usize) -> &[T; LANES] {
-    s[j0..j0 + LANES].try_into().expect("an octet")
 }
 
 /// [`oct`], mutable.

@@ -180,7 +180,7 @@ struct Oct {
 }
 
 /// The noted octets' k3, log-ratio and dropped (all ones where the token criteria reject)
-/// side by side (the [`DiagAcc`]'s scratch: allocated once, never cleared).
+/// side by side (the [`DiagAcc`]'s scratch: allocated once per shard, refilled run by run).
 #[derive(Clone, Debug, Default)]
 struct Gathered {
     k3: Vec<[f64; LANES]>,
@@ -221,11 +221,11 @@ impl TileIn<'_> {
     }
 }
 
-/// The `LANES` elements of `s` from `j0` (a column the feeds name: as long as the run).
+/// The `LANES` elements of `s` from `j0`, copied (a column the feeds name: as long as the
+/// run).
 #[inline(always)]
 fn oct<T: Copy>(s: &[T], j0: usize) -> [T; LANES] {
-    let x: &[T; LANES] = s[j0..j0 + LANES].try_into().expect("an octet");
-    *x
+    *crate::math::octet(s, j0)
 }
 
 /// `f` of each lane (a loop that inlines and vectorises, unlike `array::map`).
@@ -299,6 +299,9 @@ impl SeqDiag {
     /// noted octets as vectors, its accumulators held in registers.
     #[inline(always)]
     pub(crate) fn tile(&mut self, f: &Feeds, t: &TileIn<'_>, acc: &mut DiagAcc) {
+        // both callers cut their runs at RUN (the fused pass's TILE, asserted where it is
+        // defined; `from_columns`)
+        debug_assert!(t.valid.len() <= RUN);
         let n = t.valid.len().min(RUN);
         let whole = n / LANES * LANES;
         let mut octs = [Oct::default(); RUN / LANES];
