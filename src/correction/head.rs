@@ -4,6 +4,7 @@
 
 use super::cppo::CppoColumns;
 use super::dppo::dppo_keep;
+use super::lean::{batch_norm_factor, correction_metrics, times, CritMetric, CritRec, SeqRec};
 use super::m2po::M2poColumns;
 use super::opsm::OpsmColumns;
 use super::plan::{Column, Plan};
@@ -13,15 +14,12 @@ use crate::engine::plan::{CorrectionsRaw, MaskPlan};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::input::batch::{Batch, Layout};
-use crate::metrics::ctx::{vmax, vmin, Ctx};
+use crate::metrics::ctx::Ctx;
 use crate::metrics::diag::{from_columns, Columns as DiagColumns};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
 use crate::metrics::trmask::{kept_tokens, seq_histograms, trmask_metrics};
-use crate::metrics::verl::{
-    f32_frac, is_sequence_fractions, is_spread, is_token_fractions, offpolicy_metrics,
-    seq_mean_metrics,
-};
-use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial, Sum};
+use crate::metrics::verl::offpolicy_metrics;
+use crate::partial::{Acc, Exchange, Partial};
 use crate::stats::{Corrections, CriterionResult, SegmentStats, StatTable, SAFETY_BOUND};
 
 /// One rank's corrections (weights batch-normalised over every rank through `ex`, so two
@@ -88,37 +86,38 @@ pub(crate) fn compute_partial(
     };
     let raw = engine.corrections_pass(lr, segs, &bind(plan, table, &cols)?)?;
 
-    // ---- IS weights ----
-    let weights = match (cfg.is, &raw.weights) {
-        (Some(is), Some(w)) => Some(is_weights(
-            &ctx,
-            is,
-            rho,
-            &s_lr,
-            w.clone(),
-            ex,
-            &mut metrics,
-        )?),
-        _ => None,
-    };
-
-    // ---- RS criteria ----
+    // ---- the records verl's IS / RS metrics are finished from (as the fused pass's) ----
+    let mut recs = vec![SeqRec::default(); b];
+    for (r, &l) in recs.iter_mut().zip(&seq_len) {
+        r.n = l as u64;
+    }
+    for i in (0..mask.len()).filter(|&i| mask[i] && !raw.mask[i]) {
+        recs[ctx.owner[i]].n_rej_any += 1;
+    }
+    if let (Some(is), Some(w)) = (cfg.is, &raw.weights) {
+        is_records(&ctx, is, rho, &s_lr, w, &mut recs)?;
+    }
     let mut keep: Vec<bool> = raw.mask.clone();
     let mut criteria = Vec::new();
+    let mut crit_recs = Vec::new();
     for (ci, c) in cfg.criteria.iter().enumerate() {
-        let res = criterion(&ctx, table, c, ci, &raw, rho, k1, &cols, &mut metrics)?;
+        let (res, r) = criterion(&ctx, table, c, ci, &raw, rho, k1, &cols, &mut metrics)?;
         criteria.push(res);
+        crit_recs.push(r);
     }
-    if !cfg.criteria.is_empty() {
-        let rej = ctx.tok(|i| if keep[i] { 0.0 } else { 1.0 });
-        let s = ctx.reduce(&rej)?;
-        metrics.put("rollout_corr/rollout_rs_masked_fraction", ctx.mmean_all(&s));
-        let k = (0..b).filter(|&i| s.sum[i] > 0.0).count();
-        metrics.put(
-            "rollout_corr/rollout_rs_seq_masked_fraction",
-            f32_frac(k, b),
-        );
-    }
+    let specs: Vec<CritMetric> = cfg.criteria.iter().map(crit_metric).collect();
+    correction_metrics(&mut metrics, cfg.is.as_ref(), &specs, &recs, &|ci, s| {
+        crit_recs[ci][s]
+    });
+    let weights = match (cfg.is, raw.weights.clone()) {
+        (Some(is), Some(mut w)) if is.batch_normalize => {
+            let wmean = batch_norm_factor(&mut metrics, is, ex)?;
+            w.iter_mut().for_each(|x| *x /= wmean);
+            Some(w)
+        }
+        (Some(_), w) => w,
+        (None, _) => None,
+    };
 
     // ---- token veto (trmask; legacy verl semantics: any ρ_t < τ rejects the sequence) ----
     if let Some(tau) = cfg.token_veto {
@@ -277,97 +276,42 @@ fn bind<'a>(plan: &Plan, table: &'a StatTable, cols: &Columns<'a>) -> Result<Mas
     })
 }
 
-/// verl's IS metrics on the engine's weights `w` (before batch normalisation), then batch
-/// normalisation by the mean over every rank (one exchange through `ex`).
-fn is_weights(
+/// The IS fields of each sequence's record from the engine's weights `w` (before batch
+/// normalisation).
+fn is_records(
     ctx: &Ctx,
     is: crate::config::IsSpec,
     rho: &[f64],
     s_lr: &SegmentStats,
-    w: Vec<f64>,
-    ex: &mut dyn Exchange,
-    m: &mut Partial,
-) -> Result<Vec<f64>> {
-    let p = |k: &str| format!("rollout_corr/{k}");
-    let upper = is.upper;
-    let b = ctx.b;
-    let seq_w: Vec<f64> = s_lr
-        .sum
-        .iter()
-        .map(|s| s.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp())
-        .collect();
+    w: &[f64],
+    recs: &mut [SeqRec],
+) -> Result<()> {
+    let lower = is.lower.unwrap_or(1.0 / is.upper);
+    let seq_w = |s: usize| s_lr.sum[s].clamp(-SAFETY_BOUND, SAFETY_BOUND).exp();
     let raw = match is.level {
         IsLevel::Token => ctx.tok(|i| rho[i]),
-        IsLevel::Sequence => ctx.tok(|i| seq_w[ctx.owner[i]]),
+        IsLevel::Sequence => ctx.tok(|i| seq_w(ctx.owner[i])),
     };
-    let mut w = w;
-    // ---- compute_is_metrics (before batch normalisation) ----
-    let lower = is.lower.unwrap_or(1.0 / upper);
-    let s_w = ctx.reduce(&w)?;
-    let is_mean = ctx.mmean_all(&s_w);
-    m.put(p("rollout_is_mean"), is_mean.clone());
-    match is.level {
-        IsLevel::Sequence => is_sequence_fractions(&s_lr.sum, upper, lower, m),
-        IsLevel::Token => {
-            let count = |f: &dyn Fn(f64) -> bool| {
-                Sum::of(
-                    (0..raw.len())
-                        .filter(|&i| ctx.mask[i])
-                        .map(|i| f64::from(u8::from(f(raw[i])))),
-                )
-            };
-            is_token_fractions(
-                count(&|r| r > upper),
-                count(&|r| r < lower),
-                ctx.n as u64,
-                ctx.tok_max(&s_w),
-                ctx.tok_min(&s_w),
-                m,
-            );
+    // per-sequence sums and extrema by the engine's segment reduction (the fused pass's lanes)
+    let (s_w, s_raw) = (ctx.reduce(w)?, ctx.reduce(&raw)?);
+    for (s, r) in recs.iter_mut().enumerate() {
+        (r.s_lr, r.s_w, r.s_raw) = (s_lr.sum[s], s_w.sum[s], s_raw.sum[s]);
+        if s_w.count[s] > 0 {
+            (r.w_max, r.w_min) = (s_w.max[s], s_w.min[s]);
         }
     }
-    let (mut s1, mut s2) = (Sum::default(), Sum::default());
     for i in (0..w.len()).filter(|&i| ctx.mask[i]) {
-        let wc = w[i].clamp(0.0, upper);
-        s1.add(wc);
-        s2.add(wc * wc);
-    }
-    is_spread(s1, s2, ctx.n as u64, m);
-    let seq_mean = ctx.mmean_rows(&s_w);
-    seq_mean_metrics(m, &|k| p(&format!("rollout_is_{k}")), &seq_mean, 1.0);
-    let raw_seq = ctx.mmean_rows(&ctx.reduce(&raw)?);
-    let hi = raw_seq.iter().filter(|&&x| x > upper).count();
-    let lo = raw_seq.iter().filter(|&&x| x < lower).count();
-    m.put(p("rollout_is_seq_fraction_high"), f32_frac(hi, b));
-    m.put(p("rollout_is_seq_fraction_low"), f32_frac(lo, b));
-    if let Some(l) = is.lower {
-        let oob = ctx.tok(|i| (raw[i] < l || raw[i] > upper) as u8 as f64);
-        m.put(p("rollout_is_oob_ratio"), ctx.mmean(&oob));
-    }
-    if is.batch_normalize {
-        // phase 1: the normaliser's partial over every rank, then each rank's own weights
-        let norm = match is.level {
-            IsLevel::Token => is_mean,
-            IsLevel::Sequence => {
-                let valid: Vec<f64> = (0..b)
-                    .filter(|&i| ctx.valid(i))
-                    .map(|i| seq_mean[i])
-                    .collect();
-                Acc::mean(&valid, Empty::Zero)
-            }
-        };
-        let key = p("rollout_is_batch_norm_factor");
-        let mut local = Partial::new();
-        local.put(key.clone(), norm);
-        let wmean = exchange(ex, local)?.finish_one(&key)?.unwrap_or(0.0);
-        if wmean > 1e-8 {
-            w.iter_mut().for_each(|x| *x /= wmean);
-            m.put(key, Acc::Const(wmean));
-        } else {
-            m.put(key, Acc::Const(1.0));
+        let r = &mut recs[ctx.owner[i]];
+        let wc = w[i].clamp(0.0, is.upper);
+        r.s_wc.add(wc);
+        r.s_wc2.add(wc * wc);
+        r.is_hi += u64::from(raw[i] > is.upper);
+        r.is_lo += u64::from(raw[i] < lower);
+        if let Some(l) = is.lower {
+            r.is_oob += u64::from(raw[i] < l || raw[i] > is.upper);
         }
     }
-    Ok(w)
+    Ok(())
 }
 
 /// The host-built columns of the criteria that need more than the statistics table.
@@ -390,7 +334,7 @@ fn criterion(
     k1: &[f64],
     cols: &Columns,
     m: &mut Partial,
-) -> Result<CriterionResult> {
+) -> Result<(CriterionResult, Vec<CritRec>)> {
     let b = ctx.b;
     let k3v: Vec<f64>;
     // verl's own per-token statistic, else the table's
@@ -411,11 +355,8 @@ fn criterion(
         Stat::Cppo => &cols.cppo.value,
         s => table.get(s.name())?,
     };
-    let (lower_log, upper_log) = if c.is_k1() {
-        (c.lower.map(f64::ln), c.upper.ln())
-    } else {
-        (None, c.upper)
-    };
+    let spec = crit_metric(c);
+    let (lower_log, upper_log) = (spec.lower, spec.upper);
     // decisions and sequence statistics from the engine pass
     let seq_stat: Option<Vec<f64>> = match c.agg {
         Agg::Token => None,
@@ -423,91 +364,54 @@ fn criterion(
     };
     let bit = 1u32 << ci;
     let token_keep: Vec<bool> = raw.token_reject.iter().map(|&r| r & bit == 0).collect();
-    // ---- verl's compute_rs_metrics on the per-token statistic (broadcast for sequences) ----
-    let pts: Vec<f64> = match &seq_stat {
-        None => ctx.tok(|i| st[i]),
-        Some(v) => ctx.tok(|i| v[ctx.owner[i]]),
-    };
     let pre = format!("rollout_corr/rollout_rs_{}", c.name);
     match c.stat {
         Stat::M2po => cols.m2po.metrics(ctx, &pre, m),
         Stat::Cppo => cols.cppo.metrics(ctx, &pre, m),
         _ => {}
     }
-    let s_pts = ctx.reduce(&pts)?;
-    let seq_values: Vec<f64> = match &seq_stat {
-        None => ctx.mmean_rows(&s_pts),
-        Some(v) => v.clone(),
-    };
-    let valid_vals: Vec<f64> = (0..b)
-        .filter(|&i| ctx.valid(i))
-        .map(|i| seq_values[i])
-        .collect();
-    let nv = valid_vals.len();
-    let is_seq = seq_stat.is_some();
-    let thr_l = lower_log.unwrap_or(0.0);
-    let count = |f: &dyn Fn(f64) -> bool| valid_vals.iter().filter(|&&x| f(x)).count();
-    m.put(format!("{pre}_mean"), ctx.mmean_all(&s_pts));
-    if is_seq {
-        m.put(format!("{pre}_max"), vmax(valid_vals.iter().copied()));
-        m.put(format!("{pre}_min"), vmin(valid_vals.iter().copied()));
-        m.put(
-            format!("{pre}_fraction_high"),
-            f32_frac(count(&|x| x > upper_log), nv),
-        );
-        let lo = if lower_log.is_some() {
-            f32_frac(count(&|x| x < thr_l), nv)
-        } else {
-            Acc::Const(0.0)
-        };
-        m.put(format!("{pre}_fraction_low"), lo);
-    } else {
-        m.put(format!("{pre}_max"), ctx.tok_max(&s_pts));
-        m.put(format!("{pre}_min"), ctx.tok_min(&s_pts));
-        let hi = ctx.tok(|i| (pts[i] > upper_log) as u8 as f64);
-        m.put(format!("{pre}_fraction_high"), ctx.mmean(&hi));
-        let lo = if lower_log.is_some() {
-            let lo = ctx.tok(|i| (pts[i] < thr_l) as u8 as f64);
-            ctx.mmean(&lo)
-        } else {
-            Acc::Const(0.0)
-        };
-        m.put(format!("{pre}_fraction_low"), lo);
+    // the records verl's compute_rs_metrics reads (the fused pass fills the same)
+    let mut recs = vec![CritRec::default(); b];
+    if seq_stat.is_none() {
+        // per-sequence sums and extrema by the engine's segment reduction
+        let s_st = ctx.reduce(&ctx.tok(|i| st[i]))?;
+        for (s, r) in recs
+            .iter_mut()
+            .enumerate()
+            .filter(|(s, _)| s_st.count[*s] > 0)
+        {
+            (r.pts, r.tmax, r.tmin) = (s_st.sum[s], s_st.max[s], s_st.min[s]);
+        }
     }
-    // verl's std of the clamped statistic (0 with a single valid token in the whole batch)
-    let cmin = lower_log.unwrap_or(0.0);
-    let sc = ctx.tok(|i| pts[i].max(cmin).min(upper_log));
-    m.put(format!("{pre}_std"), ctx.std_and_ess(&sc, 0).0);
-    seq_mean_metrics(m, &|k| format!("{pre}_{k}"), &valid_vals, 0.0);
-    m.put(
-        format!("{pre}_seq_fraction_high"),
-        f32_frac(count(&|x| x > upper_log), nv),
-    );
-    if lower_log.is_some() {
-        m.put(
-            format!("{pre}_seq_fraction_low"),
-            f32_frac(count(&|x| x < thr_l), nv),
-        );
+    let (lo_c, hi_c) = (lower_log.unwrap_or(0.0), upper_log);
+    for i in (0..ctx.mask.len()).filter(|&i| ctx.mask[i]) {
+        let r = &mut recs[ctx.owner[i]];
+        r.rej += u64::from(!token_keep[i]);
+        if seq_stat.is_none() {
+            let x = st[i];
+            r.hi += u64::from(x > upper_log);
+            r.lo += u64::from(lower_log.is_some() && x < lo_c);
+            let sc = x.max(lo_c).min(hi_c);
+            r.sc1.add(sc);
+            r.sc2.add(sc * sc);
+        }
     }
-    let rej = ctx.tok(|i| (!token_keep[i]) as u8 as f64);
-    let s_rej = ctx.reduce(&rej)?;
-    m.put(format!("{pre}_masked_fraction"), ctx.mmean_all(&s_rej));
-    let seq_reject: Vec<bool> = (0..b).map(|i| s_rej.sum[i] > 0.0).collect();
-    let k = (0..b).filter(|&i| ctx.valid(i) && seq_reject[i]).count();
-    m.put(
-        format!("{pre}_seq_masked_fraction"),
-        Acc::frac(k, nv, FracMode::F64, Empty::Compute),
-    );
-
+    if let Some(v) = &seq_stat {
+        for (s, r) in recs.iter_mut().enumerate() {
+            r.value = v[s];
+            let n = ctx.len[s];
+            r.pts = n * v[s];
+            let sc = v[s].max(lo_c).min(hi_c);
+            (r.sc1, r.sc2) = (times(n, sc), times(n, sc * sc));
+        }
+    }
+    let seq_reject: Vec<bool> = recs.iter().map(|r| r.rej > 0).collect();
     let out_stat = match seq_stat {
         Some(v) => v,
         None => (0..b)
-            .map(|i| {
-                if s_rej.count[i] > 0 {
-                    s_rej.sum[i] / s_rej.count[i] as f64
-                } else {
-                    0.0
-                }
+            .map(|s| match ctx.len[s] {
+                n if n > 0.0 => recs[s].rej as f64 / n,
+                _ => 0.0,
             })
             .collect(),
     };
@@ -516,10 +420,26 @@ fn criterion(
     } else {
         format!("seq_{}", c.name)
     };
-    Ok(CriterionResult {
+    let res = CriterionResult {
         name: c.name.clone(),
         output_name,
         seq_stat: out_stat,
         seq_reject,
-    })
+    };
+    Ok((res, recs))
+}
+
+/// How criterion `c`'s metrics read its records (k1's thresholds compared in log space).
+fn crit_metric(c: &Criterion) -> CritMetric<'_> {
+    let (lower, upper) = if c.is_k1() {
+        (c.lower.map(f64::ln), c.upper.ln())
+    } else {
+        (None, c.upper)
+    };
+    CritMetric {
+        name: &c.name,
+        seq: c.agg != Agg::Token,
+        lower,
+        upper,
+    }
 }

@@ -153,7 +153,7 @@ impl SeqRec {
 }
 
 /// `n · x` exactly, as a compensated sum (the product and its FMA rounding error).
-fn times(n: f64, x: f64) -> Sum {
+pub(crate) fn times(n: f64, x: f64) -> Sum {
     let p = n * x;
     let mut s = Sum::default();
     s.add(p);
@@ -184,9 +184,7 @@ fn count_sum(v: impl Iterator<Item = u64>) -> Sum {
 /// The metric partial of one task's sequences.
 pub(crate) fn chunk_partial(plan: &Plan, recs: &[SeqRec]) -> Partial {
     let mut m = Partial::new();
-    let p = |k: &str| format!("rollout_corr/{k}");
     let n: u64 = recs.iter().map(|r| r.n).sum();
-    let b = recs.len();
     m.put("#valid_tokens", Acc::Count(n));
     let row = |s: f64, r: &SeqRec| s / (r.n as f64 + 1e-8);
     // ---- compute_offpolicy_metrics ----
@@ -203,21 +201,63 @@ pub(crate) fn chunk_partial(plan: &Plan, recs: &[SeqRec]) -> Partial {
         recs.iter().map(|r| r.s_lr),
         &mut m,
     );
-    if let Some(is) = &plan.is {
-        is_metrics(&mut m, is, recs, n);
+    let crits: Vec<CritMetric> = (0..plan.criteria.len())
+        .map(|ci| CritMetric::of(plan, ci))
+        .collect();
+    correction_metrics(&mut m, plan.is.as_ref(), &crits, recs, &|ci, s| {
+        recs[s].crit[ci]
+    });
+    m
+}
+
+/// How one criterion's metrics read its records: its option name, sequence or token, and the
+/// thresholds its values are compared with.
+pub(crate) struct CritMetric<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) seq: bool,
+    pub(crate) lower: Option<f64>,
+    pub(crate) upper: f64,
+}
+
+impl<'a> CritMetric<'a> {
+    fn of(plan: &'a Plan, ci: usize) -> Self {
+        let c = &plan.criteria[ci];
+        CritMetric {
+            name: &plan.names[ci],
+            seq: c.agg != MaskAgg::Token,
+            lower: c.lower,
+            upper: c.upper,
+        }
     }
-    for ci in 0..plan.criteria.len() {
-        criterion_metrics(&mut m, plan, ci, recs, n);
+}
+
+/// verl's IS metrics (`is`), each criterion's `rollout_rs_*` metrics (criterion `ci` of
+/// sequence `s` is `crit(ci, s)`) and the any-criterion masked fractions, from the
+/// per-sequence records: the one definition both the fused pass and the full path
+/// (`correction::head`) finish.
+pub(crate) fn correction_metrics(
+    m: &mut Partial,
+    is: Option<&MaskIs>,
+    crits: &[CritMetric],
+    recs: &[SeqRec],
+    crit: &dyn Fn(usize, usize) -> CritRec,
+) {
+    let p = |k: &str| format!("rollout_corr/{k}");
+    let n: u64 = recs.iter().map(|r| r.n).sum();
+    if let Some(is) = is {
+        is_metrics(m, is, recs, n);
     }
-    if !plan.criteria.is_empty() {
+    for (ci, c) in crits.iter().enumerate() {
+        criterion_metrics(m, c, recs, &|s| crit(ci, s), n);
+    }
+    if !crits.is_empty() {
         m.put(
             p("rollout_rs_masked_fraction"),
             masked(count_sum(recs.iter().map(|r| r.n_rej_any)), n),
         );
         let k = recs.iter().filter(|r| r.n_rej_any > 0).count();
-        m.put(p("rollout_rs_seq_masked_fraction"), f32_frac(k, b));
+        m.put(p("rollout_rs_seq_masked_fraction"), f32_frac(k, recs.len()));
     }
-    m
 }
 
 fn is_metrics(m: &mut Partial, is: &MaskIs, recs: &[SeqRec], n: u64) {
@@ -272,19 +312,22 @@ fn is_metrics(m: &mut Partial, is: &MaskIs, recs: &[SeqRec], n: u64) {
     }
 }
 
-fn criterion_metrics(m: &mut Partial, plan: &Plan, ci: usize, recs: &[SeqRec], n: u64) {
-    let c = &plan.criteria[ci];
-    let pre = format!("rollout_corr/rollout_rs_{}", plan.names[ci]);
-    let is_seq = c.agg != MaskAgg::Token;
-    let cr = |r: &SeqRec| r.crit[ci];
-    let valid_vals: Vec<f64> = recs
-        .iter()
-        .filter(|r| r.n > 0)
-        .map(|r| {
+fn criterion_metrics(
+    m: &mut Partial,
+    c: &CritMetric,
+    recs: &[SeqRec],
+    cr: &dyn Fn(usize) -> CritRec,
+    n: u64,
+) {
+    let pre = format!("rollout_corr/rollout_rs_{}", c.name);
+    let is_seq = c.seq;
+    let valid = || recs.iter().enumerate().filter(|(_, r)| r.n > 0);
+    let valid_vals: Vec<f64> = valid()
+        .map(|(s, r)| {
             if is_seq {
-                cr(r).value
+                cr(s).value
             } else {
-                cr(r).pts / (r.n as f64 + 1e-8)
+                cr(s).pts / (r.n as f64 + 1e-8)
             }
         })
         .collect();
@@ -294,7 +337,7 @@ fn criterion_metrics(m: &mut Partial, plan: &Plan, ci: usize, recs: &[SeqRec], n
     let count = |f: &dyn Fn(f64) -> bool| valid_vals.iter().filter(|&&x| f(x)).count();
     m.put(
         format!("{pre}_mean"),
-        masked(sum(recs.iter().map(|r| cr(r).pts)), n),
+        masked(sum((0..recs.len()).map(|s| cr(s).pts)), n),
     );
     if is_seq {
         m.put(format!("{pre}_max"), vmax(valid_vals.iter().copied()));
@@ -310,21 +353,20 @@ fn criterion_metrics(m: &mut Partial, plan: &Plan, ci: usize, recs: &[SeqRec], n
         };
         m.put(format!("{pre}_fraction_low"), lo);
     } else {
-        let valid = || recs.iter().filter(|r| r.n > 0);
-        m.put(format!("{pre}_max"), vmax(valid().map(|r| cr(r).tmax)));
-        m.put(format!("{pre}_min"), vmin(valid().map(|r| cr(r).tmin)));
-        let hi = count_sum(recs.iter().map(|r| cr(r).hi));
+        m.put(format!("{pre}_max"), vmax(valid().map(|(s, _)| cr(s).tmax)));
+        m.put(format!("{pre}_min"), vmin(valid().map(|(s, _)| cr(s).tmin)));
+        let hi = count_sum((0..recs.len()).map(|s| cr(s).hi));
         m.put(format!("{pre}_fraction_high"), masked(hi, n));
         let lo = if c.lower.is_some() {
-            masked(count_sum(recs.iter().map(|r| cr(r).lo)), n)
+            masked(count_sum((0..recs.len()).map(|s| cr(s).lo)), n)
         } else {
             Acc::Const(0.0)
         };
         m.put(format!("{pre}_fraction_low"), lo);
     }
     let (s1, s2) = (
-        merged(recs.iter().map(|r| cr(r).sc1)),
-        merged(recs.iter().map(|r| cr(r).sc2)),
+        merged((0..recs.len()).map(|s| cr(s).sc1)),
+        merged((0..recs.len()).map(|s| cr(s).sc2)),
     );
     m.put(format!("{pre}_std"), Acc::VerlStd { s1, s2, n });
     seq_mean_metrics(m, &|k| format!("{pre}_{k}"), &valid_vals, 0.0);
@@ -340,9 +382,9 @@ fn criterion_metrics(m: &mut Partial, plan: &Plan, ci: usize, recs: &[SeqRec], n
     }
     m.put(
         format!("{pre}_masked_fraction"),
-        masked(count_sum(recs.iter().map(|r| cr(r).rej)), n),
+        masked(count_sum((0..recs.len()).map(|s| cr(s).rej)), n),
     );
-    let k = recs.iter().filter(|r| cr(r).rej > 0).count();
+    let k = (0..recs.len()).filter(|&s| cr(s).rej > 0).count();
     m.put(
         format!("{pre}_seq_masked_fraction"),
         Acc::frac(k, nv, FracMode::F64, Empty::Compute),

@@ -18,4 +18,5 @@ mod pass;
 mod stats;
 mod tile;
 
-pub(crate) use pass::{run, LeanInputs, LeanLayout};
+pub(crate) use finish::{correction_metrics, times, CritMetric, CritRec, SeqRec};
+pub(crate) use pass::{batch_norm_factor, run, LeanInputs, LeanLayout};

@@ -533,7 +533,11 @@ fn write_seq_weight(
 
 /// Batch normalisation's phase 1: the normaliser over every rank (one exchange), recorded as
 /// `rollout_is_batch_norm_factor`; returns the divisor (1 when the mean is ≤ 1e-8).
-fn batch_norm_factor(merged: &mut Partial, is: MaskIs, ex: &mut dyn Exchange) -> Result<f64> {
+pub(crate) fn batch_norm_factor(
+    merged: &mut Partial,
+    is: MaskIs,
+    ex: &mut dyn Exchange,
+) -> Result<f64> {
     let key = "rollout_corr/rollout_is_batch_norm_factor";
     let mut local = Partial::new();
     let norm = match is.level {
