@@ -43,7 +43,8 @@ if [ "$mode" = prepare ]; then
   maturin build --release --quiet --manifest-path python/Cargo.toml --features extension-module \
     --out "$dir" || exit 1
   python3 -m pip download --quiet --no-deps "verl==0.9.1" -d "$dir" || exit 1
-  cp python/bench/verl_cuda.py python/bench/verl_real.py python/bench/verl_signature.py "$dir/"
+  cp python/bench/verl_cuda.py python/bench/verl_real.py python/bench/verl_signature.py \
+    python/tests/verl_files.py "$dir/"
   ls -la "$dir"
   exit 0
 fi

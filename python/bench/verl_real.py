@@ -13,31 +13,17 @@ repository.
 
 import argparse
 import importlib.metadata
-import importlib.util
 import pathlib
 import sys
-import types
 
 import numpy as np
 import torch
 from verl_signature import best as timed  # best / median of `repeat` calls
 
-
-def _stub(name, **attrs):
-    m = types.ModuleType(name)
-    m.__path__ = []  # a package, so submodules can be stubbed under it
-    for k, v in attrs.items():
-        setattr(m, k, v)
-    sys.modules[name] = m
-    return m
-
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+# verl_files (loading verl's files under stand-in packages) is shared with python/tests; a copy
+# beside this script (scripts/gpu-bench.sh) is found first
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+from verl_files import load_file, stub, verl_root  # noqa: E402
 
 
 class _DataProto:
@@ -52,21 +38,20 @@ class _DataProto:
 
 
 def load_verl():
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
+    root = verl_root()
+    if root is None:
         sys.exit("verl is not installed: pip install --no-deps verl==0.9.1")
-    root = pathlib.Path(list(spec.submodule_search_locations)[0])
     for pkg in ("verl", "verl.utils", "verl.trainer", "verl.trainer.ppo", "verl.trainer.config", "verl.workers", "verl.workers.config"):
-        _stub(pkg)
-    _stub("tensordict", TensorDict=dict)
-    _stub("transformers", PreTrainedTokenizer=object)
-    _stub("verl.utils.device", get_device_name=lambda: "cpu", get_torch_device=lambda: torch.cpu)
-    _stub("verl.protocol", DataProto=_DataProto)
-    _stub("verl.trainer.config.algorithm", RolloutCorrectionConfig=object)
-    _stub("verl.workers.config.actor", PolicyLossConfig=object)
-    vf = _load("verl.utils.torch_functional", root / "utils" / "torch_functional.py")
+        stub(pkg)
+    stub("tensordict", TensorDict=dict)
+    stub("transformers", PreTrainedTokenizer=object)
+    stub("verl.utils.device", get_device_name=lambda: "cpu", get_torch_device=lambda: torch.cpu)
+    stub("verl.protocol", DataProto=_DataProto)
+    stub("verl.trainer.config.algorithm", RolloutCorrectionConfig=object)
+    stub("verl.workers.config.actor", PolicyLossConfig=object)
+    vf = load_file("verl.utils.torch_functional", root / "utils" / "torch_functional.py")
     sys.modules["verl.utils"].torch_functional = vf
-    helper = _load("verl.trainer.ppo.rollout_corr_helper", root / "trainer" / "ppo" / "rollout_corr_helper.py")
+    helper = load_file("verl.trainer.ppo.rollout_corr_helper", root / "trainer" / "ppo" / "rollout_corr_helper.py")
     version = getattr(importlib.metadata, "version", lambda _: "?")("verl")
     return helper.compute_rollout_correction_and_rejection_mask, version
 

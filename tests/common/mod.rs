@@ -354,3 +354,24 @@ pub fn tensor_i32s(t: &safetensors::SafeTensors, name: &str) -> Vec<i64> {
         .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
         .collect()
 }
+
+/// `corrector.correct_into(step, …)` into fresh f32 weight and mask buffers of `n` slots:
+/// `(weights, mask, what it returned)`.
+pub fn correct_into_f32(
+    corrector: &trmask::Corrector,
+    step: &trmask::Step<'_>,
+    n: usize,
+) -> (Vec<f32>, Vec<f32>, trmask::Corrections) {
+    use trmask::{MaskOut, Outputs, WeightsOut};
+    let (mut w, mut m) = (vec![0f32; n], vec![0f32; n]);
+    let out = corrector
+        .correct_into(
+            step,
+            Outputs {
+                weights: Some(WeightsOut::F32(&mut w)),
+                mask: MaskOut::F32(&mut m),
+            },
+        )
+        .unwrap();
+    (w, m, out)
+}

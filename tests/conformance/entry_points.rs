@@ -6,7 +6,7 @@
 use crate::common;
 
 use common::{engines, Hub, Rank};
-use trmask::{CorrectionConfig, Corrector, MaskOut, Outputs, Step, WeightsOut};
+use trmask::{CorrectionConfig, Corrector, Step};
 
 const CONFIG: &str = r#"{"top_p": 0.95, "sampling_replay": true,
     "rollout_is": "token", "rollout_is_threshold": 2.0,
@@ -95,16 +95,7 @@ fn every_entry_point_gives_the_same_weights_mask_and_metrics() {
         let c2 = trmask::correction::correct_shard(e.as_ref(), batch, &cfg, &mut one).unwrap();
         let corrector = Corrector::new(e.clone(), &cfg).unwrap();
         let c3 = corrector.correct(&step).unwrap();
-        let (mut w, mut m) = (vec![0f32; b * t], vec![0f32; b * t]);
-        let c4 = corrector
-            .correct_into(
-                &step,
-                Outputs {
-                    weights: Some(WeightsOut::F32(&mut w)),
-                    mask: MaskOut::F32(&mut m),
-                },
-            )
-            .unwrap();
+        let (w, m, c4) = common::correct_into_f32(&corrector, &step, b * t);
         let want_w = a.corrections.weights.as_ref().unwrap();
         for (what, c) in [("correct", &c1), ("correct_shard", &c2), ("Corrector", &c3)] {
             assert!(c.mask == a.corrections.mask, "{name} {what}: mask");

@@ -510,7 +510,7 @@ fn fused_sequence_sums_are_compensated() {
 /// the CPU engine's), one that does not runs the GPU's full path.
 #[test]
 fn auto_runs_host_log_probs_on_the_fused_cpu_pass() {
-    use trmask::{Corrector, MaskOut, Outputs, Step, WeightsOut};
+    use trmask::{Corrector, Step};
     let Some(gpu) = common::gpu() else { return };
     let cfg = trmask::CorrectionConfig::preset("decoupled_k3_rs_token_tis").unwrap();
     let plain = Corrector::new((*gpu).clone(), &cfg).unwrap();
@@ -532,26 +532,13 @@ fn auto_runs_host_log_probs_on_the_fused_cpu_pass() {
         .response_mask(&mask[..])
         .rollout_log_prob(&roll[..])
         .old_log_prob(&old[..]);
-    let run = |c: &Corrector| {
-        let (mut w, mut m) = (vec![0f32; b * t], vec![0f32; b * t]);
-        let out = c
-            .correct_into(
-                &step,
-                Outputs {
-                    weights: Some(WeightsOut::F32(&mut w)),
-                    mask: MaskOut::F32(&mut m),
-                },
-            )
-            .unwrap();
-        (w, m, out.metrics)
-    };
-    let (w1, m1, k1) = run(&by_work);
-    let (w2, m2, k2) = run(&cpu);
+    let (w1, m1, c1) = common::correct_into_f32(&by_work, &step, b * t);
+    let (w2, m2, c2) = common::correct_into_f32(&cpu, &step, b * t);
     assert!(
         w1 == w2 && m1 == m2,
         "the fused pass on a GPU engine = the CPU engine's"
     );
-    assert_eq!(k1, k2);
+    assert_eq!(c1.metrics, c2.metrics);
     assert!(
         m1[2 * t..2 * t + 10].iter().all(|&x| x == 0.0),
         "sequence 2 rejected"
