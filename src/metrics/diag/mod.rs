@@ -563,8 +563,8 @@ mod tests {
             let mut fast = Tally::<3>::default();
             fast.add_masked(&g, &b);
             let mut slow = Tally::<3>::default();
-            for i in 0..octs {
-                for l in 0..LANES {
+            for (i, bo) in b.iter().enumerate() {
+                for (l, &k) in bo.iter().enumerate() {
                     let s = Slot {
                         c: 0.0,
                         lr: g.lr[i][l],
@@ -575,7 +575,7 @@ mod tests {
                         weight: 0.0,
                         keep: g.dropped[i][l] == 0,
                     };
-                    slow.add(b[i][l] as usize, l, &s);
+                    slow.add(k as usize, l, &s);
                 }
             }
             for k in 0..3 {
