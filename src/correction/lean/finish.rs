@@ -4,6 +4,7 @@
 use crate::config::IsLevel;
 use crate::correction::plan::{Plan, MAX_LEAN_CRITERIA};
 use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs};
+use crate::error::Result;
 use crate::metrics::ctx::{f32_frac, vmax, vmin};
 use crate::metrics::diag::{DiagAcc, Feeds};
 use crate::metrics::diagnostics::{group_metrics, length_metrics};
@@ -12,7 +13,7 @@ use crate::metrics::verl::{
     is_sequence_fractions, is_spread, is_token_fractions, offpolicy_from_sums, seq_mean_metrics,
     OffPolicySums,
 };
-use crate::partial::{Acc, Empty, FracMode, Partial, Sum};
+use crate::partial::{exchange, Acc, Empty, Exchange, FracMode, Partial, Sum};
 use crate::stats::{Corrections, CriterionResult, SAFETY_BOUND};
 
 /// The sequence-IS batch normaliser's partial (an internal key, not a metric).
@@ -389,6 +390,32 @@ fn criterion_metrics(
         format!("{pre}_seq_masked_fraction"),
         Acc::frac(k, nv, FracMode::F64, Empty::Compute),
     );
+}
+
+/// Batch normalisation's phase 1: the normaliser over every rank (one exchange), recorded as
+/// `rollout_is_batch_norm_factor`; returns the divisor (1 when the mean is ≤ 1e-8).
+pub(crate) fn batch_norm_factor(
+    merged: &mut Partial,
+    is: MaskIs,
+    ex: &mut dyn Exchange,
+) -> Result<f64> {
+    let key = "rollout_corr/rollout_is_batch_norm_factor";
+    let mut local = Partial::new();
+    let norm = match is.level {
+        IsLevel::Token => merged.get("rollout_corr/rollout_is_mean").cloned(),
+        IsLevel::Sequence => merged.get(SEQ_NORM).cloned(),
+    };
+    if let Some(n) = norm {
+        local.put(key, n);
+    }
+    let wmean = exchange(ex, local)?.finish_one(key)?.unwrap_or(0.0);
+    if wmean > 1e-8 {
+        merged.put(key, Acc::Const(wmean));
+        Ok(wmean)
+    } else {
+        merged.put(key, Acc::Const(1.0));
+        Ok(1.0)
+    }
 }
 
 /// The per-sequence decisions of the whole shard (weights and mask are in the caller's

@@ -18,5 +18,7 @@ mod pass;
 mod stats;
 mod tile;
 
-pub(crate) use finish::{correction_metrics, times, CritMetric, CritRec, SeqRec};
-pub(crate) use pass::{batch_norm_factor, run, LeanInputs, LeanLayout};
+pub(crate) use finish::{
+    batch_norm_factor, correction_metrics, times, CritMetric, CritRec, SeqRec,
+};
+pub(crate) use pass::{run, LeanInputs, LeanLayout};

@@ -1,16 +1,16 @@
 //! The per-sequence kernel of the lean pass and its parallel driver.
 
-use super::finish::{chunk_partial, details, diag_partial, SeqRec};
+use super::finish::{batch_norm_factor, chunk_partial, details, diag_partial, SeqRec};
 use super::stats::{Accs, TableAcc};
 use super::tile::{Cols, SeqLanes, TILE};
 use crate::config::IsLevel;
 use crate::correction::plan::Plan;
-use crate::engine::plan::{MaskAgg, MaskIs};
+use crate::engine::plan::MaskAgg;
 use crate::error::Result;
 use crate::input::values::{MaskOut, MaskValues, Outputs, Values, WeightsOut};
 use crate::math::{exp_bounded, LANES};
 use crate::metrics::diag::{DiagAcc, Feeds, SeqDiag};
-use crate::partial::{exchange, Acc, Exchange, Partial};
+use crate::partial::{Exchange, Partial};
 use crate::stats::{Corrections, SAFETY_BOUND};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -529,32 +529,6 @@ fn write_seq_weight(
         k += len;
     }
     Some(())
-}
-
-/// Batch normalisation's phase 1: the normaliser over every rank (one exchange), recorded as
-/// `rollout_is_batch_norm_factor`; returns the divisor (1 when the mean is ≤ 1e-8).
-pub(crate) fn batch_norm_factor(
-    merged: &mut Partial,
-    is: MaskIs,
-    ex: &mut dyn Exchange,
-) -> Result<f64> {
-    let key = "rollout_corr/rollout_is_batch_norm_factor";
-    let mut local = Partial::new();
-    let norm = match is.level {
-        IsLevel::Token => merged.get("rollout_corr/rollout_is_mean").cloned(),
-        IsLevel::Sequence => merged.get(super::finish::SEQ_NORM).cloned(),
-    };
-    if let Some(n) = norm {
-        local.put(key, n);
-    }
-    let wmean = exchange(ex, local)?.finish_one(key)?.unwrap_or(0.0);
-    if wmean > 1e-8 {
-        merged.put(key, Acc::Const(wmean));
-        Ok(wmean)
-    } else {
-        merged.put(key, Acc::Const(1.0));
-        Ok(1.0)
-    }
 }
 
 /// Batch normalisation's phase 2: this task's weights recomputed and divided by `wmean`.
