@@ -80,8 +80,7 @@ pub fn analyze_shard(
     config: &CorrectionConfig,
     ex: &mut dyn Exchange,
 ) -> Result<Analysis> {
-    let resolved = config.resolve()?;
-    let plan = crate::correction::plan::Plan::new(&resolved);
+    let plan = crate::correction::plan::Plan::compile(config)?;
     let original = batch;
     let crate::correction::run::Shard {
         batch,
@@ -89,10 +88,10 @@ pub fn analyze_shard(
         table,
         mut corrections,
         partial: corr_partial,
-    } = crate::correction::run::shard(engine, config, &resolved, &plan, batch, true, ex)?;
+    } = crate::correction::run::shard(engine, &plan, batch, true, ex)?;
     let batch: &Batch = &batch;
     let sweeps = if ex.size() <= 1 {
-        crate::analysis::sweep::sweeps(Some(batch), Some(&table), &resolved, &corrections)?
+        crate::analysis::sweep::sweeps(Some(batch), Some(&table), &plan.cfg, &corrections)?
     } else {
         Vec::new()
     };

@@ -25,14 +25,13 @@ pub fn analyze_fused(
     layout: &Layout,
     config: &CorrectionConfig,
 ) -> Result<Option<Analysis>> {
-    let resolved = config.resolve()?;
+    let mut plan = Plan::compile(config)?;
     if !config.sampling.is_off()
         || config.sampling_replay
-        || resolved.criteria.iter().any(|c| c.agg == Agg::Token)
+        || plan.cfg.criteria.iter().any(|c| c.agg == Agg::Token)
     {
         return Ok(None);
     }
-    let mut plan = Plan::new(&resolved);
     if !plan.serves_lean() {
         return Ok(None);
     }
@@ -72,7 +71,7 @@ pub fn analyze_fused(
     if let Some(c) = &certificate {
         metrics.extend(c.metrics());
     }
-    let sweeps = super::sweep::sweeps(None, None, &resolved, &corrections)?;
+    let sweeps = super::sweep::sweeps(None, None, &plan.cfg, &corrections)?;
     let findings = table.findings(["rollout_log_prob", step.lean_train_name()]);
     Ok(Some(Analysis {
         outputs: Vec::new(),

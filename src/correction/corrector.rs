@@ -24,7 +24,7 @@
 //! engines' host-side finishing need them); logits are never copied: pass a [`Logits`](crate::Logits) that
 //! wraps the trainer's bytes (host) or, on the GPU engine, its device buffer.
 
-use crate::config::{CorrectionConfig, Resolved};
+use crate::config::CorrectionConfig;
 use crate::correction::lean;
 use crate::correction::plan::Plan;
 use crate::correction::run;
@@ -39,8 +39,6 @@ use std::sync::Arc;
 /// Resolves a [`CorrectionConfig`] once and corrects one [`Step`] per training step.
 pub struct Corrector {
     engine: Arc<dyn Engine>,
-    config: CorrectionConfig,
-    resolved: Resolved,
     /// The config compiled once: what every executor reads.
     plan: Plan,
     /// The fused lean pass serves the plan on this engine.
@@ -53,7 +51,7 @@ impl std::fmt::Debug for Corrector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Corrector")
             .field("engine", &self.engine.name())
-            .field("config", &self.config)
+            .field("config", &self.plan.config)
             .finish()
     }
 }
@@ -63,12 +61,9 @@ impl Corrector {
     /// [`CpuEngine`](crate::cpu::CpuEngine), a [`GpuEngine`](crate::GpuEngine) — possibly on the
     /// trainer's own wgpu device — or an `Arc<dyn Engine>` shared with other work).
     pub fn new(engine: impl IntoEngine, config: &CorrectionConfig) -> Result<Self> {
-        let resolved = config.resolve()?;
         let mut c = Corrector {
             engine: engine.into_engine(),
-            config: config.clone(),
-            plan: Plan::new(&resolved),
-            resolved,
+            plan: Plan::compile(config)?,
             lean: false,
             by_work: false,
         };
@@ -90,8 +85,7 @@ impl Corrector {
     /// # Ok::<(), trmask::Error>(())
     /// ```
     pub fn verl_metrics_only(mut self, on: bool) -> Self {
-        self.resolved.verl_metrics_only = on;
-        self.plan.diag = !on;
+        self.plan.verl_metrics_only(on);
         self
     }
 
@@ -120,8 +114,8 @@ impl Corrector {
         // a GPU engine chosen explicitly, and a truncated sampler's kept mass (read from the
         // raw top-K), take the full path
         (!self.engine.is_gpu() || self.by_work)
-            && self.config.sampling.is_off()
-            && !self.config.sampling_replay
+            && self.plan.config.sampling.is_off()
+            && !self.plan.config.sampling_replay
             && self.plan.serves_lean()
     }
 
@@ -133,7 +127,7 @@ impl Corrector {
 
     /// True when the config produces IS weights (`correct_into` then needs a weights buffer).
     pub fn has_weights(&self) -> bool {
-        self.resolved.is.is_some()
+        self.plan.is.is_some()
     }
 
     /// The engine this corrector runs on.
@@ -143,7 +137,7 @@ impl Corrector {
 
     /// The config in effect.
     pub fn config(&self) -> &CorrectionConfig {
-        &self.config
+        &self.plan.config
     }
 
     /// IS weights, the modified response mask, per-sequence decisions and verl's / trmask's
@@ -159,14 +153,7 @@ impl Corrector {
     /// whole batch) and the whole batch's metrics, identical on every rank.
     pub fn correct_shard(&self, step: &Step<'_>, ex: &mut dyn Exchange) -> Result<Corrections> {
         let batch = step.to_batch()?;
-        run::correct_shard(
-            self.engine.as_ref(),
-            &self.config,
-            &self.resolved,
-            &self.plan,
-            &batch,
-            ex,
-        )
+        run::correct_shard(self.engine.as_ref(), &self.plan, &batch, ex)
     }
 }
 
@@ -235,7 +222,7 @@ impl Corrector {
             _ => {}
         }
         let lean = step
-            .lean_inputs(self.config.bypass_mode)
+            .lean_inputs(self.plan.config.bypass_mode)
             .filter(|_| self.lean);
         if let Some(inp) = lean {
             if let Some((mut c, p, _)) = lean::run(&self.plan, &inp, &mut out, ex)? {

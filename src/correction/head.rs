@@ -31,10 +31,10 @@ pub(crate) fn compute_partial(
     engine: &dyn Engine,
     batch: &Batch,
     table: &StatTable,
-    cfg: &Resolved,
     plan: &Plan,
     ex: &mut dyn Exchange,
 ) -> Result<(Corrections, Partial)> {
+    let cfg = &plan.cfg;
     let segs = batch.segments();
     let mask = batch.mask();
     let seq_len = segs.lengths();

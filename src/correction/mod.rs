@@ -105,13 +105,5 @@ pub fn correct_shard(
     config: &CorrectionConfig,
     ex: &mut dyn Exchange,
 ) -> Result<Corrections> {
-    let resolved = config.resolve()?;
-    run::correct_shard(
-        engine,
-        config,
-        &resolved,
-        &plan::Plan::new(&resolved),
-        batch,
-        ex,
-    )
+    run::correct_shard(engine, &plan::Plan::compile(config)?, batch, ex)
 }

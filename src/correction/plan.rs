@@ -3,8 +3,9 @@
 //! columns named by what fills them and bound to a step's columns by `correction::head`), the
 //! IS rule, which metrics, and whether the fused lean pass serves it.
 
-use crate::config::{Agg, Resolved, Stat};
+use crate::config::{Agg, CorrectionConfig, Resolved, Stat};
 use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs, MaskSource};
+use crate::error::Result;
 
 /// Most criteria the lean pass serves (more take the full path).
 pub(crate) const MAX_LEAN_CRITERIA: usize = 4;
@@ -31,6 +32,10 @@ pub(crate) enum Column {
 /// The compiled config.
 #[derive(Clone, Debug)]
 pub(crate) struct Plan {
+    /// The config as given: the kept sets' sampling, the temperature, bypass mode.
+    pub(crate) config: CorrectionConfig,
+    /// The config resolved: criteria, IS rule, DPPO, the token veto, legacy mode, which metrics.
+    pub(crate) cfg: Resolved,
     /// The criteria in config order; their column operands index [`Plan::columns`].
     pub(crate) criteria: Vec<MaskCriterion>,
     /// Each criterion's option name.
@@ -47,7 +52,18 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    pub(crate) fn new(r: &Resolved) -> Plan {
+    /// Checks, resolves and compiles `config` (an error names the bad key).
+    pub(crate) fn compile(config: &CorrectionConfig) -> Result<Plan> {
+        Ok(Plan::new(config.clone(), config.resolve()?))
+    }
+
+    /// Only verl's metrics (`on`), or trmask's too.
+    pub(crate) fn verl_metrics_only(&mut self, on: bool) {
+        self.cfg.verl_metrics_only = on;
+        self.diag = !on;
+    }
+
+    fn new(config: CorrectionConfig, r: Resolved) -> Plan {
         let mut columns = Vec::new();
         let mut col = |c: Column| match columns.iter().position(|&k| k == c) {
             Some(j) => j,
@@ -119,6 +135,8 @@ impl Plan {
             diag: !r.verl_metrics_only,
             analyze: false,
             host_finish: r.legacy.is_some() || r.dppo.is_some() || r.token_veto.is_some(),
+            config,
+            cfg: r,
         }
     }
 

@@ -6,7 +6,7 @@
 
 use super::head::{check_valid_tokens, compute_partial};
 use super::plan::Plan;
-use crate::config::{CorrectionConfig, Resolved, Stat};
+use crate::config::Stat;
 use crate::engine::passes::correction_table;
 use crate::engine::Engine;
 use crate::error::Result;
@@ -32,13 +32,12 @@ pub(crate) struct Shard<'b> {
 /// (`trmask analyze` writes it out).
 pub(crate) fn shard<'b>(
     engine: &dyn Engine,
-    config: &CorrectionConfig,
-    resolved: &Resolved,
     plan: &Plan,
     batch: &'b Batch,
     binary_kl: bool,
     ex: &mut dyn Exchange,
 ) -> Result<Shard<'b>> {
+    let config = &plan.config;
     let kept = batch_kept_mass(
         batch,
         &config.sampling,
@@ -53,9 +52,9 @@ pub(crate) fn shard<'b>(
         },
         None => (Cow::Borrowed(batch), None),
     };
-    let bkl = binary_kl || resolved.criteria.iter().any(|c| c.stat == Stat::BinaryKl);
+    let bkl = binary_kl || plan.cfg.criteria.iter().any(|c| c.stat == Stat::BinaryKl);
     let table = correction_table(engine, &batch, config, bkl)?;
-    let (corrections, partial) = compute_partial(engine, &batch, &table, resolved, plan, ex)?;
+    let (corrections, partial) = compute_partial(engine, &batch, &table, plan, ex)?;
     Ok(Shard {
         batch,
         kept,
@@ -69,16 +68,14 @@ pub(crate) fn shard<'b>(
 /// partials join the correction's; every rank's partial merged; the metrics finished once.
 pub(crate) fn correct_shard(
     engine: &dyn Engine,
-    config: &CorrectionConfig,
-    resolved: &Resolved,
     plan: &Plan,
     batch: &Batch,
     ex: &mut dyn Exchange,
 ) -> Result<Corrections> {
-    let s = shard(engine, config, resolved, plan, batch, false, ex)?;
+    let s = shard(engine, plan, batch, false, ex)?;
     let mut p = s.partial;
     let mut c = s.corrections;
-    if !resolved.verl_metrics_only {
+    if !plan.cfg.verl_metrics_only {
         if let Some((k, _)) = &s.kept {
             // the kept mass is read on the input's valid tokens (the replay keeps the mask)
             p.extend(k.metrics(&s.batch));

@@ -615,9 +615,8 @@ mod tests {
         for cj in cfgs {
             let cfg =
                 CorrectionConfig::from_json_value(&serde_json::from_str(cj).unwrap()).unwrap();
-            let mut r = cfg.resolve().unwrap();
-            r.verl_metrics_only = true;
-            let plan = Plan::new(&r);
+            let mut plan = Plan::compile(&cfg).unwrap();
+            plan.verl_metrics_only(true);
             assert!(plan.serves_lean());
             let inp = LeanInputs {
                 layout: LeanLayout::Padded {
