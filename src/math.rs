@@ -409,6 +409,18 @@ pub fn half_exact(x: f64) -> (bool, bool) {
     )
 }
 
+/// A deterministic stream of uniform values in `[0, 1)` (xorshift64) for the crate's tests.
+#[cfg(test)]
+pub(crate) fn test_uniform() -> impl FnMut() -> f64 {
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
 #[cfg(test)]
 mod tests {
 
@@ -446,12 +458,9 @@ mod tests {
         let mut xs: Vec<f64> = (0..200_001)
             .map(|i| -20.0 + 40.0 * i as f64 / 200_000.0)
             .collect();
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut u = test_uniform();
         for _ in 0..200_000 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            xs.push(((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 1400.0);
+            xs.push((u() - 0.5) * 1400.0);
         }
         xs.extend([
             0.0,

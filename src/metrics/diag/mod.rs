@@ -541,13 +541,7 @@ mod tests {
     /// buckets, give the bits of adding each slot to its bucket's lane.
     #[test]
     fn masked_octets_equal_slot_by_slot() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut rnd = crate::math::test_uniform();
         for uniform in [true, false] {
             let octs = 6;
             let mut g = Gathered::default();
