@@ -121,3 +121,35 @@ def test_torch_outputs_in_use_are_never_reused():
         w, m, _ = trmask.compute_rollout_correction_and_rejection_mask(o, r, k, **kw)
         assert w.data_ptr() != w1.data_ptr() and m.data_ptr() != m1.data_ptr()
     assert torch.equal(w1, keep[0]) and torch.equal(m1, keep[1])
+
+
+def test_torch_inputs_read_as_they_are_after_the_first_call():
+    """After a first call of a (dtype, role) pair, a contiguous CPU tensor is read in place
+    without the full conversion: the same borrowed addresses and the same results, and tensors
+    that cannot be read as they are (a transposed view, one requiring grad, a bfloat16 one)
+    still go through the full conversion."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(3)
+    old = -torch.rand(8, 64, generator=g) * 3
+    roll = old + 0.05 * torch.randn(8, 64, generator=g)
+    mask = (torch.arange(64)[None, :] < torch.randint(1, 65, (8, 1), generator=g)).float()
+    cfg = dict(rollout_is="token", rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01, backend="cpu")
+    first = trmask.compute_rollout_correction_and_rejection_mask(old, roll, mask, **cfg)
+    assert ("torch.float32", "values") in {(str(d), r) for d, r in trmask._convert._AS_IS}
+    again = trmask.compute_rollout_correction_and_rejection_mask(old, roll, mask, **cfg)
+    b = borrowed()
+    assert b["old_log_prob"] == (old.data_ptr(), old.numel() * 4)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert first[2] == again[2]
+    # the same values column-major (not contiguous): copied by the full conversion
+    nc = old.t().contiguous().t()
+    assert not nc.is_contiguous()
+    got = trmask.compute_rollout_correction_and_rejection_mask(nc, roll, mask, **cfg)
+    assert torch.equal(got[0], first[0]) and got[2] == first[2]
+    grad = old.clone().requires_grad_(True)
+    got = trmask.compute_rollout_correction_and_rejection_mask(grad, roll, mask, **cfg)
+    assert torch.equal(got[0], first[0])
+    bf = trmask.compute_rollout_correction_and_rejection_mask(
+        old.bfloat16(), roll.bfloat16(), mask, **cfg
+    )
+    assert bf[0].dtype == torch.float32

@@ -67,6 +67,12 @@ def float_out_dtype(kind: Kind) -> Any:
     return d if d in (np.dtype(np.float64), np.dtype(np.float32)) else np.dtype(np.float32)
 
 
+# (torch dtype, role) pairs whose contiguous CPU tensors the native module reads as they are
+# (`Tensor.numpy()`, no check or copy): learnt from the full path below, which a first call of
+# each pair takes
+_AS_IS: set = set()
+
+
 def borrow(x: Any, name: str, role: str) -> Tuple[Any, Kind]:
     """`x` as what the native module reads: a C-contiguous NumPy array of a supported dtype,
     or `("bfloat16", uint16 bits)`. `role` is `values`, `mask`, `ids`, `experts` (MoE routed
@@ -74,6 +80,18 @@ def borrow(x: Any, name: str, role: str) -> Tuple[Any, Kind]:
     the caller's memory whenever its dtype and layout allow (no copy); otherwise a converted
     copy."""
     if is_torch(x):
+        # the trainer's every-step case first: a CPU tensor read in place
+        if (
+            (x.dtype, role) in _AS_IS
+            and name != "uid"
+            and x.is_cpu
+            and not x.requires_grad
+            and x.is_contiguous()
+        ):
+            try:
+                return x.numpy(), Kind(True, x.dtype, None)
+            except (RuntimeError, TypeError):
+                pass  # a conjugate or negative view: the full path below
         torch = sys.modules["torch"]
         kind = Kind(True, x.dtype, x.device)
         t = x.detach() if x.requires_grad else x
@@ -88,7 +106,10 @@ def borrow(x: Any, name: str, role: str) -> Tuple[Any, Kind]:
             t = t.float()
         elif t.is_complex() or t.dtype in (torch.uint16, torch.uint32, torch.uint64):
             raise _bad(name, f"has unsupported dtype {t.dtype}")
-        return _numpy(_host_array(t), name, role), kind
+        a = _numpy(_host_array(t), name, role)
+        if t is x and name != "uid" and a.ctypes.data == x.data_ptr():
+            _AS_IS.add((x.dtype, role))  # read in place, as it is
+        return a, kind
     if isinstance(x, tuple) and len(x) == 2 and x[0] == "bfloat16":
         return x, Kind(False, np.float32)
     a = np.asarray(x)
