@@ -100,12 +100,22 @@ pub(crate) fn compute_partial(
     let mut keep: Vec<bool> = raw.mask.clone();
     let mut criteria = Vec::new();
     let mut crit_recs = Vec::new();
-    for (ci, c) in cfg.criteria.iter().enumerate() {
-        let (res, r) = criterion(&ctx, table, c, ci, &raw, rho, k1, &cols, &mut metrics)?;
+    // how each criterion's metrics read its records (k1's thresholds in log space)
+    let specs: Vec<CritMetric> = cfg.criteria.iter().map(crit_metric).collect();
+    for (ci, (c, spec)) in cfg.criteria.iter().zip(&specs).enumerate() {
+        let (res, r) = criterion(
+            &ctx,
+            table,
+            (c, spec),
+            ci,
+            &raw,
+            (rho, k1),
+            &cols,
+            &mut metrics,
+        )?;
         criteria.push(res);
         crit_recs.push(r);
     }
-    let specs: Vec<CritMetric> = cfg.criteria.iter().map(crit_metric).collect();
     correction_metrics(&mut metrics, cfg.is.as_ref(), &specs, &recs, &|ci, s| {
         crit_recs[ci][s]
     });
@@ -327,11 +337,10 @@ struct Columns<'a> {
 fn criterion(
     ctx: &Ctx,
     table: &StatTable,
-    c: &Criterion,
+    (c, spec): (&Criterion, &CritMetric),
     ci: usize,
     raw: &CorrectionsRaw,
-    rho: &[f64],
-    k1: &[f64],
+    (rho, k1): (&[f64], &[f64]),
     cols: &Columns,
     m: &mut Partial,
 ) -> Result<(CriterionResult, Vec<CritRec>)> {
@@ -355,7 +364,6 @@ fn criterion(
         Stat::Cppo => &cols.cppo.value,
         s => table.get(s.name())?,
     };
-    let spec = crit_metric(c);
     let (lower_log, upper_log) = (spec.lower, spec.upper);
     // decisions and sequence statistics from the engine pass
     let seq_stat: Option<Vec<f64>> = match c.agg {
