@@ -100,8 +100,10 @@ pub(crate) fn compute_partial(
     let mut keep: Vec<bool> = raw.mask.clone();
     let mut criteria = Vec::new();
     let mut crit_recs = Vec::new();
-    // how each criterion's metrics read its records (k1's thresholds in log space)
-    let specs: Vec<CritMetric> = cfg.criteria.iter().map(crit_metric).collect();
+    // how each criterion's metrics read its records (the plan's bounds)
+    let specs: Vec<CritMetric> = (0..cfg.criteria.len())
+        .map(|ci| CritMetric::of(plan, ci))
+        .collect();
     for (ci, (c, spec)) in cfg.criteria.iter().zip(&specs).enumerate() {
         let (res, r) = criterion(
             &ctx,
@@ -435,19 +437,4 @@ fn criterion(
         seq_reject,
     };
     Ok((res, recs))
-}
-
-/// How criterion `c`'s metrics read its records (k1's thresholds compared in log space).
-fn crit_metric(c: &Criterion) -> CritMetric<'_> {
-    let (lower, upper) = if c.is_k1() {
-        (c.lower.map(f64::ln), c.upper.ln())
-    } else {
-        (None, c.upper)
-    };
-    CritMetric {
-        name: &c.name,
-        seq: c.agg != Agg::Token,
-        lower,
-        upper,
-    }
 }

@@ -41,6 +41,9 @@ pub(crate) struct Plan {
     /// Each criterion's option name.
     pub(crate) names: Vec<String>,
     pub(crate) columns: Vec<Column>,
+    /// Each criterion's bounds as its metrics compare its values (k1's in log space; M2PO's and
+    /// CPPO's their τ, where the engines compare a drop indicator with 0.5).
+    pub(crate) metric_bounds: Vec<(Option<f64>, f64)>,
     pub(crate) is: Option<MaskIs>,
     /// trmask's own metrics too, not verl's only.
     pub(crate) diag: bool,
@@ -73,6 +76,7 @@ impl Plan {
             }
         };
         let mut criteria = Vec::with_capacity(r.criteria.len());
+        let mut metric_bounds = Vec::with_capacity(r.criteria.len());
         for c in &r.criteria {
             let source = match c.stat {
                 Stat::K1 => MaskSource::K1,
@@ -113,12 +117,16 @@ impl Plan {
                 Agg::LnTrm => MaskAgg::WeightedMean(col(Column::LnTrm)),
                 Agg::Opsm => MaskAgg::WeightedMean(col(Column::OpsmWeight)),
             };
-            let (lower, upper) = if c.is_k1() {
+            let bounds = if c.is_k1() {
                 (c.lower.map(f64::ln), c.upper.ln())
-            } else if matches!(c.stat, Stat::M2po | Stat::Cppo) {
-                (None, 0.5)
             } else {
                 (None, c.upper)
+            };
+            metric_bounds.push(bounds);
+            let (lower, upper) = if matches!(c.stat, Stat::M2po | Stat::Cppo) {
+                (None, 0.5)
+            } else {
+                bounds
             };
             criteria.push(MaskCriterion {
                 source,
@@ -131,6 +139,7 @@ impl Plan {
             criteria,
             names: r.criteria.iter().map(|c| c.name.clone()).collect(),
             columns,
+            metric_bounds,
             is: r.is,
             diag: !r.verl_metrics_only,
             analyze: false,

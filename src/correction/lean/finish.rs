@@ -221,13 +221,14 @@ pub(crate) struct CritMetric<'a> {
 }
 
 impl<'a> CritMetric<'a> {
-    fn of(plan: &'a Plan, ci: usize) -> Self {
-        let c = &plan.criteria[ci];
+    /// Criterion `ci` of `plan`.
+    pub(crate) fn of(plan: &'a Plan, ci: usize) -> Self {
+        let (lower, upper) = plan.metric_bounds[ci];
         CritMetric {
             name: &plan.names[ci],
-            seq: c.agg != MaskAgg::Token,
-            lower: c.lower,
-            upper: c.upper,
+            seq: plan.criteria[ci].agg != MaskAgg::Token,
+            lower,
+            upper,
         }
     }
 }
