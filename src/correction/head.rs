@@ -4,7 +4,7 @@
 
 use super::cppo::CppoColumns;
 use super::dppo::dppo_keep;
-use super::lean::{batch_norm_factor, correction_metrics, times, CritMetric, CritRec, SeqRec};
+use super::lean::{batch_norm_factor, correction_metrics, CritMetric, CritRec, SeqRec};
 use super::m2po::M2poColumns;
 use super::opsm::OpsmColumns;
 use super::plan::{Column, Plan};
@@ -84,7 +84,9 @@ pub(crate) fn compute_partial(
         m2po: &m2po,
         cppo: &cppo,
     };
-    let raw = engine.corrections_pass(lr, segs, &bind(plan, table, &cols)?)?;
+    let mut raw = engine.corrections_pass(lr, segs, &bind(plan, table, &cols)?)?;
+    // the engine's weights, before batch normalisation (moved out: the IS records read them)
+    let raw_weights = raw.weights.take();
 
     // ---- the records verl's IS / RS metrics are finished from (as the fused pass's) ----
     let mut recs = vec![SeqRec::default(); b];
@@ -94,7 +96,7 @@ pub(crate) fn compute_partial(
     for i in (0..mask.len()).filter(|&i| mask[i] && !raw.mask[i]) {
         recs[ctx.owner[i]].n_rej_any += 1;
     }
-    if let (Some(is), Some(w)) = (cfg.is, &raw.weights) {
+    if let (Some(is), Some(w)) = (cfg.is, &raw_weights) {
         is_records(&ctx, is, rho, &s_lr, w, &mut recs)?;
     }
     let mut keep: Vec<bool> = raw.mask.clone();
@@ -121,7 +123,7 @@ pub(crate) fn compute_partial(
     correction_metrics(&mut metrics, cfg.is.as_ref(), &specs, &recs, &|ci, s| {
         crit_recs[ci][s]
     });
-    let weights = match (cfg.is, raw.weights.clone()) {
+    let weights = match (cfg.is, raw_weights) {
         (Some(is), Some(mut w)) if is.batch_normalize => {
             let wmean = batch_norm_factor(&mut metrics, is, ex)?;
             w.iter_mut().for_each(|x| *x /= wmean);
@@ -300,12 +302,17 @@ fn is_records(
 ) -> Result<()> {
     let lower = is.lower.unwrap_or(1.0 / is.upper);
     let seq_w = |s: usize| s_lr.sum[s].clamp(-SAFETY_BOUND, SAFETY_BOUND).exp();
-    let raw = match is.level {
-        IsLevel::Token => ctx.tok(|i| rho[i]),
-        IsLevel::Sequence => ctx.tok(|i| seq_w(ctx.owner[i])),
+    // the segment reduction and the loop below read valid slots only
+    let seq_raw: Vec<f64>;
+    let raw: &[f64] = match is.level {
+        IsLevel::Token => rho,
+        IsLevel::Sequence => {
+            seq_raw = ctx.tok(|i| seq_w(ctx.owner[i]));
+            &seq_raw
+        }
     };
     // per-sequence sums and extrema by the engine's segment reduction (the fused pass's lanes)
-    let (s_w, s_raw) = (ctx.reduce(w)?, ctx.reduce(&raw)?);
+    let (s_w, s_raw) = (ctx.reduce(w)?, ctx.reduce(raw)?);
     for (s, r) in recs.iter_mut().enumerate() {
         (r.s_lr, r.s_w, r.s_raw) = (s_lr.sum[s], s_w.sum[s], s_raw.sum[s]);
         if s_w.count[s] > 0 {
@@ -383,8 +390,8 @@ fn criterion(
     // the records verl's compute_rs_metrics reads (the fused pass fills the same)
     let mut recs = vec![CritRec::default(); b];
     if seq_stat.is_none() {
-        // per-sequence sums and extrema by the engine's segment reduction
-        let s_st = ctx.reduce(&ctx.tok(|i| st[i]))?;
+        // per-sequence sums and extrema by the engine's segment reduction (valid slots only)
+        let s_st = ctx.reduce(st)?;
         for (s, r) in recs
             .iter_mut()
             .enumerate()
@@ -408,11 +415,7 @@ fn criterion(
     }
     if let Some(v) = &seq_stat {
         for (s, r) in recs.iter_mut().enumerate() {
-            r.value = v[s];
-            let n = ctx.len[s];
-            r.pts = n * v[s];
-            let sc = v[s].max(lo_c).min(hi_c);
-            (r.sc1, r.sc2) = (times(n, sc), times(n, sc * sc));
+            r.set_seq_value(ctx.len[s], v[s], lower_log, upper_log);
         }
     }
     let seq_reject: Vec<bool> = recs.iter().map(|r| r.rej > 0).collect();

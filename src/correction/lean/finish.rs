@@ -142,19 +142,27 @@ impl SeqRec {
             MaskAgg::Max if self.n > 0 => r.agg,
             _ => 0.0,
         };
-        r.value = v;
+        r.set_seq_value(n, v, c.lower, c.upper);
         let rejected = self.n > 0 && !c.keep(v);
         r.rej = if rejected { self.n } else { 0 };
-        r.pts = n * v;
-        let sc = v.max(c.lower.unwrap_or(0.0)).min(c.upper);
-        r.sc1 = times(n, sc);
-        r.sc2 = times(n, sc * sc);
         rejected
     }
 }
 
+impl CritRec {
+    /// A sequence criterion's statistic `v` over its sequence's `n` valid tokens, as verl's
+    /// metrics read it: the value on each token, clamped to `[lower or 0, upper]` for the std.
+    pub(crate) fn set_seq_value(&mut self, n: f64, v: f64, lower: Option<f64>, upper: f64) {
+        self.value = v;
+        self.pts = n * v;
+        let sc = v.max(lower.unwrap_or(0.0)).min(upper);
+        self.sc1 = times(n, sc);
+        self.sc2 = times(n, sc * sc);
+    }
+}
+
 /// `n · x` exactly, as a compensated sum (the product and its FMA rounding error).
-pub(crate) fn times(n: f64, x: f64) -> Sum {
+fn times(n: f64, x: f64) -> Sum {
     let p = n * x;
     let mut s = Sum::default();
     s.add(p);

@@ -18,7 +18,5 @@ mod pass;
 mod stats;
 mod tile;
 
-pub(crate) use finish::{
-    batch_norm_factor, correction_metrics, times, CritMetric, CritRec, SeqRec,
-};
+pub(crate) use finish::{batch_norm_factor, correction_metrics, CritMetric, CritRec, SeqRec};
 pub(crate) use pass::{run, LeanInputs, LeanLayout};

@@ -116,18 +116,7 @@ impl<const N: usize> Tally<N> {
         // bits (the other buckets would only get zeros)
         let first = b.first().map_or(0, |o| o[0]);
         if (first as usize) < N && b.iter().all(|o| o.iter().all(|&x| x == first)) {
-            let k = first as usize;
-            let (mut s3, mut sl, mut rej) = (self.k3[k], self.lr[k], [0f64; LANES]);
-            for (i, d) in g.dropped.iter().enumerate().take(b.len()) {
-                s3.add8(&g.k3[i]);
-                sl.add8(&g.lr[i]);
-                for l in 0..LANES {
-                    rej[l] += f64::from_bits(ONE & d[l]);
-                }
-            }
-            (self.k3[k], self.lr[k]) = (s3, sl);
-            self.n[k] += (b.len() * LANES) as u64;
-            self.rej[k] += rej.iter().sum::<f64>() as u64;
+            self.add_bucket(first as usize, g, 0..b.len());
             return;
         }
         for k in 0..N {
@@ -152,13 +141,7 @@ impl<const N: usize> Tally<N> {
     /// The noted octets of a run, octet `o` wholly in bucket `bucket(o)`: runs of octets in
     /// one bucket summed in registers.
     #[inline(always)]
-    fn add_runs(
-        &mut self,
-        t: &TileIn<'_>,
-        octs: &[Oct],
-        g: &Gathered,
-        bucket: impl Fn(&Oct) -> usize,
-    ) {
+    fn add_runs(&mut self, octs: &[Oct], g: &Gathered, bucket: impl Fn(&Oct) -> usize) {
         let mut i = 0;
         while i < octs.len() {
             let b = bucket(&octs[i]).min(N - 1);
@@ -166,19 +149,25 @@ impl<const N: usize> Tally<N> {
                 .iter()
                 .position(|o| bucket(o) != b)
                 .map_or(octs.len(), |e| i + e);
-            let (mut s3, mut sl, mut rej) = (self.k3[b], self.lr[b], [0f64; LANES]);
-            for (o, d) in octs[i..end].iter().zip(&g.dropped[i..end]) {
-                s3.add8(&oct(t.k3, o.j0));
-                sl.add8(&oct(t.lr, o.j0));
-                for l in 0..LANES {
-                    rej[l] += f64::from_bits(ONE & d[l]);
-                }
-            }
-            (self.k3[b], self.lr[b]) = (s3, sl);
-            self.n[b] += ((end - i) * LANES) as u64;
-            self.rej[b] += rej.iter().sum::<f64>() as u64;
+            self.add_bucket(b, g, i..end);
             i = end;
         }
+    }
+
+    /// The gathered octets `octs` wholly in bucket `k`, summed in registers.
+    #[inline(always)]
+    fn add_bucket(&mut self, k: usize, g: &Gathered, octs: std::ops::Range<usize>) {
+        let (mut s3, mut sl, mut rej) = (self.k3[k], self.lr[k], [0f64; LANES]);
+        for i in octs.clone() {
+            s3.add8(&g.k3[i]);
+            sl.add8(&g.lr[i]);
+            for (r, &d) in rej.iter_mut().zip(&g.dropped[i]) {
+                *r += f64::from_bits(ONE & d);
+            }
+        }
+        (self.k3[k], self.lr[k]) = (s3, sl);
+        self.n[k] += (octs.len() * LANES) as u64;
+        self.rej[k] += rej.iter().sum::<f64>() as u64;
     }
 }
 
@@ -408,7 +397,7 @@ impl SeqDiag {
             self.adv_sum = s;
             self.adv.add_masked(g, b);
         }
-        self.turn.add_runs(t, octs, g, |o| o.turn);
+        self.turn.add_runs(octs, g, |o| o.turn);
         for lr in &g.lr {
             acc.hist.add8(lr);
         }
