@@ -4,7 +4,10 @@
 
 use super::cppo::CppoColumns;
 use super::dppo::dppo_keep;
-use super::lean::{batch_norm_factor, correction_metrics, CritMetric, CritRec, SeqRec};
+use super::lean::{
+    batch_norm_factor, correction_metrics, criterion_result, decisions, diag_partial,
+    seq_output_name, CritMetric, CritRec, SeqRec,
+};
 use super::m2po::M2poColumns;
 use super::opsm::OpsmColumns;
 use super::plan::{Column, Plan};
@@ -16,8 +19,7 @@ use crate::error::{Error, Result};
 use crate::input::batch::{Batch, Layout};
 use crate::metrics::ctx::Ctx;
 use crate::metrics::diag::{from_columns, Columns as DiagColumns};
-use crate::metrics::diagnostics::{group_metrics, length_metrics};
-use crate::metrics::trmask::{kept_tokens, seq_histograms, trmask_metrics};
+use crate::metrics::trmask::kept_tokens;
 use crate::metrics::verl::offpolicy_metrics;
 use crate::partial::{Acc, Exchange, Partial};
 use crate::stats::{Corrections, CriterionResult, SegmentStats, StatTable, SAFETY_BOUND};
@@ -147,7 +149,7 @@ pub(crate) fn compute_partial(
         }
         criteria.push(CriterionResult {
             name: "token_veto".into(),
-            output_name: "seq_token_veto".into(),
+            output_name: seq_output_name("token_veto"),
             seq_stat,
             seq_reject,
         });
@@ -158,55 +160,8 @@ pub(crate) fn compute_partial(
         dppo_keep(batch, table, d, &mut keep, &mut metrics)?;
     }
 
-    let mut bits = vec![0u64; b];
-    for (ci, c) in criteria.iter().enumerate() {
-        for (bb, r) in bits.iter_mut().zip(&c.seq_reject) {
-            if *r && ci < 64 {
-                *bb |= 1 << ci;
-            }
-        }
-    }
-    let seq_accept: Vec<bool> = (0..b)
-        .map(|i| criteria.iter().all(|c| !c.seq_reject[i]))
-        .collect();
+    let (bits, seq_accept) = decisions(b, &criteria);
     let final_mask: Vec<f64> = keep.iter().map(|&k| k as u8 as f64).collect();
-
-    if !cfg.verl_metrics_only {
-        let n_kept = kept_tokens(ctx.mask, &final_mask);
-        trmask_metrics(
-            &seq_len,
-            &seq_accept,
-            &criteria,
-            ctx.n as u64,
-            n_kept,
-            &mut metrics,
-        );
-        let stats: Vec<(&str, &[f64])> = criteria
-            .iter()
-            .map(|c| (c.name.as_str(), c.seq_stat.as_slice()))
-            .collect();
-        length_metrics(&seq_len, &seq_accept, &stats, &mut metrics);
-        seq_histograms(&stats, &seq_len, &mut metrics);
-        let cols = DiagColumns {
-            k1,
-            k3: table.get("k3")?,
-            log_ratio: table.get("log_ratio")?,
-            roll_lp: table.stats.get("rollout_log_prob").map(Vec::as_slice),
-            entropy: table.stats.get("training_entropy").map(Vec::as_slice),
-            adv: batch.advantages(),
-            weights: weights.as_deref(),
-        };
-        let (feeds, diag) = from_columns(segs, &cols, &final_mask, &seq_accept);
-        diag.put(&feeds, &mut metrics);
-        if let Some(uid) = batch.uid() {
-            group_metrics(uid, &seq_accept, &mut metrics);
-        }
-        if let Some(r) = &table.routing {
-            let col = |n: &str| table.stats.get(n).map(Vec::as_slice);
-            let (lr, k3) = (col("log_ratio"), col("k3"));
-            crate::metrics::routing::routing_metrics(r, lr, k3, mask, &mut metrics);
-        }
-    }
 
     let c = Corrections {
         weights,
@@ -218,6 +173,25 @@ pub(crate) fn compute_partial(
         metrics: Default::default(),
         histograms: Default::default(),
     };
+    if !cfg.verl_metrics_only {
+        let cols = DiagColumns {
+            k1,
+            k3: table.get("k3")?,
+            log_ratio: table.get("log_ratio")?,
+            roll_lp: table.stats.get("rollout_log_prob").map(Vec::as_slice),
+            entropy: table.stats.get("training_entropy").map(Vec::as_slice),
+            adv: batch.advantages(),
+            weights: c.weights.as_deref(),
+        };
+        let (feeds, diag) = from_columns(segs, &cols, &c.mask, &c.seq_accept);
+        let counts = (ctx.n as u64, kept_tokens(ctx.mask, &c.mask));
+        diag_partial(&c, counts, &diag, &feeds, batch.uid(), &mut metrics);
+        if let Some(r) = &table.routing {
+            let col = |n: &str| table.stats.get(n).map(Vec::as_slice);
+            let (lr, k3) = (col("log_ratio"), col("k3"));
+            crate::metrics::routing::routing_metrics(r, lr, k3, mask, &mut metrics);
+        }
+    }
     Ok((c, metrics))
 }
 
@@ -418,26 +392,8 @@ fn criterion(
             r.set_seq_value(ctx.len[s], v[s], lower_log, upper_log);
         }
     }
-    let seq_reject: Vec<bool> = recs.iter().map(|r| r.rej > 0).collect();
-    let out_stat = match seq_stat {
-        Some(v) => v,
-        None => (0..b)
-            .map(|s| match ctx.len[s] {
-                n if n > 0.0 => recs[s].rej as f64 / n,
-                _ => 0.0,
-            })
-            .collect(),
-    };
-    let output_name = if c.name.starts_with("seq_") {
-        c.name.clone()
-    } else {
-        format!("seq_{}", c.name)
-    };
-    let res = CriterionResult {
-        name: c.name.clone(),
-        output_name,
-        seq_stat: out_stat,
-        seq_reject,
-    };
+    let res = criterion_result(&c.name, seq_stat.is_none(), b, |s| {
+        (ctx.len[s] as u64, recs[s])
+    });
     Ok((res, recs))
 }

@@ -10,6 +10,7 @@
 //! * Token veto: a sequence with any valid `lr < ln τ` (τ rounded to float32) is rejected;
 //!   `rollout_is_veto_fraction` and `rollout_is_catastrophic_token_fraction` are always logged.
 
+use super::lean::{decisions, seq_output_name};
 use crate::config::{IsLevel, IsSpec, LegacySpec};
 use crate::error::Result;
 use crate::metrics::ctx::{vmax, vmin, Ctx};
@@ -225,7 +226,7 @@ pub(crate) fn compute(
         let s_rho = ctx.reduce(rho)?;
         criteria.push(CriterionResult {
             name: "token_veto".into(),
-            output_name: "seq_token_veto".into(),
+            output_name: seq_output_name("token_veto"),
             seq_stat: (0..b)
                 .map(|i| {
                     if s_rho.count[i] > 0 {
@@ -247,17 +248,7 @@ pub(crate) fn compute(
 
     offpolicy_metrics(ctx, table, lr, rho, &s_lr, m)?;
 
-    let mut bits = vec![0u64; b];
-    for (ci, c) in criteria.iter().enumerate() {
-        for (bb, r) in bits.iter_mut().zip(&c.seq_reject) {
-            if *r {
-                *bb |= 1 << ci;
-            }
-        }
-    }
-    let seq_accept: Vec<bool> = (0..b)
-        .map(|i| criteria.iter().all(|c| !c.seq_reject[i]))
-        .collect();
+    let (bits, seq_accept) = decisions(b, &criteria);
     let final_mask: Vec<f64> = keep.iter().map(|&k| k as u8 as f64).collect();
     let n_kept = kept_tokens(ctx.mask, &final_mask);
     trmask_metrics(&seq_len, &seq_accept, &criteria, ctx.n as u64, n_kept, m);

@@ -435,69 +435,92 @@ pub(crate) fn details(plan: &Plan, recs: &[SeqRec]) -> Corrections {
         .iter()
         .zip(&plan.names)
         .enumerate()
-        .map(|(ci, (c, name))| CriterionResult {
-            name: name.clone(),
-            output_name: if name.starts_with("seq_") {
-                name.clone()
-            } else {
-                format!("seq_{name}")
-            },
-            seq_stat: recs
-                .iter()
-                .map(|r| {
-                    let cr = &r.crit[ci];
-                    match c.agg {
-                        MaskAgg::Token if r.n > 0 => cr.rej as f64 / r.n as f64,
-                        MaskAgg::Token => 0.0,
-                        _ => cr.value,
-                    }
-                })
-                .collect(),
-            seq_reject: recs.iter().map(|r| r.crit[ci].rej > 0).collect(),
+        .map(|(ci, (c, name))| {
+            criterion_result(name, c.agg == MaskAgg::Token, recs.len(), |s| {
+                (recs[s].n, recs[s].crit[ci])
+            })
         })
         .collect();
-    let b = recs.len();
-    let mut bits = vec![0u64; b];
-    for (ci, c) in criteria.iter().enumerate() {
-        for (bb, &r) in bits.iter_mut().zip(&c.seq_reject) {
-            if r {
-                *bb |= 1 << ci;
-            }
-        }
-    }
+    let (seq_reject_bits, seq_accept) = decisions(recs.len(), &criteria);
     Corrections {
         weights: None,
         mask: Vec::new(),
-        seq_accept: bits.iter().map(|&x| x == 0).collect(),
+        seq_accept,
         seq_len: recs.iter().map(|r| r.n as usize).collect(),
-        seq_reject_bits: bits,
+        seq_reject_bits,
         criteria,
         metrics: Default::default(),
         histograms: Default::default(),
     }
 }
 
-/// trmask's own metrics of a lean call (`plan.diag`): the sequence-level ones from the
-/// decisions `c` and the records, the per-token diagnostics from the tiles' accumulator, the
-/// GRPO groups from `uid` — each through the one function the full path calls.
+/// A criterion's per-sequence output from sequence `s`'s valid tokens and record `rec(s)`,
+/// for `b` sequences: the sequence's statistic, or a token criterion's fraction of the
+/// sequence's valid tokens it rejects; a sequence is rejected where any of its tokens is.
+/// Both executors build their criteria's outputs here.
+pub(crate) fn criterion_result(
+    name: &str,
+    token: bool,
+    b: usize,
+    rec: impl Fn(usize) -> (u64, CritRec),
+) -> CriterionResult {
+    let (seq_stat, seq_reject) = (0..b)
+        .map(|s| {
+            let (n, r) = rec(s);
+            let stat = match (token, n) {
+                (true, 0) => 0.0,
+                (true, n) => r.rej as f64 / n as f64,
+                (false, _) => r.value,
+            };
+            (stat, r.rej > 0)
+        })
+        .unzip();
+    CriterionResult {
+        name: name.into(),
+        output_name: seq_output_name(name),
+        seq_stat,
+        seq_reject,
+    }
+}
+
+/// The name of a criterion's per-sequence output column: `seq_<name>`, or the name itself
+/// when it already starts with `seq_`.
+pub(crate) fn seq_output_name(name: &str) -> String {
+    match name.starts_with("seq_") {
+        true => name.into(),
+        false => format!("seq_{name}"),
+    }
+}
+
+/// Each of the `b` sequences' rejection bits (bit `i`: criterion `i` rejects it, for the
+/// first 64) and whether every criterion accepts it.
+pub(crate) fn decisions(b: usize, criteria: &[CriterionResult]) -> (Vec<u64>, Vec<bool>) {
+    let mut bits = vec![0u64; b];
+    let mut accept = vec![true; b];
+    for (ci, c) in criteria.iter().enumerate() {
+        for ((bb, a), &r) in bits.iter_mut().zip(&mut accept).zip(&c.seq_reject) {
+            if r && ci < 64 {
+                *bb |= 1 << ci;
+            }
+            *a &= !r;
+        }
+    }
+    (bits, accept)
+}
+
+/// trmask's own metrics from a step's decisions `c` (`n_valid` valid tokens, `n_kept` of them
+/// in the final mask): the sequence-level ones, the per-token diagnostics from the
+/// accumulator both executors feed, the GRPO groups from `uid`. Both executors finish them
+/// here.
 pub(crate) fn diag_partial(
     c: &Corrections,
-    recs: &[SeqRec],
+    (n_valid, n_kept): (u64, u64),
     diag: &DiagAcc,
     feeds: &Feeds,
     uid: Option<&[i64]>,
     m: &mut Partial,
 ) {
-    let n_valid: u64 = recs.iter().map(|r| r.n).sum();
-    let n_rej: u64 = recs.iter().map(|r| r.n_rej_any).sum();
-    trmask_metrics(
-        &c.seq_len,
-        &c.seq_accept,
-        &c.criteria,
-        n_valid,
-        n_valid - n_rej,
-        m,
-    );
+    trmask_metrics(&c.seq_len, &c.seq_accept, &c.criteria, n_valid, n_kept, m);
     let stats: Vec<(&str, &[f64])> = c
         .criteria
         .iter()

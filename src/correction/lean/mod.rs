@@ -18,5 +18,8 @@ mod pass;
 mod stats;
 mod tile;
 
-pub(crate) use finish::{batch_norm_factor, correction_metrics, CritMetric, CritRec, SeqRec};
+pub(crate) use finish::{
+    batch_norm_factor, correction_metrics, criterion_result, decisions, diag_partial,
+    seq_output_name, CritMetric, CritRec, SeqRec,
+};
 pub(crate) use pass::{run, LeanInputs, LeanLayout};

@@ -165,7 +165,8 @@ pub(crate) fn run(
     }
     let c = details(plan, &recs);
     if let Some(d) = &diag {
-        diag_partial(&c, &recs, d, &feeds, inp.uid, &mut merged);
+        let n_rej: u64 = recs.iter().map(|r| r.n_rej_any).sum();
+        diag_partial(&c, (n_tok, n_tok - n_rej), d, &feeds, inp.uid, &mut merged);
     }
     Ok(Some((c, merged, table)))
 }
