@@ -5,8 +5,8 @@
 use super::cppo::CppoColumns;
 use super::dppo::dppo_keep;
 use super::lean::{
-    batch_norm_factor, correction_metrics, criterion_result, decisions, diag_partial,
-    seq_output_name, CritMetric, CritRec, SeqRec,
+    batch_norm_factor, correction_metrics, criterion_result, decisions, diag_partial, veto_result,
+    CritMetric, CritRec, SeqRec,
 };
 use super::m2po::M2poColumns;
 use super::opsm::OpsmColumns;
@@ -138,21 +138,13 @@ pub(crate) fn compute_partial(
     // ---- token veto (trmask; legacy verl semantics: any ρ_t < τ rejects the sequence) ----
     if let Some(tau) = cfg.token_veto {
         let s = ctx.reduce(rho)?;
-        let seq_stat: Vec<f64> = (0..b)
-            .map(|i| if s.count[i] > 0 { s.min[i] } else { 1.0 })
-            .collect();
-        let seq_reject: Vec<bool> = (0..b).map(|i| s.count[i] > 0 && s.min[i] < tau).collect();
+        let veto = veto_result(tau, b, |i| (s.count[i] > 0).then_some(s.min[i]));
         for (i, k) in keep.iter_mut().enumerate() {
-            if mask[i] && seq_reject[ctx.owner[i]] {
+            if mask[i] && veto.seq_reject[ctx.owner[i]] {
                 *k = false;
             }
         }
-        criteria.push(CriterionResult {
-            name: "token_veto".into(),
-            output_name: seq_output_name("token_veto"),
-            seq_stat,
-            seq_reject,
-        });
+        criteria.push(veto);
     }
 
     // ---- DPPO / PDM token mask (docs/FORMAT.md, DPPO): ANDed in, no sequence decision ----

@@ -50,7 +50,9 @@ pub(crate) struct Plan {
     /// `trmask analyze`'s table reductions too (the fused pass's `stats::TableAcc`; needs
     /// `diag`).
     pub(crate) analyze: bool,
-    /// Legacy mode, the token veto or DPPO: finished on the host by the full path.
+    /// The token veto's τ (legacy verl semantics: a sequence with any ρ_t < τ is rejected).
+    pub(crate) veto: Option<f64>,
+    /// Legacy mode or DPPO: finished on the host by the full path.
     host_finish: bool,
 }
 
@@ -143,7 +145,8 @@ impl Plan {
             is: r.is,
             diag: !r.verl_metrics_only,
             analyze: false,
-            host_finish: r.legacy.is_some() || r.dppo.is_some() || r.token_veto.is_some(),
+            veto: r.token_veto,
+            host_finish: r.legacy.is_some() || r.dppo.is_some(),
             config,
             cfg: r,
         }

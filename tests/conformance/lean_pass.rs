@@ -26,6 +26,9 @@ fn configs() -> Vec<(String, CorrectionConfig)> {
         r#"{"rollout_is": "token", "rollout_is_threshold": 1.5, "rollout_rs": "seq_max_k2,token_k3,seq_mean_k3", "rollout_rs_threshold": "2.5,0.05,0.002"}"#,
         r#"{"rollout_rs": "seq_sum_abs,seq_max_ser,token_k2,seq_mean_k2", "rollout_rs_threshold": "3.0,0.5,0.02,0.001"}"#,
         r#"{"rollout_is": "sequence", "rollout_is_threshold": 3.0, "rollout_rs": "seq_sum_k1", "rollout_rs_threshold": "0.5_2.0"}"#,
+        // the token veto (verl's legacy rollout_token_veto_threshold) beside IS and RS
+        r#"{"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01, "token_veto": 0.5}"#,
+        r#"{"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "token_k1", "rollout_rs_threshold": "0.8_1.25", "token_veto": 0.9}"#,
     ]
     .iter()
     .map(|j| (j.to_string(), CorrectionConfig::from_json_str(j).unwrap()))
@@ -384,7 +387,7 @@ fn lean_pass_with_diagnostics_equals_the_full_path() {
 
 #[test]
 fn lean_pass_serves_the_benchmark_and_verl_presets() {
-    for (name, cfg) in configs().iter().take(8) {
+    for (name, cfg) in configs().iter().take(10) {
         let c = Corrector::new(CpuEngine::new(), cfg)
             .unwrap()
             .verl_metrics_only(true);
@@ -421,7 +424,7 @@ fn packed_steps_and_padding_values_do_not_change_results() {
         .iter()
         .map(|x| x + rng.range(-0.2, 0.2) as f32)
         .collect();
-    for (name, cfg) in configs().iter().take(8) {
+    for (name, cfg) in configs().iter().take(10) {
         let c = Corrector::new(CpuEngine::new(), cfg)
             .unwrap()
             .verl_metrics_only(true);

@@ -79,8 +79,12 @@ pub(crate) struct SeqRec {
     pub(crate) is_oob: u64,
     /// Sequence IS: the sequence's weight (before batch normalisation).
     pub(crate) seq_weight: f64,
-    /// Valid tokens some criterion rejected.
+    /// Valid tokens some criterion rejected (the token veto aside).
     pub(crate) n_rej_any: u64,
+    /// The smallest ρ_t of the valid tokens (the token veto's statistic; +∞ for none).
+    pub(crate) rho_min: f64,
+    /// The token veto rejected the sequence.
+    pub(crate) vetoed: bool,
     pub(crate) crit: [CritRec; MAX_LEAN_CRITERIA],
 }
 
@@ -104,6 +108,8 @@ impl Default for SeqRec {
             is_oob: 0,
             seq_weight: 0.0,
             n_rej_any: 0,
+            rho_min: f64::INFINITY,
+            vetoed: false,
             crit: [CritRec::default(); MAX_LEAN_CRITERIA],
         }
     }
@@ -430,7 +436,7 @@ pub(crate) fn batch_norm_factor(
 /// The per-sequence decisions of the whole shard (weights and mask are in the caller's
 /// buffers; metrics are finished by the caller).
 pub(crate) fn details(plan: &Plan, recs: &[SeqRec]) -> Corrections {
-    let criteria: Vec<CriterionResult> = plan
+    let mut criteria: Vec<CriterionResult> = plan
         .criteria
         .iter()
         .zip(&plan.names)
@@ -441,6 +447,10 @@ pub(crate) fn details(plan: &Plan, recs: &[SeqRec]) -> Corrections {
             })
         })
         .collect();
+    if let Some(tau) = plan.veto {
+        let min_rho = |s: usize| (recs[s].n > 0).then_some(recs[s].rho_min);
+        criteria.push(veto_result(tau, recs.len(), min_rho));
+    }
     let (seq_reject_bits, seq_accept) = decisions(recs.len(), &criteria);
     Corrections {
         weights: None,
@@ -480,6 +490,28 @@ pub(crate) fn criterion_result(
         output_name: seq_output_name(name),
         seq_stat,
         seq_reject,
+    }
+}
+
+/// Whether the token veto with threshold `tau` rejects a sequence whose valid tokens' smallest
+/// ρ_t is `min_rho` (`None`: no valid token).
+pub(crate) fn vetoes(tau: f64, min_rho: Option<f64>) -> bool {
+    min_rho.is_some_and(|m| m < tau)
+}
+
+/// The token veto's per-sequence output (legacy verl semantics: any ρ_t < τ rejects the
+/// sequence) from each of the `b` sequences' smallest valid ρ_t: that ρ_t (1 for a sequence
+/// without a valid token) and the decision.
+pub(crate) fn veto_result(
+    tau: f64,
+    b: usize,
+    min_rho: impl Fn(usize) -> Option<f64>,
+) -> CriterionResult {
+    CriterionResult {
+        name: "token_veto".into(),
+        output_name: seq_output_name("token_veto"),
+        seq_stat: (0..b).map(|s| min_rho(s).unwrap_or(1.0)).collect(),
+        seq_reject: (0..b).map(|s| vetoes(tau, min_rho(s))).collect(),
     }
 }
 

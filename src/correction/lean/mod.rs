@@ -20,6 +20,6 @@ mod tile;
 
 pub(crate) use finish::{
     batch_norm_factor, correction_metrics, criterion_result, decisions, diag_partial,
-    seq_output_name, CritMetric, CritRec, SeqRec,
+    seq_output_name, veto_result, CritMetric, CritRec, SeqRec,
 };
 pub(crate) use pass::{run, LeanInputs, LeanLayout};

@@ -1,6 +1,6 @@
 //! The per-sequence kernel of the lean pass and its parallel driver.
 
-use super::finish::{batch_norm_factor, chunk_partial, details, diag_partial, SeqRec};
+use super::finish::{batch_norm_factor, chunk_partial, details, diag_partial, vetoes, SeqRec};
 use super::stats::{Accs, TableAcc};
 use super::tile::{Cols, SeqLanes, TILE};
 use crate::config::IsLevel;
@@ -165,7 +165,11 @@ pub(crate) fn run(
     }
     let c = details(plan, &recs);
     if let Some(d) = &diag {
-        let n_rej: u64 = recs.iter().map(|r| r.n_rej_any).sum();
+        // valid tokens the final mask drops: a vetoed sequence's all
+        let n_rej: u64 = recs
+            .iter()
+            .map(|r| if r.vetoed { r.n } else { r.n_rej_any })
+            .sum();
         diag_partial(&c, (n_tok, n_tok - n_rej), d, &feeds, inp.uid, &mut merged);
     }
     Ok(Some((c, merged, table)))
@@ -443,6 +447,13 @@ fn kernel_body(
         }
         if seq_rejected {
             rec.n_rej_any = rec.n;
+        }
+        // the token veto drops the sequence from the mask; verl's metrics do not count it
+        rec.vetoed = plan
+            .veto
+            .is_some_and(|tau| vetoes(tau, (rec.n > 0).then_some(rec.rho_min)));
+        let dropped = seq_rejected || rec.vetoed;
+        if dropped {
             t.mask.clear(a - t.start, e - a);
         }
         if let Some(is) = plan.is.filter(|is| is.level == IsLevel::Sequence) {
@@ -460,10 +471,10 @@ fn kernel_body(
             .zip(&rec.crit)
             .any(|(c, r)| c.agg == MaskAgg::Token && r.rej > 0);
         if let Some(d) = diag.as_deref_mut() {
-            d.fold(&sd, seq_rejected, seq_rejected || token_rejected);
+            d.fold(&sd, dropped, dropped || token_rejected);
         }
         if let Some(st) = stats.as_deref_mut() {
-            st.end_seq(rec.n, rec.n_rej_any, !(seq_rejected || token_rejected));
+            st.end_seq(rec.n, rec.n_rej_any, !(dropped || token_rejected));
         }
         recs.push(rec);
         cursor = e;

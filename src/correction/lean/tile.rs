@@ -257,6 +257,9 @@ impl Cols {
         let v = &self.valid[..len];
         let (c, rho) = (&self.c[..len], &self.rho[..len]);
         let x = &mut self.x[..len];
+        if plan.veto.is_some() {
+            rec.rho_min = min(extremum_where(v, rho, -1.0), rec.rho_min);
+        }
         if let Some(is) = token_is {
             token_weights(&mut self.w[..len], v, rho, is, rec, lanes);
         }
