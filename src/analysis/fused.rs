@@ -30,6 +30,7 @@ pub fn analyze_fused(
         || config.sampling_replay
         || plan.cfg.criteria.iter().any(|c| c.agg == Agg::Token)
         || plan.veto.is_some()
+        || plan.opsm()
     {
         return Ok(None);
     }

@@ -7,6 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::input::batch::Batch;
+use crate::math::LaneSum;
 use crate::metrics::ctx::Ctx;
 
 /// OPSM's two per-slot columns (value, weight), or empty ones when no criterion is `opsm`.
@@ -32,12 +33,16 @@ impl OpsmColumns {
                 "is missing: rollout_rs 'opsm' rejects only sequences with a negative advantage",
             )
         })?;
-        let mut seq_adv = vec![0.0f64; ctx.b];
-        for i in 0..ctx.mask.len() {
-            if ctx.mask[i] {
-                seq_adv[ctx.owner[i]] += adv[i];
-            }
-        }
+        // in lanes by slot, as the fused pass adds them (the same sum, so the same sign)
+        let seq_adv: Vec<f64> = (ctx.segs.ranges().iter())
+            .map(|&(a, e)| {
+                let mut s = LaneSum::default();
+                (a..e)
+                    .filter(|&i| ctx.mask[i])
+                    .for_each(|i| s.add_at(i - a, adv[i]));
+                s.value()
+            })
+            .collect();
         let neg = |i: usize| ctx.mask[i] && seq_adv[ctx.owner[i]] < 0.0;
         Ok(OpsmColumns {
             value: (0..ctx.mask.len())

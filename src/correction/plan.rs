@@ -153,8 +153,21 @@ impl Plan {
     }
 
     /// True where the fused lean pass serves the plan: at most [`MAX_LEAN_CRITERIA`] criteria
-    /// on the sampled token's log-ratio alone (no host column), nothing finished on the host.
+    /// on the sampled token's log-ratio alone (no host column but OPSM's, which the pass
+    /// derives from the log-ratio's and the advantages' sequence sums), nothing finished on
+    /// the host.
     pub(crate) fn serves_lean(&self) -> bool {
-        !self.host_finish && self.columns.is_empty() && self.criteria.len() <= MAX_LEAN_CRITERIA
+        let opsm = |c: &Column| matches!(c, Column::OpsmValue | Column::OpsmWeight);
+        !self.host_finish
+            && self.columns.iter().all(opsm)
+            && self.criteria.len() <= MAX_LEAN_CRITERIA
+    }
+
+    /// A criterion is OPSM (in a plan the lean pass serves, its only weighted mean): the
+    /// sequences' advantage sums are needed.
+    pub(crate) fn opsm(&self) -> bool {
+        self.criteria
+            .iter()
+            .any(|c| matches!(c.agg, MaskAgg::WeightedMean(_)))
     }
 }

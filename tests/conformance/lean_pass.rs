@@ -29,6 +29,9 @@ fn configs() -> Vec<(String, CorrectionConfig)> {
         // the token veto (verl's legacy rollout_token_veto_threshold) beside IS and RS
         r#"{"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01, "token_veto": 0.5}"#,
         r#"{"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "token_k1", "rollout_rs_threshold": "0.8_1.25", "token_veto": 0.9}"#,
+        // OPSM (its sign from the advantages: without them both paths give the same error)
+        r#"{"rollout_rs": "opsm", "rollout_rs_threshold": 0.05}"#,
+        r#"{"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "opsm,seq_max_k2", "rollout_rs_threshold": "0.02,2.5", "token_veto": 0.3}"#,
     ]
     .iter()
     .map(|j| (j.to_string(), CorrectionConfig::from_json_str(j).unwrap()))
@@ -387,7 +390,7 @@ fn lean_pass_with_diagnostics_equals_the_full_path() {
 
 #[test]
 fn lean_pass_serves_the_benchmark_and_verl_presets() {
-    for (name, cfg) in configs().iter().take(10) {
+    for (name, cfg) in configs().iter().take(12) {
         let c = Corrector::new(CpuEngine::new(), cfg)
             .unwrap()
             .verl_metrics_only(true);
@@ -424,13 +427,16 @@ fn packed_steps_and_padding_values_do_not_change_results() {
         .iter()
         .map(|x| x + rng.range(-0.2, 0.2) as f32)
         .collect();
-    for (name, cfg) in configs().iter().take(10) {
+    // advantages (OPSM reads their sign): per token, of either sign
+    let adv: Vec<f32> = (0..n).map(|_| rng.range(-1.0, 0.6) as f32).collect();
+    for (name, cfg) in configs().iter().take(12) {
         let c = Corrector::new(CpuEngine::new(), cfg)
             .unwrap()
             .verl_metrics_only(true);
         let step = Step::packed(&cu)
             .rollout_log_prob(&roll[..])
-            .old_log_prob(&old[..]);
+            .old_log_prob(&old[..])
+            .advantages(&adv[..]);
         let full = c.correct(&step).unwrap();
         let mut bufs = Bufs::new(n);
         let lean = c
@@ -448,16 +454,19 @@ fn packed_steps_and_padding_values_do_not_change_results() {
         let mut results = Vec::new();
         for junk in [f32::NAN, 1e30, -0.5] {
             let (mut r, mut o, mut mk) = (vec![junk; 6 * t], vec![junk; 6 * t], vec![false; 6 * t]);
+            let mut ad = vec![junk; 6 * t];
             for (s, &l) in lens.iter().enumerate() {
                 let a = cu[s] as usize;
                 r[s * t..s * t + l].copy_from_slice(&roll[a..a + l]);
                 o[s * t..s * t + l].copy_from_slice(&old[a..a + l]);
+                ad[s * t..s * t + l].copy_from_slice(&adv[a..a + l]);
                 mk[s * t..s * t + l].iter_mut().for_each(|m| *m = true);
             }
             let step = Step::padded(6, t)
                 .response_mask(&mk[..])
                 .rollout_log_prob(&r[..])
-                .old_log_prob(&o[..]);
+                .old_log_prob(&o[..])
+                .advantages(&ad[..]);
             let mut bufs = Bufs::new(6 * t);
             let out = c
                 .correct_into(&step, bufs.outputs(c.has_weights(), 3))

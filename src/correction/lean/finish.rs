@@ -65,6 +65,8 @@ pub(crate) struct SeqRec {
     pub(crate) s_train: f64,
     pub(crate) s_roll: f64,
     pub(crate) s_lr: f64,
+    /// Σ advantage over the valid tokens (OPSM's sign).
+    pub(crate) s_adv: f64,
     pub(crate) s_k3u: f64,
     pub(crate) s_rho2: f64,
     pub(crate) s_w: f64,
@@ -95,6 +97,7 @@ impl Default for SeqRec {
             s_train: 0.0,
             s_roll: 0.0,
             s_lr: 0.0,
+            s_adv: 0.0,
             s_k3u: 0.0,
             s_rho2: 0.0,
             s_w: 0.0,
@@ -146,6 +149,9 @@ impl SeqRec {
             MaskAgg::MeanVerl => r.agg / (n + 1e-8),
             MaskAgg::Mean if self.n > 0 => r.agg / n,
             MaskAgg::Max if self.n > 0 => r.agg,
+            // OPSM: the mean of −lr over a sequence with a negative advantage, else 0 (the
+            // full path's weighted mean of its value and weight columns, the same bits)
+            MaskAgg::WeightedMean(_) if self.n > 0 && self.s_adv < 0.0 => -self.s_lr / n,
             _ => 0.0,
         };
         r.set_seq_value(n, v, c.lower, c.upper);

@@ -101,6 +101,9 @@ pub(crate) fn run(
     let Some(ranges) = inp.ranges() else {
         return Ok(None);
     };
+    if plan.opsm() && inp.adv.is_none() {
+        return Ok(None); // the full path names the missing advantages
+    }
     let slots = ranges.last().map_or(0, |r| r.1);
     let slots = match inp.layout {
         LeanLayout::Padded { .. } => inp.mask.map_or(slots, |m| m.len()),
@@ -331,6 +334,8 @@ fn kernel_body(
     let mut lanes = SeqLanes::default();
     let nc = plan.criteria.len();
     let token_is = plan.is.filter(|is| is.level == IsLevel::Token);
+    // the advantages: OPSM's sign, the diagnostics' breakdown
+    let read_adv = plan.opsm() || diag.is_some();
     let mut recs = Vec::with_capacity(t.seqs.len());
     // the first slot of the tile whose mask `cols.m_next` holds, and that tile's used length
     let mut have_next: Option<(usize, usize)> = None;
@@ -408,15 +413,15 @@ fn kernel_body(
             }
             inp.roll.load(k, &mut cols.r[..used]);
             inp.train.load(k, &mut cols.o[..used]);
+            if let (Some(av), true) = (&inp.adv, read_adv) {
+                av.load(k, &mut cols.a[..used]);
+            }
             // whole octets: the slots up to the next multiple of LANES count as padding (their
             // terms are 0 in every sum; nothing of them is read or written)
             let used8 = used.next_multiple_of(LANES);
             cols.m[used..used8].fill(0);
             cols.tile(used8, plan, token_is.as_ref(), &mut rec, &mut lanes)?;
             if let Some(acc) = diag.as_deref_mut() {
-                if let Some(av) = &inp.adv {
-                    av.load(k, &mut cols.a[..used]);
-                }
                 cols.feed_diag(used, feeds, token_is.is_some(), &mut sd, acc);
                 if let Some(st) = stats.as_deref_mut() {
                     st.tile(cols, used, k, inp.adv.is_some());

@@ -128,6 +128,7 @@ pub(crate) struct SeqLanes {
     s_train: LaneSum,
     s_roll: LaneSum,
     s_lr: LaneSum,
+    s_adv: LaneSum,
     s_k3u: LaneSum,
     s_rho2: LaneSum,
     s_w: LaneSum,
@@ -153,6 +154,7 @@ impl SeqLanes {
         rec.s_train = self.s_train.value();
         rec.s_roll = self.s_roll.value();
         rec.s_lr = self.s_lr.value();
+        rec.s_adv = self.s_adv.value();
         rec.s_k3u = self.s_k3u.value();
         rec.s_rho2 = self.s_rho2.value();
         rec.s_w = self.s_w.value();
@@ -162,14 +164,13 @@ impl SeqLanes {
         for (ci, cr) in plan.criteria.iter().enumerate() {
             let (l, r) = (&self.crit[ci], &mut rec.crit[ci]);
             match cr.agg {
-                MaskAgg::Max => {}
+                MaskAgg::Max | MaskAgg::WeightedMean(_) => {}
                 MaskAgg::Token => {
                     r.pts = l.pts.value();
                     l.sc1.into_sum(&mut r.sc1);
                     l.sc2.into_sum(&mut r.sc2);
                 }
                 MaskAgg::Sum | MaskAgg::Mean | MaskAgg::MeanVerl => r.agg = l.agg.value(),
-                MaskAgg::WeightedMean(_) => unreachable!("not a lean plan"),
             }
         }
     }
@@ -260,11 +261,18 @@ impl Cols {
         if plan.veto.is_some() {
             rec.rho_min = min(extremum_where(v, rho, -1.0), rec.rho_min);
         }
+        if plan.opsm() {
+            // the advantages (loaded by the caller), 0 at padding
+            add_valid(&mut lanes.s_adv, &self.a[..len], v, &mut self.y[..len]);
+        }
         if let Some(is) = token_is {
             token_weights(&mut self.w[..len], v, rho, is, rec, lanes);
         }
         let keep = &mut self.keep[..len];
         for (ci, cr) in plan.criteria.iter().enumerate() {
+            if let MaskAgg::WeightedMean(_) = cr.agg {
+                continue; // OPSM: from the sequence's sums, when it ends
+            }
             statistic(cr.source, c, rho, x);
             let (cc, cl) = (&mut rec.crit[ci], &mut lanes.crit[ci]);
             match cr.agg {
