@@ -31,6 +31,7 @@ pub fn analyze_fused(
         || plan.cfg.criteria.iter().any(|c| c.agg == Agg::Token)
         || plan.veto.is_some()
         || plan.opsm()
+        || plan.lntrm().is_some()
     {
         return Ok(None);
     }

@@ -157,17 +157,27 @@ impl Plan {
     /// derives from the log-ratio's and the advantages' sequence sums), nothing finished on
     /// the host.
     pub(crate) fn serves_lean(&self) -> bool {
-        let opsm = |c: &Column| matches!(c, Column::OpsmValue | Column::OpsmWeight);
+        let derived =
+            |c: &Column| matches!(c, Column::OpsmValue | Column::OpsmWeight | Column::LnTrm);
         !self.host_finish
-            && self.columns.iter().all(opsm)
+            && self.columns.iter().all(derived)
             && self.criteria.len() <= MAX_LEAN_CRITERIA
     }
 
-    /// A criterion is OPSM (in a plan the lean pass serves, its only weighted mean): the
-    /// sequences' advantage sums are needed.
+    /// A criterion is OPSM: the sequences' advantage sums are needed.
     pub(crate) fn opsm(&self) -> bool {
         self.criteria
             .iter()
-            .any(|c| matches!(c.agg, MaskAgg::WeightedMean(_)))
+            .any(|c| matches!(c.source, MaskSource::Column(_)))
+    }
+
+    /// LN-TRM's `(ε, δ)` when a criterion is LN-TRM (its token weights need each sequence's
+    /// valid length before its first tile).
+    pub(crate) fn lntrm(&self) -> Option<(Option<f64>, Option<f64>)> {
+        let on = self
+            .criteria
+            .iter()
+            .any(|c| matches!(c.source, MaskSource::SerWeighted(_)));
+        on.then_some((self.cfg.ln_trm.eps, self.cfg.ln_trm.delta))
     }
 }

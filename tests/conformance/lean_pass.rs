@@ -32,6 +32,9 @@ fn configs() -> Vec<(String, CorrectionConfig)> {
         // OPSM (its sign from the advantages: without them both paths give the same error)
         r#"{"rollout_rs": "opsm", "rollout_rs_threshold": 0.05}"#,
         r#"{"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "opsm,seq_max_k2", "rollout_rs_threshold": "0.02,2.5", "token_veto": 0.3}"#,
+        // LN-TRM (token weights from each token's rank among its sequence's valid tokens)
+        r#"{"rollout_rs": "seq_lntrm", "rollout_rs_threshold": 0.1, "ln_trm": {"eps": 0.1, "delta": 0.02}}"#,
+        r#"{"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_lntrm,seq_mean_k3", "rollout_rs_threshold": "0.3,0.01", "ln_trm": {"delta": 0.05}}"#,
     ]
     .iter()
     .map(|j| (j.to_string(), CorrectionConfig::from_json_str(j).unwrap()))
@@ -390,7 +393,7 @@ fn lean_pass_with_diagnostics_equals_the_full_path() {
 
 #[test]
 fn lean_pass_serves_the_benchmark_and_verl_presets() {
-    for (name, cfg) in configs().iter().take(12) {
+    for (name, cfg) in configs().iter().take(14) {
         let c = Corrector::new(CpuEngine::new(), cfg)
             .unwrap()
             .verl_metrics_only(true);
@@ -429,7 +432,7 @@ fn packed_steps_and_padding_values_do_not_change_results() {
         .collect();
     // advantages (OPSM reads their sign): per token, of either sign
     let adv: Vec<f32> = (0..n).map(|_| rng.range(-1.0, 0.6) as f32).collect();
-    for (name, cfg) in configs().iter().take(12) {
+    for (name, cfg) in configs().iter().take(14) {
         let c = Corrector::new(CpuEngine::new(), cfg)
             .unwrap()
             .verl_metrics_only(true);

@@ -3,7 +3,7 @@
 
 use crate::config::IsLevel;
 use crate::correction::plan::{Plan, MAX_LEAN_CRITERIA};
-use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs};
+use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs, MaskSource};
 use crate::error::Result;
 use crate::metrics::ctx::{f32_frac, vmax, vmin};
 use crate::metrics::diag::{DiagAcc, Feeds};
@@ -37,6 +37,8 @@ pub(crate) struct CritRec {
     pub(crate) sc2: Sum,
     /// Valid tokens this criterion rejected.
     pub(crate) rej: u64,
+    /// Σ of LN-TRM's token weights `w_t` (its statistic is Σ |ρ_t − 1|·w_t / Σ w_t).
+    pub(crate) wsum: f64,
     /// The sequence's statistic (sequence criteria) or rejected fraction (token criteria).
     pub(crate) value: f64,
 }
@@ -53,6 +55,7 @@ impl Default for CritRec {
             sc1: Sum::default(),
             sc2: Sum::default(),
             rej: 0,
+            wsum: 0.0,
             value: 0.0,
         }
     }
@@ -149,6 +152,13 @@ impl SeqRec {
             MaskAgg::MeanVerl => r.agg / (n + 1e-8),
             MaskAgg::Mean if self.n > 0 => r.agg / n,
             MaskAgg::Max if self.n > 0 => r.agg,
+            // LN-TRM: Σ |ρ_t − 1|·w_t / Σ w_t (0 without weight)
+            MaskAgg::WeightedMean(_) if matches!(c.source, MaskSource::SerWeighted(_)) => {
+                match r.wsum > 0.0 {
+                    true => r.agg / r.wsum,
+                    false => 0.0,
+                }
+            }
             // OPSM: the mean of −lr over a sequence with a negative advantage, else 0 (the
             // full path's weighted mean of its value and weight columns, the same bits)
             MaskAgg::WeightedMean(_) if self.n > 0 && self.s_adv < 0.0 => -self.s_lr / n,

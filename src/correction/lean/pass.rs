@@ -351,6 +351,9 @@ fn kernel_body(
         }
         let mut rec = SeqRec::default();
         lanes.start(plan, &mut rec);
+        if plan.lntrm().is_some() {
+            lanes.ln_len = valid_len(inp, (a, e));
+        }
         let mut sd = SeqDiag::default();
         let mut k = a;
         while k < e {
@@ -492,6 +495,22 @@ fn kernel_body(
         }
     }
     Some(recs)
+}
+
+/// The valid slots of the sequence at `a..e` (LN-TRM's weights need them before its tiles).
+fn valid_len(inp: &LeanInputs<'_>, (a, e): (usize, usize)) -> u64 {
+    let Some(mv) = &inp.mask else {
+        return (e - a) as u64;
+    };
+    let mut m = [0u8; TILE];
+    (a..e)
+        .step_by(TILE)
+        .map(|k| {
+            let l = TILE.min(e - k);
+            mv.load(k, &mut m[..l]);
+            m[..l].iter().filter(|&&x| x == 1).count() as u64
+        })
+        .sum()
 }
 
 /// The index of the last nonzero byte of `m` (eight bytes at a time).

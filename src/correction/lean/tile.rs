@@ -5,6 +5,7 @@
 //! statistic has the same bits on both paths.
 
 use super::finish::SeqRec;
+use crate::bounds::lntrm_weight;
 use crate::correction::plan::{Plan, MAX_LEAN_CRITERIA};
 use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs, MaskSource};
 use crate::input::values::MASK_BAD;
@@ -117,6 +118,8 @@ fn extremum_where(v: &[u64], x: &[f64], sign: f64) -> f64 {
 #[derive(Clone, Copy, Default)]
 struct CritLanes {
     agg: LaneSum,
+    /// LN-TRM's Σ w_t.
+    wsum: LaneSum,
     pts: LaneSum,
     sc1: LaneTwoSum,
     sc2: LaneTwoSum,
@@ -136,6 +139,9 @@ pub(crate) struct SeqLanes {
     s_wc: LaneTwoSum,
     s_wc2: LaneTwoSum,
     crit: [CritLanes; MAX_LEAN_CRITERIA],
+    /// LN-TRM: the sequence's valid tokens, and those its tiles have passed so far.
+    pub(crate) ln_len: u64,
+    ln_seen: u64,
 }
 
 impl SeqLanes {
@@ -164,7 +170,8 @@ impl SeqLanes {
         for (ci, cr) in plan.criteria.iter().enumerate() {
             let (l, r) = (&self.crit[ci], &mut rec.crit[ci]);
             match cr.agg {
-                MaskAgg::Max | MaskAgg::WeightedMean(_) => {}
+                MaskAgg::Max => {}
+                MaskAgg::WeightedMean(_) => (r.agg, r.wsum) = (l.agg.value(), l.wsum.value()),
                 MaskAgg::Token => {
                     r.pts = l.pts.value();
                     l.sc1.into_sum(&mut r.sc1);
@@ -197,6 +204,8 @@ pub(crate) struct Cols {
     pub(super) lr: [f64; TILE],
     pub(super) c: [f64; TILE],
     pub(super) rho: [f64; TILE],
+    /// LN-TRM's token weights.
+    lw: [f64; TILE],
     x: [f64; TILE],
     y: [f64; TILE],
 }
@@ -234,6 +243,7 @@ impl Cols {
             lr: [0.0; TILE],
             c: [0.0; TILE],
             rho: [0.0; TILE],
+            lw: [0.0; TILE],
             x: [0.0; TILE],
             y: [0.0; TILE],
         }
@@ -269,18 +279,39 @@ impl Cols {
             token_weights(&mut self.w[..len], v, rho, is, rec, lanes);
         }
         let keep = &mut self.keep[..len];
-        for (ci, cr) in plan.criteria.iter().enumerate() {
-            if let MaskAgg::WeightedMean(_) = cr.agg {
-                continue; // OPSM: from the sequence's sums, when it ends
+        let lw = &mut self.lw[..len];
+        if let Some((eps, delta)) = plan.lntrm() {
+            // LN-TRM's w_t from the token's rank among its sequence's valid tokens
+            for (w, &v) in lw.iter_mut().zip(v) {
+                *w = match v {
+                    0 => 0.0,
+                    _ => {
+                        lanes.ln_seen += 1;
+                        let left = lanes.ln_len.saturating_sub(lanes.ln_seen) as usize;
+                        lntrm_weight(left, eps, delta)
+                    }
+                };
             }
-            statistic(cr.source, c, rho, x);
+        }
+        for (ci, cr) in plan.criteria.iter().enumerate() {
+            let src = match cr.source {
+                MaskSource::Column(_) => continue, // OPSM: from the sequence's sums, at its end
+                MaskSource::SerWeighted(_) => MaskSource::Ser, // LN-TRM: |ρ_t − 1|, weighted below
+                s => s,
+            };
+            statistic(src, c, rho, x);
             let (cc, cl) = (&mut rec.crit[ci], &mut lanes.crit[ci]);
             match cr.agg {
                 MaskAgg::Token => token_criterion(cr, v, x, cc, cl, keep),
                 MaskAgg::Max => cc.agg = max(extremum_where(v, x, 1.0), cc.agg),
                 // 0 at padding (c = 0, rho = 1) for every statistic
                 MaskAgg::Sum | MaskAgg::Mean | MaskAgg::MeanVerl => cl.agg.add(x),
-                MaskAgg::WeightedMean(_) => unreachable!("not a lean plan"),
+                // LN-TRM (0 at padding: w_t = 0 there)
+                MaskAgg::WeightedMean(_) => {
+                    x.iter_mut().zip(lw.iter()).for_each(|(x, &w)| *x *= w);
+                    cl.agg.add(x);
+                    cl.wsum.add(lw);
+                }
             }
         }
         rec.n_rej_any += v
