@@ -4,9 +4,10 @@
 //! analyze` (`analysis::analyze_fused`) also the statistics table's reductions (`stats`).
 //!
 //! It runs the config's one plan (`correction::plan::Plan`) where `Plan::serves_lean` says
-//! so (sampled-token criteria k1 / k2 / k3 / abs / ser, token or sequence; token or sequence
-//! IS, TIS or IcePop, batch-normalised or not); anything else (logits, top-K, DPPO, LN-TRM,
-//! the token veto, legacy mode) takes the full path. The pass
+//! so (sampled-token criteria k1 / k2 / k3 / abs / ser, token or sequence, OPSM and LN-TRM;
+//! token or sequence IS, TIS or IcePop, batch-normalised or not; the token veto); anything
+//! else (logits, top-K, kept sets, DPPO, M2PO, CPPO, legacy mode) takes the full path. The
+//! pass
 //! gives the full path's masks and decisions, and its weights and metrics to within rounding
 //! (per-sequence sums in lanes by slot, as the CPU engine's segment sums; batch sums
 //! compensated; `e^x` by `math::exp_bounded` on both paths); inputs it cannot vouch for (a
@@ -16,6 +17,7 @@
 mod finish;
 mod pass;
 mod stats;
+mod tasks;
 mod tile;
 
 pub(crate) use finish::{

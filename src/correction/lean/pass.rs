@@ -2,22 +2,19 @@
 
 use super::finish::{batch_norm_factor, chunk_partial, details, diag_partial, vetoes, SeqRec};
 use super::stats::{Accs, TableAcc};
+use super::tasks::{run_tasks, split_tasks, Task};
 use super::tile::{Cols, SeqLanes, TILE};
 use crate::config::IsLevel;
 use crate::correction::plan::Plan;
 use crate::engine::plan::MaskAgg;
 use crate::error::Result;
-use crate::input::values::{MaskOut, MaskValues, Outputs, Values, WeightsOut};
+use crate::input::values::{MaskValues, Outputs, Values, WeightsOut};
 use crate::math::{exp_bounded, LANES};
 use crate::metrics::diag::{DiagAcc, Feeds, SeqDiag};
 use crate::partial::{Exchange, Partial};
 use crate::stats::{Corrections, SAFETY_BOUND};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-
-/// Fewest slots a parallel task covers (two tasks for a 64 × 1024 step).
-const TASK_SLOTS: usize = 1 << 13;
 
 /// How the lean pass's slots form sequences.
 #[derive(Clone, Copy, Debug)]
@@ -78,14 +75,6 @@ impl LeanInputs<'_> {
             && self.uid.is_none_or(|u| u.len() == ranges.len());
         fits.then_some(ranges)
     }
-}
-
-/// One task's sequences and its disjoint views of the output buffers.
-struct Task<'o> {
-    seqs: std::ops::Range<usize>,
-    start: usize,
-    weights: Option<WeightsOut<'o>>,
-    mask: MaskOut<'o>,
 }
 
 /// Runs the lean pass: this shard's decisions (metrics left empty), its metric partial (to be
@@ -176,88 +165,6 @@ pub(crate) fn run(
         diag_partial(&c, (n_tok, n_tok - n_rej), d, &feeds, inp.uid, &mut merged);
     }
     Ok(Some((c, merged, table)))
-}
-
-/// `f` of every task, in order: the calling thread and `current_num_threads − 1` of rayon's
-/// workers claim tasks from a shared counter until none is left, so the call starts at once
-/// (no waiting for a sleeping worker to wake) and a worker slowed by other work is made up
-/// for by the others. `None` for a task that was not run (never, short of a poisoned lock).
-fn run_tasks<T: Send, R: Send>(tasks: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<Option<R>> {
-    let n = tasks.len();
-    let helpers = rayon::current_num_threads()
-        .saturating_sub(1)
-        .min(n.saturating_sub(1));
-    if helpers == 0 {
-        return tasks.into_iter().map(|t| Some(f(t))).collect();
-    }
-    let todo: Vec<Mutex<Option<T>>> = tasks.into_iter().map(|t| Mutex::new(Some(t))).collect();
-    let done: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();
-    let next = AtomicUsize::new(0);
-    let work = || loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= n {
-            break;
-        }
-        if let Some(t) = todo[i].lock().ok().and_then(|mut g| g.take()) {
-            let r = f(t);
-            if let Ok(mut g) = done[i].lock() {
-                *g = Some(r);
-            }
-        }
-    };
-    rayon::in_place_scope(|s| {
-        for _ in 0..helpers {
-            s.spawn(|_| work());
-        }
-        work();
-    });
-    done.into_iter()
-        .map(|m| m.into_inner().ok().flatten())
-        .collect()
-}
-
-/// The output buffers cut into tasks of whole sequences, each at least [`TASK_SLOTS`] slots
-/// (the last takes the rest, trailing slots no sequence owns included).
-fn split_tasks<'o>(
-    ranges: &[(usize, usize)],
-    slots: usize,
-    out: &'o mut Outputs<'_>,
-) -> Vec<Task<'o>> {
-    let mut weights = out.weights.as_mut().map(|w| w.reborrow());
-    let mut mask = out.mask.reborrow();
-    let mut tasks = Vec::new();
-    let (mut first, mut start) = (0, 0);
-    for s in 0..ranges.len() {
-        let end = ranges[s].1;
-        let last = s + 1 == ranges.len();
-        if end - start < TASK_SLOTS && !last {
-            continue;
-        }
-        let end = if last { slots } else { end };
-        let (m, rest) = mask.split_at(end - start);
-        mask = rest;
-        let w = weights.take().map(|w| {
-            let (a, b) = w.split_at(end - start);
-            weights = Some(b);
-            a
-        });
-        tasks.push(Task {
-            seqs: first..s + 1,
-            start,
-            weights: w,
-            mask: m,
-        });
-        (first, start) = (s + 1, end);
-    }
-    if ranges.is_empty() {
-        tasks.push(Task {
-            seqs: 0..0,
-            start: 0,
-            weights,
-            mask,
-        });
-    }
-    tasks
 }
 
 /// One task: every sequence's record, its weights (unless `deferred`) and mask written;
@@ -616,6 +523,7 @@ fn write_normalised(
 mod tests {
     use super::*;
     use crate::config::CorrectionConfig;
+    use crate::input::values::MaskOut;
 
     /// Every build of the kernel the CPU can run (baseline, AVX2, AVX-512) writes the same
     /// bits: masks, weights and per-sequence sums.
