@@ -5,8 +5,8 @@
 use super::cppo::CppoColumns;
 use super::dppo::dppo_keep;
 use super::lean::{
-    batch_norm_factor, correction_metrics, criterion_result, decisions, diag_partial, veto_result,
-    CritMetric, CritRec, SeqRec,
+    batch_norm_factor, correction_metrics, corrections, criterion_result, diag_partial,
+    veto_result, CritMetric, CritRec, SeqRec,
 };
 use super::m2po::M2poColumns;
 use super::opsm::OpsmColumns;
@@ -152,19 +152,8 @@ pub(crate) fn compute_partial(
         dppo_keep(batch, table, d, &mut keep, &mut metrics)?;
     }
 
-    let (bits, seq_accept) = decisions(b, &criteria);
     let final_mask: Vec<f64> = keep.iter().map(|&k| k as u8 as f64).collect();
-
-    let c = Corrections {
-        weights,
-        mask: final_mask,
-        seq_accept,
-        seq_len,
-        seq_reject_bits: bits,
-        criteria,
-        metrics: Default::default(),
-        histograms: Default::default(),
-    };
+    let c = corrections(weights, final_mask, seq_len, criteria);
     if !cfg.verl_metrics_only {
         let cols = DiagColumns {
             k1,

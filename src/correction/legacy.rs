@@ -10,7 +10,7 @@
 //! * Token veto: a sequence with any valid `lr < ln τ` (τ rounded to float32) is rejected;
 //!   `rollout_is_veto_fraction` and `rollout_is_catastrophic_token_fraction` are always logged.
 
-use super::lean::{decisions, seq_output_name};
+use super::lean::{corrections, seq_output_name};
 use crate::config::{IsLevel, IsSpec, LegacySpec};
 use crate::error::Result;
 use crate::metrics::ctx::{vmax, vmin, Ctx};
@@ -248,11 +248,18 @@ pub(crate) fn compute(
 
     offpolicy_metrics(ctx, table, lr, rho, &s_lr, m)?;
 
-    let (bits, seq_accept) = decisions(b, &criteria);
     let final_mask: Vec<f64> = keep.iter().map(|&k| k as u8 as f64).collect();
     let n_kept = kept_tokens(ctx.mask, &final_mask);
-    trmask_metrics(&seq_len, &seq_accept, &criteria, ctx.n as u64, n_kept, m);
-    if let Some(w) = weights.as_deref() {
+    let c = corrections(weights, final_mask, seq_len, criteria);
+    trmask_metrics(
+        &c.seq_len,
+        &c.seq_accept,
+        &c.criteria,
+        ctx.n as u64,
+        n_kept,
+        m,
+    );
+    if let Some(w) = c.weights.as_deref() {
         let cols = DiagColumns {
             k1: table.get("k1")?,
             k3: table.get("k3")?,
@@ -262,18 +269,9 @@ pub(crate) fn compute(
             adv: None,
             weights: Some(w),
         };
-        from_columns(ctx.segs, &cols, &final_mask, &seq_accept)
+        from_columns(ctx.segs, &cols, &c.mask, &c.seq_accept)
             .1
             .put_ess(m);
     }
-    Ok(Corrections {
-        weights,
-        mask: final_mask,
-        seq_accept,
-        seq_len,
-        seq_reject_bits: bits,
-        criteria,
-        metrics: Default::default(),
-        histograms: Default::default(),
-    })
+    Ok(c)
 }

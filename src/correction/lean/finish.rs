@@ -467,12 +467,25 @@ pub(crate) fn details(plan: &Plan, recs: &[SeqRec]) -> Corrections {
         let min_rho = |s: usize| (recs[s].n > 0).then_some(recs[s].rho_min);
         criteria.push(veto_result(tau, recs.len(), min_rho));
     }
-    let (seq_reject_bits, seq_accept) = decisions(recs.len(), &criteria);
+    let seq_len = recs.iter().map(|r| r.n as usize).collect();
+    corrections(None, Vec::new(), seq_len, criteria)
+}
+
+/// A step's corrections from its weights, final mask, sequence lengths and criteria's
+/// per-sequence results, with the decisions they give (metrics left empty). Every executor
+/// builds its result here.
+pub(crate) fn corrections(
+    weights: Option<Vec<f64>>,
+    mask: Vec<f64>,
+    seq_len: Vec<usize>,
+    criteria: Vec<CriterionResult>,
+) -> Corrections {
+    let (seq_reject_bits, seq_accept) = decisions(seq_len.len(), &criteria);
     Corrections {
-        weights: None,
-        mask: Vec::new(),
+        weights,
+        mask,
         seq_accept,
-        seq_len: recs.iter().map(|r| r.n as usize).collect(),
+        seq_len,
         seq_reject_bits,
         criteria,
         metrics: Default::default(),
@@ -542,7 +555,7 @@ pub(crate) fn seq_output_name(name: &str) -> String {
 
 /// Each of the `b` sequences' rejection bits (bit `i`: criterion `i` rejects it, for the
 /// first 64) and whether every criterion accepts it.
-pub(crate) fn decisions(b: usize, criteria: &[CriterionResult]) -> (Vec<u64>, Vec<bool>) {
+fn decisions(b: usize, criteria: &[CriterionResult]) -> (Vec<u64>, Vec<bool>) {
     let mut bits = vec![0u64; b];
     let mut accept = vec![true; b];
     for (ci, c) in criteria.iter().enumerate() {

@@ -21,7 +21,7 @@ mod tasks;
 mod tile;
 
 pub(crate) use finish::{
-    batch_norm_factor, correction_metrics, criterion_result, decisions, diag_partial,
+    batch_norm_factor, correction_metrics, corrections, criterion_result, diag_partial,
     seq_output_name, veto_result, CritMetric, CritRec, SeqRec,
 };
 pub(crate) use pass::{run, LeanInputs, LeanLayout};
