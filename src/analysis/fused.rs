@@ -29,9 +29,6 @@ pub fn analyze_fused(
     if !config.sampling.is_off()
         || config.sampling_replay
         || plan.cfg.criteria.iter().any(|c| c.agg == Agg::Token)
-        || plan.veto.is_some()
-        || plan.opsm()
-        || plan.lntrm().is_some()
     {
         return Ok(None);
     }

@@ -6,26 +6,20 @@
 use crate::common;
 use std::path::Path;
 
-/// `trmask analyze INPUT --preset PRESET --backend cpu --metrics M [--output O]`: (metrics,
-/// stdout without its `written:` line, stderr).
+/// `trmask analyze INPUT HOW --backend cpu --metrics M [--output O]` (`HOW`: `--preset P` or
+/// `--config FILE`): (metrics, stdout without its `written:` line, stderr).
 fn analyze(
     input: &Path,
-    preset: &str,
+    how: &[&str],
     tag: &str,
     full: bool,
 ) -> (serde_json::Value, String, String) {
     let m = common::scratch("fused", &format!("{tag}-{full}.json"));
     let o = common::scratch("fused", &format!("{tag}-out.safetensors"));
-    let mut args = vec![
-        "analyze".to_string(),
-        input.display().to_string(),
-        "--preset".into(),
-        preset.into(),
-        "--backend".into(),
-        "cpu".into(),
-        "--metrics".into(),
-        m.display().to_string(),
-    ];
+    let mut args = vec!["analyze".to_string(), input.display().to_string()];
+    args.extend(how.iter().map(|a| a.to_string()));
+    args.extend(["--backend".into(), "cpu".into(), "--metrics".into()]);
+    args.push(m.display().to_string());
     if full {
         args.extend(["--output".into(), o.display().to_string()]);
     }
@@ -40,10 +34,15 @@ fn analyze(
 /// element by element), the same summary and warnings; the first one ran the fused pass.
 fn same_as_full_path(input: &Path, preset: &str, tag: &str) {
     let cfg = trmask::CorrectionConfig::preset(preset).unwrap();
-    let fused = trmask::analysis::analyze_file_fused(input, &Default::default(), &cfg).unwrap();
+    same_with(input, &cfg, &["--preset", preset], tag);
+}
+
+/// [`same_as_full_path`] for the config `cfg`, which `how` gives the command line.
+fn same_with(input: &Path, cfg: &trmask::CorrectionConfig, how: &[&str], tag: &str) {
+    let fused = trmask::analysis::analyze_file_fused(input, &Default::default(), cfg).unwrap();
     assert!(fused.is_some(), "{tag}: the fused pass serves it");
-    let (fused, fs, fe) = analyze(input, preset, tag, false);
-    let (full, ls, le) = analyze(input, preset, tag, true);
+    let (fused, fs, fe) = analyze(input, how, tag, false);
+    let (full, ls, le) = analyze(input, how, tag, true);
     let (f, l) = (fused.as_object().unwrap(), full.as_object().unwrap());
     let keys =
         |o: &serde_json::Map<String, serde_json::Value>| o.keys().cloned().collect::<Vec<_>>();
@@ -135,4 +134,31 @@ fn fused_analyze_matches_the_full_path() {
     }
     let causal = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/causal-sample/batch.safetensors");
     same_as_full_path(&causal, "decoupled_k3_rs_token_tis", "causal");
+}
+
+/// The token veto, OPSM and LN-TRM in the fused pass: the same metrics, sweeps, summary and
+/// warnings as the full path.
+#[test]
+fn fused_analyze_serves_the_veto_opsm_and_lntrm() {
+    let p = common::scratch("fused", "more.safetensors");
+    step(&p, 41, 700, safetensors::Dtype::F32, 11);
+    for (tag, json) in [
+        (
+            "veto",
+            r#"{"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 1.0, "token_veto": 0.9}"#,
+        ),
+        (
+            "opsm",
+            r#"{"rollout_rs": "opsm,seq_max_k2", "rollout_rs_threshold": "0.01,2.5"}"#,
+        ),
+        (
+            "lntrm",
+            r#"{"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_lntrm", "rollout_rs_threshold": 0.2, "ln_trm": {"eps": 0.1, "delta": 0.02}}"#,
+        ),
+    ] {
+        let c = common::scratch("fused", &format!("{tag}.json"));
+        std::fs::write(&c, json).unwrap();
+        let cfg = trmask::CorrectionConfig::from_json_str(json).unwrap();
+        same_with(&p, &cfg, &["--config", &c.display().to_string()], tag);
+    }
 }

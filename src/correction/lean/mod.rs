@@ -15,13 +15,14 @@
 //! so that the full path reports the error.
 
 mod finish;
+mod outputs;
 mod pass;
 mod stats;
 mod tasks;
 mod tile;
 
 pub(crate) use finish::{
-    batch_norm_factor, correction_metrics, corrections, criterion_result, diag_partial,
-    seq_output_name, veto_result, CritMetric, CritRec, SeqRec,
+    batch_norm_factor, correction_metrics, diag_partial, CritMetric, CritRec, SeqRec,
 };
+pub(crate) use outputs::{corrections, criterion_result, seq_output_name, veto_result};
 pub(crate) use pass::{run, LeanInputs, LeanLayout};

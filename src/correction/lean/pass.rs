@@ -1,6 +1,7 @@
 //! The per-sequence kernel of the lean pass and its parallel driver.
 
-use super::finish::{batch_norm_factor, chunk_partial, details, diag_partial, vetoes, SeqRec};
+use super::finish::{batch_norm_factor, chunk_partial, diag_partial, SeqRec};
+use super::outputs::{details, vetoes};
 use super::stats::{Accs, TableAcc};
 use super::tasks::{run_tasks, split_tasks, Task};
 use super::tile::{Cols, SeqLanes, TILE};
@@ -157,11 +158,7 @@ pub(crate) fn run(
     }
     let c = details(plan, &recs);
     if let Some(d) = &diag {
-        // valid tokens the final mask drops: a vetoed sequence's all
-        let n_rej: u64 = recs
-            .iter()
-            .map(|r| if r.vetoed { r.n } else { r.n_rej_any })
-            .sum();
+        let n_rej: u64 = recs.iter().map(SeqRec::n_dropped).sum();
         diag_partial(&c, (n_tok, n_tok - n_rej), d, &feeds, inp.uid, &mut merged);
     }
     Ok(Some((c, merged, table)))
@@ -389,7 +386,7 @@ fn kernel_body(
             d.fold(&sd, dropped, dropped || token_rejected);
         }
         if let Some(st) = stats.as_deref_mut() {
-            st.end_seq(rec.n, rec.n_rej_any, !(dropped || token_rejected));
+            st.end_seq(rec.n, rec.n_dropped(), !(dropped || token_rejected));
         }
         recs.push(rec);
         cursor = e;
