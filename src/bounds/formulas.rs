@@ -162,6 +162,12 @@ pub fn lntrm_weight(remaining: usize, eps: Option<f64>, delta: Option<f64>) -> f
     w
 }
 
+/// [`lntrm_weight`] of the valid token of rank `rank` (1 for the first) among a sequence's
+/// `len` valid tokens: what both correction executors weight LN-TRM's tokens by.
+pub(crate) fn lntrm_rank_weight(len: u64, rank: u64, eps: Option<f64>, delta: Option<f64>) -> f64 {
+    lntrm_weight(len.saturating_sub(rank) as usize, eps, delta)
+}
+
 /// `4·Σ_t D̄_t·w_t` with the weights of [`lntrm_weights`]; the horizon is `dbar.len()`.
 fn adaptive_sum(dbar: &[f64], eps: Option<f64>, delta: Option<f64>) -> f64 {
     let horizon = dbar.len();

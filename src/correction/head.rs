@@ -11,7 +11,7 @@ use super::lean::{
 use super::m2po::M2poColumns;
 use super::opsm::OpsmColumns;
 use super::plan::{Column, Plan};
-use crate::bounds::lntrm_weight;
+use crate::bounds::lntrm_rank_weight;
 use crate::config::{Agg, Criterion, IsLevel, Resolved, Stat};
 use crate::engine::plan::{CorrectionsRaw, MaskPlan};
 use crate::engine::Engine;
@@ -209,7 +209,7 @@ fn lntrm_column(ctx: &Ctx, cfg: &Resolved) -> Vec<f64> {
         return Vec::new();
     }
     let (e, d) = (cfg.ln_trm.eps, cfg.ln_trm.delta);
-    let mut rank = vec![0usize; ctx.segs.len()];
+    let mut rank = vec![0u64; ctx.segs.len()];
     (0..ctx.mask.len())
         .map(|i| {
             if !ctx.mask[i] {
@@ -217,7 +217,7 @@ fn lntrm_column(ctx: &Ctx, cfg: &Resolved) -> Vec<f64> {
             }
             let s = ctx.owner[i];
             rank[s] += 1;
-            lntrm_weight(ctx.len[s] as usize - rank[s], e, d)
+            lntrm_rank_weight(ctx.len[s] as u64, rank[s], e, d)
         })
         .collect()
 }

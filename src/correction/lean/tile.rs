@@ -5,7 +5,7 @@
 //! statistic has the same bits on both paths.
 
 use super::finish::SeqRec;
-use crate::bounds::lntrm_weight;
+use crate::bounds::lntrm_rank_weight;
 use crate::correction::plan::{Plan, MAX_LEAN_CRITERIA};
 use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs, MaskSource};
 use crate::input::values::MASK_BAD;
@@ -287,8 +287,7 @@ impl Cols {
                     0 => 0.0,
                     _ => {
                         lanes.ln_seen += 1;
-                        let left = lanes.ln_len.saturating_sub(lanes.ln_seen) as usize;
-                        lntrm_weight(left, eps, delta)
+                        lntrm_rank_weight(lanes.ln_len, lanes.ln_seen, eps, delta)
                     }
                 };
             }
