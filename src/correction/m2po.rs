@@ -25,12 +25,89 @@ use crate::stats::StatTable;
 pub(crate) struct M2poColumns {
     pub value: Vec<f64>,
     pub drop: Vec<f64>,
-    /// Active tokens of this shard and of the whole batch.
+    summary: Summary,
+}
+
+/// What M2PO's own metrics report of a step's selection.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Summary {
+    /// Active tokens of this shard.
     local_active: usize,
     /// Mean `lr²` over the batch's active tokens before and after the drop (None: no active token).
     m2: Option<(f64, f64)>,
     /// The smallest dropped `lr²` (None: nothing dropped).
     cutoff: Option<f64>,
+}
+
+/// A selection as a rule on the active values in batch order: every value above `cut` is
+/// dropped, and of the values equal to it the first `ties`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cut {
+    cut: f64,
+    ties: usize,
+}
+
+impl Cut {
+    /// Whether the active value `v` is dropped; `tie` counts the values equal to the cut met so
+    /// far in batch order (this one included after the call).
+    #[inline(always)]
+    pub(crate) fn take(&self, v: f64, tie: &mut usize) -> bool {
+        let at = v == self.cut;
+        let dropped = v > self.cut || (at && *tie < self.ties);
+        *tie += usize::from(at);
+        dropped
+    }
+
+    /// How many of `values` equal the cut (they advance the tie count).
+    pub(crate) fn ties_in(&self, values: &[f64]) -> usize {
+        values.iter().filter(|&&v| v == self.cut).count()
+    }
+}
+
+/// A step's M2PO decision, made alike by both executors.
+pub(crate) struct Decision {
+    pub(crate) cut: Cut,
+    /// The values equal to the cut on the ranks before this one (this rank's first tie count).
+    pub(crate) ties_before: usize,
+    pub(crate) summary: Summary,
+}
+
+/// The decision from this shard's active values `local` (batch order) under `tau`: every
+/// rank's values gathered in rank order (a collective through `ex` with several ranks), the
+/// selection run on them, its rule and summary.
+pub(crate) fn decide(local: &[f64], tau: f64, ex: &mut dyn Exchange) -> Result<Decision> {
+    let (all, offset) = gather(ex, local)?;
+    let sel = select(&all, tau);
+    let cut = match sel.k {
+        0 => Cut {
+            cut: f64::INFINITY,
+            ties: 0,
+        },
+        k => {
+            let c = all[sel.order[k - 1]];
+            let above = all.iter().filter(|&&v| v > c).count();
+            Cut {
+                cut: c,
+                ties: k - above,
+            }
+        }
+    };
+    Ok(Decision {
+        ties_before: cut.ties_in(&all[..offset]),
+        summary: Summary {
+            local_active: local.len(),
+            m2: (!all.is_empty()).then_some((sel.m2_before, sel.m2_after)),
+            cutoff: (sel.k > 0).then_some(cut.cut),
+        },
+        cut,
+    })
+}
+
+/// Whether a valid token is in M2PO's active quadrants (its advantage and log-ratio of one
+/// sign), and its value `lr²` there.
+#[inline(always)]
+pub(crate) fn active(adv: f64, lr: f64) -> Option<f64> {
+    ((adv > 0.0 && lr > 0.0) || (adv < 0.0 && lr < 0.0)).then_some(lr * lr)
 }
 
 /// Selection over the whole batch's active values `v` (batch order): how many the
@@ -90,39 +167,45 @@ impl M2poColumns {
             )
         })?;
         let n_slots = ctx.mask.len();
-        let active = |i: usize| {
-            ctx.mask[i] && ((adv[i] > 0.0 && lr[i] > 0.0) || (adv[i] < 0.0 && lr[i] < 0.0))
-        };
-        let value: Vec<f64> = (0..n_slots)
-            .map(|i| if active(i) { lr[i] * lr[i] } else { 0.0 })
-            .collect();
-        let slots: Vec<usize> = (0..n_slots).filter(|&i| active(i)).collect();
+        let mut value = vec![0.0f64; n_slots];
+        let mut slots = Vec::new();
+        for i in (0..n_slots).filter(|&i| ctx.mask[i]) {
+            if let Some(v) = active(adv[i], lr[i]) {
+                value[i] = v;
+                slots.push(i);
+            }
+        }
         let local: Vec<f64> = slots.iter().map(|&i| value[i]).collect();
-        // the whole batch's active values in rank order, and where this rank's start
-        let (all, offset) = gather(ex, &local)?;
-        let sel = select(&all, tau);
+        let d = decide(&local, tau, ex)?;
         let mut drop = vec![0.0f64; n_slots];
-        for &g in &sel.order[..sel.k] {
-            if g >= offset && g < offset + slots.len() {
-                drop[slots[g - offset]] = 1.0;
+        let mut tie = d.ties_before;
+        for (&i, &v) in slots.iter().zip(&local) {
+            if d.cut.take(v, &mut tie) {
+                drop[i] = 1.0;
             }
         }
         Ok(M2poColumns {
             value,
             drop,
-            local_active: slots.len(),
-            m2: (!all.is_empty()).then_some((sel.m2_before, sel.m2_after)),
-            cutoff: (sel.k > 0).then(|| all[sel.order[sel.k - 1]]),
+            summary: d.summary,
         })
     }
 
-    /// M2PO's own metrics under `pre` (`rollout_corr/rollout_rs_m2po`): the share of valid
-    /// tokens in the active quadrants, the mean `lr²` over them before and after the drop, and
-    /// the smallest dropped `lr²` (only when something was dropped).
+    /// [`Summary::metrics`] of this shard.
     pub(crate) fn metrics(&self, ctx: &Ctx, pre: &str, m: &mut Partial) {
+        self.summary.metrics(ctx.n, pre, m);
+    }
+}
+
+impl Summary {
+    /// M2PO's own metrics under `pre` (`rollout_corr/rollout_rs_m2po`): the share of the
+    /// shard's `n_valid` tokens in the active quadrants, the mean `lr²` over the active tokens
+    /// before and after the drop, and the smallest dropped `lr²` (only when something was
+    /// dropped).
+    pub(crate) fn metrics(&self, n_valid: usize, pre: &str, m: &mut Partial) {
         m.put(
             format!("{pre}_active_fraction"),
-            Acc::frac(self.local_active, ctx.n, FracMode::F64, Empty::Compute),
+            Acc::frac(self.local_active, n_valid, FracMode::F64, Empty::Compute),
         );
         if let Some((before, after)) = self.m2 {
             m.put(format!("{pre}_m2"), Acc::Const(before));
@@ -175,7 +258,33 @@ fn gather(ex: &mut dyn Exchange, local: &[f64]) -> Result<(Vec<f64>, usize)> {
 
 #[cfg(test)]
 mod tests {
-    use super::select;
+    use super::{decide, select};
+    use crate::partial::SingleProcess;
+
+    #[test]
+    fn the_cut_drops_what_the_sorted_selection_drops() {
+        // values from a few levels (many ties), every τ that cuts somewhere
+        let mut x = 12345u64;
+        for n in [0, 1, 2, 7, 40, 300] {
+            let v: Vec<f64> = (0..n)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((x >> 33) % 6) as f64 * 0.5
+                })
+                .collect();
+            for tau in [0.0, 0.1, 0.3, 0.6, 0.9, 1.2, 3.0] {
+                let sel = select(&v, tau);
+                let mut want = vec![false; n];
+                sel.order[..sel.k].iter().for_each(|&i| want[i] = true);
+                let d = decide(&v, tau, &mut SingleProcess).unwrap();
+                let mut tie = d.ties_before;
+                let got: Vec<bool> = v.iter().map(|&x| d.cut.take(x, &mut tie)).collect();
+                assert_eq!(got, want, "n {n}, tau {tau}");
+            }
+        }
+    }
 
     #[test]
     fn drops_the_largest_until_the_mean_of_the_rest_is_at_most_tau() {
