@@ -18,6 +18,7 @@ use crate::input::batch::Batch;
 use crate::metrics::ctx::Ctx;
 use crate::partial::{Acc, Empty, Exchange, FracMode, Partial};
 use crate::stats::StatTable;
+use rayon::slice::ParallelSliceMut;
 
 /// M2PO's per-slot columns: `lr²` on active tokens (0 elsewhere) and the drop indicator
 /// (1 dropped, 0 kept), both empty when no criterion is `m2po`; plus the batch-global summary.
@@ -61,6 +62,12 @@ impl Cut {
     /// How many of `values` equal the cut (they advance the tie count).
     pub(crate) fn ties_in(&self, values: &[f64]) -> usize {
         values.iter().filter(|&&v| v == self.cut).count()
+    }
+
+    /// [`Cut::take`] of a value that does not equal the cut (no tie count to keep).
+    #[inline(always)]
+    fn above(&self, v: f64) -> bool {
+        v > self.cut
     }
 }
 
@@ -107,7 +114,13 @@ pub(crate) fn decide(local: &[f64], tau: f64, ex: &mut dyn Exchange) -> Result<D
 /// sign), and its value `lr²` there.
 #[inline(always)]
 pub(crate) fn active(adv: f64, lr: f64) -> Option<f64> {
-    ((adv > 0.0 && lr > 0.0) || (adv < 0.0 && lr < 0.0)).then_some(lr * lr)
+    active_sign(adv, lr).then_some(lr * lr)
+}
+
+/// The active quadrants' test of [`active`] (branch-free).
+#[inline(always)]
+pub(crate) fn active_sign(adv: f64, lr: f64) -> bool {
+    ((adv > 0.0) & (lr > 0.0)) | ((adv < 0.0) & (lr < 0.0))
 }
 
 /// Selection over the whole batch's active values `v` (batch order): how many the
@@ -120,18 +133,68 @@ pub(crate) struct Selection {
     pub m2_after: f64,
 }
 
+/// The rule as the fused pass applies it to a task's slots (`correction::lean`): M2PO's
+/// criterion index, its τ (the metrics' bound), the step's rule, and the tie count at the
+/// task's next slot.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct M2poTask {
+    pub(crate) ci: usize,
+    pub(crate) tau: f64,
+    pub(crate) cut: Cut,
+    pub(crate) tie: usize,
+}
+
+impl M2poTask {
+    /// The tile's values (`x`: `lr²` on the active tokens, 0 elsewhere; `v` all ones at a
+    /// valid slot, `a` the advantages, `lr` the log-ratios) and drops (`d`: 1 dropped), by the
+    /// step's rule in batch order.
+    #[inline(always)]
+    pub(crate) fn tile(&mut self, v: &[u64], a: &[f64], lr: &[f64], x: &mut [f64], d: &mut [f64]) {
+        let cut = self.cut;
+        let mut ties = 0;
+        for j in 0..x.len() {
+            let act = (v[j] != 0) & active_sign(a[j], lr[j]);
+            let val = if act { lr[j] * lr[j] } else { 0.0 };
+            x[j] = val;
+            d[j] = f64::from(u8::from(act & cut.above(val)));
+            ties += usize::from(act & (val == cut.cut));
+        }
+        // a value equal to the cut: the rule in batch order, with the tie count
+        if ties > 0 {
+            for j in 0..x.len() {
+                let act = (v[j] != 0) & active_sign(a[j], lr[j]);
+                d[j] = f64::from(u8::from(act && cut.take(x[j], &mut self.tie)));
+            }
+        }
+    }
+}
+
 /// M2PO Algorithm 1 on the batch's active values (`v[i] = lr²`, batch order).
 pub(crate) fn select(v: &[f64], tau: f64) -> Selection {
     let n = v.len();
-    let mut order: Vec<usize> = (0..n).collect();
-    // stable: equal values keep batch order, so the earliest of a tie is dropped first
-    order.sort_by(|&a, &b| v[b].total_cmp(&v[a]));
+    // descending (`total_cmp`'s order, reversed), equal values in batch order (a stable
+    // sort's order: the earliest of a tie is dropped first): one integer key per value, its
+    // index in the low bits
+    let key = |x: f64| {
+        let b = x.to_bits();
+        !(if b >> 63 == 1 { !b } else { b | 1 << 63 })
+    };
+    let value = |k: u128| {
+        let u = !((k >> 64) as u64);
+        f64::from_bits(if u >> 63 == 1 { u & !(1 << 63) } else { !u })
+    };
+    let mut keys: Vec<u128> = (v.iter().zip(0u64..))
+        .map(|(&x, i)| (u128::from(key(x)) << 64) | u128::from(i))
+        .collect();
+    // distinct keys: any sort gives the one order
+    keys.par_sort_unstable();
     let mut suffix = vec![0.0f64; n + 1];
     let mut s = 0.0f64;
     for j in (0..n).rev() {
-        s += v[order[j]];
+        s += value(keys[j]);
         suffix[j] = s;
     }
+    let order: Vec<usize> = keys.iter().map(|&k| k as u64 as usize).collect();
     let mean = |j: usize| suffix[j] / (n - j) as f64;
     let k = (0..n).find(|&j| mean(j) <= tau).unwrap_or(n);
     Selection {

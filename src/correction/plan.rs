@@ -153,12 +153,16 @@ impl Plan {
     }
 
     /// True where the fused lean pass serves the plan: at most [`MAX_LEAN_CRITERIA`] criteria
-    /// on the sampled token's log-ratio alone (no host column but OPSM's, which the pass
-    /// derives from the log-ratio's and the advantages' sequence sums), nothing finished on
-    /// the host.
+    /// on the sampled token's log-ratio alone (no host column but those the pass derives from
+    /// the log-ratios, the advantages and the mask: OPSM's, LN-TRM's, M2PO's), nothing
+    /// finished on the host.
     pub(crate) fn serves_lean(&self) -> bool {
-        let derived =
-            |c: &Column| matches!(c, Column::OpsmValue | Column::OpsmWeight | Column::LnTrm);
+        let derived = |c: &Column| {
+            matches!(
+                c,
+                Column::OpsmValue | Column::OpsmWeight | Column::LnTrm | Column::M2poDrop
+            )
+        };
         !self.host_finish
             && self.columns.iter().all(derived)
             && self.criteria.len() <= MAX_LEAN_CRITERIA
@@ -168,7 +172,21 @@ impl Plan {
     pub(crate) fn opsm(&self) -> bool {
         self.criteria
             .iter()
-            .any(|c| matches!(c.source, MaskSource::Column(_)))
+            .any(|c| self.reads(c, Column::OpsmValue))
+    }
+
+    /// M2PO's criterion (its index) and its τ, when a criterion is M2PO.
+    pub(crate) fn m2po(&self) -> Option<(usize, f64)> {
+        let ci = self
+            .criteria
+            .iter()
+            .position(|c| self.reads(c, Column::M2poDrop))?;
+        Some((ci, self.metric_bounds[ci].1))
+    }
+
+    /// The criterion's statistic is the host column `col`.
+    fn reads(&self, c: &MaskCriterion, col: Column) -> bool {
+        matches!(c.source, MaskSource::Column(j) if self.columns.get(j) == Some(&col))
     }
 
     /// LN-TRM's `(ε, δ)` when a criterion is LN-TRM (its token weights need each sequence's

@@ -35,6 +35,9 @@ fn configs() -> Vec<(String, CorrectionConfig)> {
         // LN-TRM (token weights from each token's rank among its sequence's valid tokens)
         r#"{"rollout_rs": "seq_lntrm", "rollout_rs_threshold": 0.1, "ln_trm": {"eps": 0.1, "delta": 0.02}}"#,
         r#"{"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_lntrm,seq_mean_k3", "rollout_rs_threshold": "0.3,0.01", "ln_trm": {"delta": 0.05}}"#,
+        // M2PO (a batch-global drop of active tokens; its quadrants from the advantages)
+        r#"{"rollout_rs": "m2po", "rollout_rs_threshold": 0.0004}"#,
+        r#"{"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_max_k2,m2po", "rollout_rs_threshold": "2.5,0.01", "token_veto": 0.3}"#,
     ]
     .iter()
     .map(|j| (j.to_string(), CorrectionConfig::from_json_str(j).unwrap()))
@@ -393,7 +396,7 @@ fn lean_pass_with_diagnostics_equals_the_full_path() {
 
 #[test]
 fn lean_pass_serves_the_benchmark_and_verl_presets() {
-    for (name, cfg) in configs().iter().take(14) {
+    for (name, cfg) in configs().iter().take(16) {
         let c = Corrector::new(CpuEngine::new(), cfg)
             .unwrap()
             .verl_metrics_only(true);
@@ -432,7 +435,7 @@ fn packed_steps_and_padding_values_do_not_change_results() {
         .collect();
     // advantages (OPSM reads their sign): per token, of either sign
     let adv: Vec<f32> = (0..n).map(|_| rng.range(-1.0, 0.6) as f32).collect();
-    for (name, cfg) in configs().iter().take(14) {
+    for (name, cfg) in configs().iter().take(16) {
         let c = Corrector::new(CpuEngine::new(), cfg)
             .unwrap()
             .verl_metrics_only(true);
@@ -543,4 +546,55 @@ fn step_slots(i: usize) -> usize {
     } else {
         4
     }
+}
+
+/// M2PO's cut inside a run of ties that spans several of the fused pass's tasks (40 rows of
+/// 1024 slots: five tasks): the dropped ties are the earliest in batch order on both paths.
+#[test]
+fn m2po_ties_across_tasks_drop_the_earliest_tokens() {
+    let mut rng = Rng::new(seed(4801));
+    let (b, t) = (40, 1024);
+    let cfg =
+        CorrectionConfig::from_json_str(r#"{"rollout_rs": "m2po", "rollout_rs_threshold": 0.03}"#)
+            .unwrap();
+    let c = Corrector::new(CpuEngine::new(), &cfg)
+        .unwrap()
+        .verl_metrics_only(true);
+    assert!(c.has_lean_pass());
+    let mask: Vec<bool> = (0..b * t).map(|i| i % t < 600 + (i / t) * 9).collect();
+    let roll: Vec<f64> = (0..b * t).map(|_| rng.range(-3.0, -0.5)).collect();
+    // log-ratios of ±0.25 or ±0.125 (exact in f64): lr² takes two values, each many times
+    let old: Vec<f64> = roll
+        .iter()
+        .map(|r| r + [-0.25, -0.125, 0.125, 0.25][rng.below(4)])
+        .collect();
+    let adv: Vec<f64> = (0..b * t)
+        .map(|i| if (i / t) % 2 == 0 { 1.0 } else { -1.0 })
+        .collect();
+    let step = Step::padded(b, t)
+        .response_mask(&mask[..])
+        .rollout_log_prob(&roll[..])
+        .old_log_prob(&old[..])
+        .advantages(&adv[..]);
+    let (full, lean) = lean_against_full(&c, &step, (b, t, 0), 0, "m2po ties").unwrap();
+    assert!(lean, "the fused pass did not run");
+    // the active tokens whose lr² is the larger value: a prefix of them dropped, the rest kept
+    let big: Vec<usize> = (0..b * t)
+        .filter(|&i| {
+            let lr = old[i] - roll[i];
+            mask[i] && lr * adv[i] > 0.0 && lr.abs() == 0.25
+        })
+        .collect();
+    let dropped: Vec<bool> = big.iter().map(|&i| full.mask[i] == 0.0).collect();
+    let k = dropped.iter().filter(|&&d| d).count();
+    assert!(
+        k > 0 && k < big.len(),
+        "the cut is not inside the ties: {k} of {}",
+        big.len()
+    );
+    assert!(
+        dropped[..k].iter().all(|&d| d),
+        "a later tie was dropped before an earlier one"
+    );
+    assert_eq!(full.metrics["rollout_corr/rollout_rs_m2po_cutoff"], 0.0625);
 }

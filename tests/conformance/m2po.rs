@@ -11,7 +11,7 @@ use common::{close12, exact_metric, json_flatten, same, Rng};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use trmask::cpu::CpuEngine;
-use trmask::{CorrectionConfig, Corrections, Corrector, Step};
+use trmask::{CorrectionConfig, Corrections, Corrector, MaskOut, Outputs, Step};
 
 type Golden = common::PackedGolden;
 
@@ -82,7 +82,15 @@ fn cut(cu: &[i64], v: &[&[f64]; 3], a: usize, b: usize) -> (Vec<i64>, [Vec<f64>;
 }
 
 /// Each rank's corrections of its own shard (cuts between sequences), run on `size` threads.
-fn sharded(cu: &[i64], v: &[&[f64]; 3], cuts: &[usize], c: &CorrectionConfig) -> Vec<Corrections> {
+/// Each rank's corrections; `fused`: through `correct_shard_into` (the fused pass where it
+/// serves the config), its mask read back from the caller's buffer.
+fn sharded(
+    cu: &[i64],
+    v: &[&[f64]; 3],
+    cuts: &[usize],
+    c: &CorrectionConfig,
+    fused: bool,
+) -> Vec<Corrections> {
     let size = cuts.len() - 1;
     let hub = Hub::new(size);
     std::thread::scope(|sc| {
@@ -101,10 +109,18 @@ fn sharded(cu: &[i64], v: &[&[f64]; 3], cuts: &[usize], c: &CorrectionConfig) ->
                         size,
                         bytes_sent: 0,
                     };
-                    Corrector::new(CpuEngine::new(), c)
-                        .unwrap()
-                        .correct_shard(&step, &mut ex)
-                        .unwrap()
+                    let corrector = Corrector::new(CpuEngine::new(), c).unwrap();
+                    if !fused {
+                        return corrector.correct_shard(&step, &mut ex).unwrap();
+                    }
+                    let mut mask = vec![9.0f64; roll.len()];
+                    let out = Outputs {
+                        weights: None,
+                        mask: MaskOut::F64(&mut mask),
+                    };
+                    let mut got = corrector.correct_shard_into(&step, out, &mut ex).unwrap();
+                    got.mask = mask;
+                    got
                 })
             })
             .collect();
@@ -187,7 +203,8 @@ fn one_to_eight_ranks_equal_one_process_bit_for_bit() {
             cuts.push(0);
             cuts.push(b);
             cuts.sort();
-            let ranks = sharded(&cu, &v, &cuts, &c);
+            // every other split through the fused pass (M2PO alone: its gather between ranks)
+            let ranks = sharded(&cu, &v, &cuts, &c, size % 2 == 0);
             let mut mask = Vec::new();
             for (r, out) in ranks.iter().enumerate() {
                 mask.extend_from_slice(&out.mask);

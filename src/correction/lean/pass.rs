@@ -1,82 +1,24 @@
 //! The per-sequence kernel of the lean pass and its parallel driver.
 
 use super::finish::{batch_norm_factor, chunk_partial, diag_partial, SeqRec};
+use super::inputs::{LeanInputs, LeanLayout};
+use super::m2po;
 use super::outputs::{details, vetoes};
 use super::stats::{Accs, TableAcc};
 use super::tasks::{run_tasks, split_tasks, Task};
 use super::tile::{Cols, SeqLanes, TILE};
 use crate::config::IsLevel;
+use crate::correction::m2po::M2poTask;
 use crate::correction::plan::Plan;
 use crate::engine::plan::MaskAgg;
 use crate::error::Result;
-use crate::input::values::{MaskValues, Outputs, Values, WeightsOut};
+use crate::input::values::{Outputs, WeightsOut};
 use crate::math::{exp_bounded, LANES};
 use crate::metrics::diag::{DiagAcc, Feeds, SeqDiag};
 use crate::partial::{Exchange, Partial};
 use crate::stats::{Corrections, SAFETY_BOUND};
 use rayon::prelude::*;
 use std::sync::Mutex;
-
-/// How the lean pass's slots form sequences.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum LeanLayout<'a> {
-    Padded { batch: usize, seq_len: usize },
-    Packed(&'a [i64]),
-}
-
-/// The borrowed inputs of one lean call.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LeanInputs<'a> {
-    pub(crate) layout: LeanLayout<'a>,
-    pub(crate) mask: Option<MaskValues<'a>>,
-    pub(crate) roll: Values<'a>,
-    pub(crate) train: Values<'a>,
-    /// Per-token advantages (trmask's diagnostics only).
-    pub(crate) adv: Option<Values<'a>>,
-    /// Each sequence's group id (trmask's diagnostics only).
-    pub(crate) uid: Option<&'a [i64]>,
-}
-
-impl LeanInputs<'_> {
-    /// The sequences' slot ranges, `None` when the layout or a length does not fit (the full
-    /// path names the problem).
-    fn ranges(&self) -> Option<Vec<(usize, usize)>> {
-        let (slots, ranges): (usize, Vec<(usize, usize)>) = match self.layout {
-            LeanLayout::Padded { batch, seq_len } => {
-                let n = batch.checked_mul(seq_len)?;
-                if self.mask?.len() != n {
-                    return None;
-                }
-                (
-                    n,
-                    (0..batch)
-                        .map(|b| (b * seq_len, (b + 1) * seq_len))
-                        .collect(),
-                )
-            }
-            LeanLayout::Packed(cu) => {
-                if self.mask.is_some() || cu.first() != Some(&0) {
-                    return None;
-                }
-                if cu.windows(2).any(|w| w[1] < w[0]) {
-                    return None;
-                }
-                let n = usize::try_from(*cu.last()?).ok()?;
-                (
-                    n,
-                    cu.windows(2)
-                        .map(|w| (w[0] as usize, w[1] as usize))
-                        .collect(),
-                )
-            }
-        };
-        let fits = self.roll.len() == slots
-            && self.train.len() == slots
-            && self.adv.is_none_or(|a| a.len() == slots)
-            && self.uid.is_none_or(|u| u.len() == ranges.len());
-        fits.then_some(ranges)
-    }
-}
 
 /// Runs the lean pass: this shard's decisions (metrics left empty), its metric partial (to be
 /// exchanged and finished by the caller) and, where `plan.analyze`, `trmask analyze`'s table
@@ -91,7 +33,7 @@ pub(crate) fn run(
     let Some(ranges) = inp.ranges() else {
         return Ok(None);
     };
-    if plan.opsm() && inp.adv.is_none() {
+    if (plan.opsm() || plan.m2po().is_some()) && inp.adv.is_none() {
         return Ok(None); // the full path names the missing advantages
     }
     let slots = ranges.last().map_or(0, |r| r.1);
@@ -107,6 +49,21 @@ pub(crate) fn run(
     }
     let deferred = plan.is.is_some_and(|is| is.batch_normalize);
     let tasks = split_tasks(&ranges, slots, out);
+    // M2PO's batch-global rule, decided before the tiles apply it
+    let m2po = match plan.m2po() {
+        Some(spec) => {
+            let spans = tasks.iter().map(|t| t.seqs.clone()).collect();
+            match m2po::plan_tasks(spec, inp, &ranges, spans, ex)? {
+                Some(m) => Some(m),
+                None => return Ok(None),
+            }
+        }
+        None => None,
+    };
+    let per_task: Vec<Option<M2poTask>> = match &m2po {
+        Some((ts, _)) => ts.iter().copied().map(Some).collect(),
+        None => vec![None; tasks.len()],
+    };
     let feeds = Feeds {
         prob: true,
         entropy: false,
@@ -114,11 +71,12 @@ pub(crate) fn run(
         weights: plan.is.is_some(),
     };
     let certs = Mutex::default();
-    let chunks = run_tasks(tasks, |mut t| {
+    let work = tasks.into_iter().zip(per_task).collect();
+    let chunks = run_tasks(work, |(mut t, mp)| {
         let mut diag = plan.diag.then(DiagAcc::default);
         let mut st = plan.analyze.then(TableAcc::default);
         let acc = (diag.as_mut(), st.as_mut());
-        let recs = kernel(plan, inp, &ranges, &mut t, deferred, &feeds, acc);
+        let recs = kernel(plan, inp, &ranges, (&mut t, mp), deferred, &feeds, acc);
         st.iter_mut().for_each(|s| s.shed(&certs));
         recs.map(|r| (r, diag, st))
     });
@@ -143,6 +101,10 @@ pub(crate) fn run(
     // this shard's metrics: one partial of every sequence's record, in order
     let mut merged = chunk_partial(plan, &recs);
     let n_tok: u64 = recs.iter().map(|r| r.n).sum();
+    if let (Some((_, summary)), Some((ci, _))) = (&m2po, plan.m2po()) {
+        let pre = format!("rollout_corr/rollout_rs_{}", plan.names[ci]);
+        summary.metrics(n_tok as usize, &pre, &mut merged);
+    }
     if n_tok == 0 && ex.size() <= 1 {
         return Ok(None); // the full path's "no valid token" error
     }
@@ -172,7 +134,7 @@ fn kernel(
     plan: &Plan,
     inp: &LeanInputs<'_>,
     ranges: &[(usize, usize)],
-    t: &mut Task<'_>,
+    t: (&mut Task<'_>, Option<M2poTask>),
     deferred: bool,
     feeds: &Feeds,
     acc: Accs<'_>,
@@ -207,7 +169,7 @@ macro_rules! kernel_for {
             plan: &Plan,
             inp: &LeanInputs<'_>,
             ranges: &[(usize, usize)],
-            t: &mut Task<'_>,
+            t: (&mut Task<'_>, Option<M2poTask>),
             deferred: bool,
             cols: &mut Cols,
             feeds: &Feeds,
@@ -226,7 +188,7 @@ fn kernel_body(
     plan: &Plan,
     inp: &LeanInputs<'_>,
     ranges: &[(usize, usize)],
-    t: &mut Task<'_>,
+    (t, mut m2po): (&mut Task<'_>, Option<M2poTask>),
     deferred: bool,
     cols: &mut Cols,
     feeds: &Feeds,
@@ -239,7 +201,7 @@ fn kernel_body(
     let nc = plan.criteria.len();
     let token_is = plan.is.filter(|is| is.level == IsLevel::Token);
     // the advantages: OPSM's sign, the diagnostics' breakdown
-    let read_adv = plan.opsm() || diag.is_some();
+    let read_adv = plan.opsm() || plan.m2po().is_some() || diag.is_some();
     let mut recs = Vec::with_capacity(t.seqs.len());
     // the first slot of the tile whose mask `cols.m_next` holds, and that tile's used length
     let mut have_next: Option<(usize, usize)> = None;
@@ -327,7 +289,14 @@ fn kernel_body(
             // terms are 0 in every sum; nothing of them is read or written)
             let used8 = used.next_multiple_of(LANES);
             cols.m[used..used8].fill(0);
-            cols.tile(used8, plan, token_is.as_ref(), &mut rec, &mut lanes)?;
+            cols.tile(
+                used8,
+                plan,
+                token_is.as_ref(),
+                m2po.as_mut(),
+                &mut rec,
+                &mut lanes,
+            )?;
             if let Some(acc) = diag.as_deref_mut() {
                 cols.feed_diag(used, feeds, token_is.is_some(), &mut sd, acc);
                 if let Some(st) = stats.as_deref_mut() {
@@ -520,7 +489,7 @@ fn write_normalised(
 mod tests {
     use super::*;
     use crate::config::CorrectionConfig;
-    use crate::input::values::MaskOut;
+    use crate::input::values::{MaskOut, MaskValues, Values};
 
     /// Every build of the kernel the CPU can run (baseline, AVX2, AVX-512) writes the same
     /// bits: masks, weights and per-sequence sums.
@@ -575,7 +544,7 @@ mod tests {
                 &Plan,
                 &LeanInputs<'_>,
                 &[(usize, usize)],
-                &mut Task<'_>,
+                (&mut Task<'_>, Option<M2poTask>),
                 bool,
                 &mut Cols,
                 &Feeds,
@@ -613,7 +582,7 @@ mod tests {
                             &plan,
                             &inp,
                             &ranges,
-                            &mut task,
+                            (&mut task, None),
                             false,
                             &mut cols,
                             &f,

@@ -1,17 +1,56 @@
-//! What `trmask analyze` adds to the fused pass (`LeanPlan::analyze`), fed each tile's columns
+//! A tile's columns fed to the sequence's diagnostics ([`Cols::feed_diag`]), and what `trmask
+//! analyze` adds to the fused pass (`LeanPlan::analyze`), fed each tile's columns
 //! after the diagnostics: the statistics table's columns reduced as the full path reduces them
 //! (per sequence in [`LaneSum`] lanes by slot, so the same bits; their maxima), the bound
 //! certificate's inputs over all and over the accepted sequences, and what the summary screen
 //! and the warnings read ([`Findings`]: each sequence's worst token, the log-ratio's spread,
 //! positive log-probs, log-probs that are bf16 / f16 values).
 
-use super::tile::{Cols, TILE};
+use super::tile::{statistic, Cols, TILE};
 use crate::bounds::certificate::{CERT_ACCEPTED, CERT_ALL};
+use crate::engine::plan::MaskSource;
 use crate::math::{binary_kl, binary_kl_given8, half_exact, ulp, LaneSum, LANES};
 use crate::metrics::diag::DiagAcc;
+use crate::metrics::diag::{Feeds, SeqDiag, TileIn};
 use crate::partial::{Acc, CertAcc, Empty, Partial, Sum};
 use crate::stats::Findings;
 use std::sync::Mutex;
+
+impl Cols {
+    /// The first `used` slots of the tile (after [`Cols::tile`]) fed to the sequence's
+    /// diagnostics: k3 by the criteria's own formula, the log-ratio as given, the token
+    /// criteria's keep, the token IS weight (`token_is`), the advantage when `f.adv`.
+    #[inline(always)]
+    pub(crate) fn feed_diag(
+        &mut self,
+        used: usize,
+        f: &Feeds,
+        token_is: bool,
+        d: &mut SeqDiag,
+        acc: &mut DiagAcc,
+    ) {
+        let n8 = used.next_multiple_of(LANES);
+        statistic(
+            MaskSource::K3,
+            &self.c[..n8],
+            &self.rho[..n8],
+            &mut self.k3[..n8],
+        );
+        let c = &self.c[..used];
+        let t = TileIn {
+            valid: &self.valid[..used],
+            c,
+            lr: if self.wide { &self.lr[..used] } else { c },
+            k3: &self.k3[..used],
+            roll_lp: &self.r[..used],
+            entropy: &[],
+            adv: &self.a[..used],
+            weight: token_is.then(|| &self.w[..used]),
+            keep: &self.keep[..used],
+        };
+        d.tile(f, &t, acc);
+    }
+}
 
 /// The table's columns of a log-prob-only batch, as `trmask/<name>_mean` / `_max` name them.
 pub(crate) const COLUMNS: [&str; 8] = [

@@ -6,11 +6,11 @@
 
 use super::finish::SeqRec;
 use crate::bounds::lntrm_rank_weight;
+use crate::correction::m2po::M2poTask;
 use crate::correction::plan::{Plan, MAX_LEAN_CRITERIA};
 use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs, MaskSource};
 use crate::input::values::MASK_BAD;
 use crate::math::{exp_bounded, k3_from_log_ratio, k3_series, octet as oct, LaneSum, LANES};
-use crate::metrics::diag::{DiagAcc, Feeds, SeqDiag, TileIn};
 use crate::partial::Sum;
 use crate::stats::SAFETY_BOUND;
 
@@ -258,6 +258,7 @@ impl Cols {
         len: usize,
         plan: &Plan,
         token_is: Option<&MaskIs>,
+        mut m2po: Option<&mut M2poTask>,
         rec: &mut SeqRec,
         lanes: &mut SeqLanes,
     ) -> Option<()> {
@@ -293,15 +294,29 @@ impl Cols {
             }
         }
         for (ci, cr) in plan.criteria.iter().enumerate() {
+            if let Some(mp) = m2po.as_deref_mut().filter(|mp| mp.ci == ci) {
+                let lr = if self.wide { &self.lr[..len] } else { c };
+                let d = &mut self.y[..len];
+                mp.tile(v, &self.a[..len], lr, x, d);
+                let metric = MaskCriterion {
+                    lower: None,
+                    upper: mp.tau,
+                    ..*cr
+                };
+                let (cc, cl) = (&mut rec.crit[ci], &mut lanes.crit[ci]);
+                token_criterion(&metric, v, x, cc, cl, keep, Some(d));
+                continue;
+            }
             let src = match cr.source {
-                MaskSource::Column(_) => continue, // OPSM: from the sequence's sums, at its end
+                // OPSM: from the sequence's sums, at its end
+                MaskSource::Column(_) => continue,
                 MaskSource::SerWeighted(_) => MaskSource::Ser, // LN-TRM: |ρ_t − 1|, weighted below
                 s => s,
             };
             statistic(src, c, rho, x);
             let (cc, cl) = (&mut rec.crit[ci], &mut lanes.crit[ci]);
             match cr.agg {
-                MaskAgg::Token => token_criterion(cr, v, x, cc, cl, keep),
+                MaskAgg::Token => token_criterion(cr, v, x, cc, cl, keep, None),
                 MaskAgg::Max => cc.agg = max(extremum_where(v, x, 1.0), cc.agg),
                 // 0 at padding (c = 0, rho = 1) for every statistic
                 MaskAgg::Sum | MaskAgg::Mean | MaskAgg::MeanVerl => cl.agg.add(x),
@@ -415,45 +430,9 @@ impl Cols {
     }
 }
 
-impl Cols {
-    /// The first `used` slots of the tile (after [`Cols::tile`]) fed to the sequence's
-    /// diagnostics: k3 by the criteria's own formula, the log-ratio as given, the token
-    /// criteria's keep, the token IS weight (`token_is`), the advantage when `f.adv`.
-    #[inline(always)]
-    pub(crate) fn feed_diag(
-        &mut self,
-        used: usize,
-        f: &Feeds,
-        token_is: bool,
-        d: &mut SeqDiag,
-        acc: &mut DiagAcc,
-    ) {
-        let n8 = used.next_multiple_of(LANES);
-        statistic(
-            MaskSource::K3,
-            &self.c[..n8],
-            &self.rho[..n8],
-            &mut self.k3[..n8],
-        );
-        let c = &self.c[..used];
-        let t = TileIn {
-            valid: &self.valid[..used],
-            c,
-            lr: if self.wide { &self.lr[..used] } else { c },
-            k3: &self.k3[..used],
-            roll_lp: &self.r[..used],
-            entropy: &[],
-            adv: &self.a[..used],
-            weight: token_is.then(|| &self.w[..used]),
-            keep: &self.keep[..used],
-        };
-        d.tile(f, &t, acc);
-    }
-}
-
 /// The per-token statistic `src` of the clamped log-ratios `c` (`rho = e^c`) into `x`.
 #[inline(always)]
-fn statistic(src: MaskSource, c: &[f64], rho: &[f64], x: &mut [f64]) {
+pub(super) fn statistic(src: MaskSource, c: &[f64], rho: &[f64], x: &mut [f64]) {
     let cs = x.iter_mut().zip(c);
     match src {
         MaskSource::K1 => cs.for_each(|(x, &c)| *x = -c),
@@ -536,7 +515,8 @@ fn token_weights(
 }
 
 /// A token criterion over the tile in one loop: its rejections (cleared from `keep`), and its
-/// metric sums, extremes and counts over the valid slots.
+/// metric sums, extremes and counts over the valid slots. `drop` (1 dropped), where given,
+/// decides instead of the bounds (M2PO: its bounds are then only its metrics').
 #[inline(always)]
 fn token_criterion(
     cr: &MaskCriterion,
@@ -545,6 +525,7 @@ fn token_criterion(
     cc: &mut super::finish::CritRec,
     cl: &mut CritLanes,
     keep: &mut [bool],
+    drop: Option<&[f64]>,
 ) {
     let (floor, up) = (cr.lower.unwrap_or(0.0), cr.upper);
     let lo = cr.lower.unwrap_or(f64::NEG_INFINITY);
@@ -554,6 +535,7 @@ fn token_criterion(
     for j0 in (0..x.len()).step_by(LANES) {
         let (mut xs, mut y1, mut y2) = ([0f64; LANES], [0f64; LANES], [0f64; LANES]);
         let (v8, x8) = (oct(v, j0), oct(x, j0));
+        let d8 = drop.map(|d| oct(d, j0));
         let mut inside8 = [false; LANES];
         for l in 0..LANES {
             let (vv, xx) = (v8[l], x8[l]);
@@ -562,7 +544,10 @@ fn token_criterion(
             bot[l] = max(sel(vv, -xx, f64::NEG_INFINITY), bot[l]);
             hi[l] += vv & u64::from(xx > up);
             low[l] += vv & u64::from(xx < lo);
-            let inside = (xx >= lo) & (xx <= up);
+            let inside = match d8 {
+                Some(d) => d[l] == 0.0,
+                None => (xx >= lo) & (xx <= up),
+            };
             rej[l] += vv & u64::from(!inside);
             inside8[l] = inside;
             let y = sel(vv, min(max(xx, floor), up), 0.0);
