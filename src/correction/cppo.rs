@@ -16,6 +16,7 @@
 //! The decisions are computed on the host in f64 and applied by either engine's corrections
 //! pass as a drop column.
 
+use super::m2po::active_sign;
 use crate::config::Cppo;
 use crate::error::{Error, Result};
 use crate::input::batch::Batch;
@@ -32,6 +33,19 @@ pub(crate) struct CppoColumns {
     /// Dropped tokens whose `Z_t` exceeds δ itself, and those dropped by the prefix budget only.
     token_drops: usize,
     prefix_drops: usize,
+}
+
+/// `D_t = |p − q|` of a token from its two log-probs.
+#[inline(always)]
+pub(crate) fn divergence(train_lp: f64, roll_lp: f64) -> f64 {
+    (train_lp.exp() - roll_lp.exp()).abs()
+}
+
+/// The update moves π away from the rollout (`A_t (ρ_t − 1) > 0`, from the sign of the
+/// log-ratio `lr`): M2PO's active quadrants.
+#[inline(always)]
+pub(crate) fn outward(adv: f64, lr: f64) -> bool {
+    active_sign(adv, lr)
 }
 
 /// numpy's / torch's default (linear) quantile of `v` (not empty) at `q`.
@@ -99,16 +113,10 @@ impl CppoColumns {
         };
         for &(start, end) in ctx.segs.ranges() {
             let slots: Vec<usize> = (start..end).filter(|&i| ctx.mask[i]).collect();
-            let d: Vec<f64> = slots
-                .iter()
-                .map(|&i| (t[i].exp() - r[i].exp()).abs())
-                .collect();
+            let d: Vec<f64> = slots.iter().map(|&i| divergence(t[i], r[i])).collect();
             let outward: Vec<bool> = slots
                 .iter()
-                .map(|&i| {
-                    let lr = t[i] - r[i];
-                    (adv[i] > 0.0 && lr > 0.0) || (adv[i] < 0.0 && lr < 0.0)
-                })
+                .map(|&i| outward(adv[i], t[i] - r[i]))
                 .collect();
             let (z, drop) = sequence(&d, &outward, delta, p);
             for (k, &i) in slots.iter().enumerate() {
@@ -124,15 +132,21 @@ impl CppoColumns {
     /// CPPO's own metrics under `pre` (`rollout_corr/rollout_rs_cppo`): the shares of valid
     /// tokens dropped because `w_t D_t > δ`, and dropped by the prefix budget alone.
     pub(crate) fn metrics(&self, ctx: &Ctx, pre: &str, m: &mut Partial) {
-        for (k, n) in [
-            ("token_masked_fraction", self.token_drops),
-            ("prefix_masked_fraction", self.prefix_drops),
-        ] {
-            m.put(
-                format!("{pre}_{k}"),
-                Acc::frac(n, ctx.n, FracMode::F64, Empty::Compute),
-            );
-        }
+        metrics((self.token_drops, self.prefix_drops), ctx.n, pre, m);
+    }
+}
+
+/// CPPO's own metrics under `pre` from a shard's counts of tokens dropped by δ and by the
+/// prefix budget alone, as shares of its `n_valid` tokens.
+pub(crate) fn metrics((token, prefix): (usize, usize), n_valid: usize, pre: &str, m: &mut Partial) {
+    for (k, n) in [
+        ("token_masked_fraction", token),
+        ("prefix_masked_fraction", prefix),
+    ] {
+        m.put(
+            format!("{pre}_{k}"),
+            Acc::frac(n, n_valid, FracMode::F64, Empty::Compute),
+        );
     }
 }
 

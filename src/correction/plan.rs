@@ -154,13 +154,17 @@ impl Plan {
 
     /// True where the fused lean pass serves the plan: at most [`MAX_LEAN_CRITERIA`] criteria
     /// on the sampled token's log-ratio alone (no host column but those the pass derives from
-    /// the log-ratios, the advantages and the mask: OPSM's, LN-TRM's, M2PO's), nothing
+    /// the log-ratios, the advantages and the mask: OPSM's, LN-TRM's, M2PO's, CPPO's), nothing
     /// finished on the host.
     pub(crate) fn serves_lean(&self) -> bool {
         let derived = |c: &Column| {
             matches!(
                 c,
-                Column::OpsmValue | Column::OpsmWeight | Column::LnTrm | Column::M2poDrop
+                Column::OpsmValue
+                    | Column::OpsmWeight
+                    | Column::LnTrm
+                    | Column::M2poDrop
+                    | Column::CppoDrop
             )
         };
         !self.host_finish
@@ -181,6 +185,15 @@ impl Plan {
             .criteria
             .iter()
             .position(|c| self.reads(c, Column::M2poDrop))?;
+        Some((ci, self.metric_bounds[ci].1))
+    }
+
+    /// CPPO's criterion (its index) and its δ, when a criterion is CPPO.
+    pub(crate) fn cppo(&self) -> Option<(usize, f64)> {
+        let ci = self
+            .criteria
+            .iter()
+            .position(|c| self.reads(c, Column::CppoDrop))?;
         Some((ci, self.metric_bounds[ci].1))
     }
 

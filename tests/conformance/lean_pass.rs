@@ -38,6 +38,9 @@ fn configs() -> Vec<(String, CorrectionConfig)> {
         // M2PO (a batch-global drop of active tokens; its quadrants from the advantages)
         r#"{"rollout_rs": "m2po", "rollout_rs_threshold": 0.0004}"#,
         r#"{"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_max_k2,m2po", "rollout_rs_threshold": "2.5,0.01", "token_veto": 0.3}"#,
+        // CPPO (a per-sequence prefix budget from the P90 of |p − q|; direction from the advantages)
+        r#"{"rollout_rs": "cppo", "rollout_rs_threshold": 0.05}"#,
+        r#"{"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "m2po,cppo,seq_mean_k3", "rollout_rs_threshold": "0.001,0.02,0.01", "cppo": {"w_min": 0.5, "delta_b": 0.01}}"#,
     ]
     .iter()
     .map(|j| (j.to_string(), CorrectionConfig::from_json_str(j).unwrap()))
@@ -396,7 +399,7 @@ fn lean_pass_with_diagnostics_equals_the_full_path() {
 
 #[test]
 fn lean_pass_serves_the_benchmark_and_verl_presets() {
-    for (name, cfg) in configs().iter().take(16) {
+    for (name, cfg) in configs().iter().take(18) {
         let c = Corrector::new(CpuEngine::new(), cfg)
             .unwrap()
             .verl_metrics_only(true);
@@ -435,7 +438,7 @@ fn packed_steps_and_padding_values_do_not_change_results() {
         .collect();
     // advantages (OPSM reads their sign): per token, of either sign
     let adv: Vec<f32> = (0..n).map(|_| rng.range(-1.0, 0.6) as f32).collect();
-    for (name, cfg) in configs().iter().take(16) {
+    for (name, cfg) in configs().iter().take(18) {
         let c = Corrector::new(CpuEngine::new(), cfg)
             .unwrap()
             .verl_metrics_only(true);

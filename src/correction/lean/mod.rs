@@ -4,16 +4,18 @@
 //! analyze` (`analysis::analyze_fused`) also the statistics table's reductions (`stats`).
 //!
 //! It runs the config's one plan (`correction::plan::Plan`) where `Plan::serves_lean` says
-//! so (sampled-token criteria k1 / k2 / k3 / abs / ser, token or sequence, OPSM, LN-TRM and
-//! M2PO; token or sequence IS, TIS or IcePop, batch-normalised or not; the token veto);
-//! anything else (logits, top-K, kept sets, DPPO, CPPO, legacy mode) takes the full path.
+//! so (sampled-token criteria k1 / k2 / k3 / abs / ser, token or sequence, OPSM, LN-TRM,
+//! M2PO and CPPO; token or sequence IS, TIS or IcePop, batch-normalised or not; the token
+//! veto); anything else (logits, top-K, kept sets, DPPO, legacy mode) takes the full path.
 //! M2PO's batch-global drop is decided between a pre-pass over the active values (`m2po`) and
-//! the tiles, with the full path's rule. The pass gives the full path's masks and decisions, and its weights and metrics to within rounding
+//! the tiles, CPPO's per-sequence drops before each sequence's tiles (`cppo`), both by the
+//! full path's functions. The pass gives the full path's masks and decisions, and its weights and metrics to within rounding
 //! (per-sequence sums in lanes by slot, as the CPU engine's segment sums; batch sums
 //! compensated; `e^x` by `math::exp_bounded` on both paths); inputs it cannot vouch for (a
 //! mask value other than 0/1, a non-finite valid log-prob, no valid token) make it step aside
 //! so that the full path reports the error.
 
+mod cppo;
 mod finish;
 mod inputs;
 mod m2po;

@@ -1,5 +1,6 @@
 //! The per-sequence kernel of the lean pass and its parallel driver.
 
+use super::cppo::CppoTask;
 use super::finish::{batch_norm_factor, chunk_partial, diag_partial, SeqRec};
 use super::inputs::{LeanInputs, LeanLayout};
 use super::m2po;
@@ -8,6 +9,7 @@ use super::stats::{Accs, TableAcc};
 use super::tasks::{run_tasks, split_tasks, Task};
 use super::tile::{Cols, SeqLanes, TILE};
 use crate::config::IsLevel;
+use crate::correction::cppo;
 use crate::correction::m2po::M2poTask;
 use crate::correction::plan::Plan;
 use crate::engine::plan::MaskAgg;
@@ -19,6 +21,10 @@ use crate::partial::{Exchange, Partial};
 use crate::stats::{Corrections, SAFETY_BOUND};
 use rayon::prelude::*;
 use std::sync::Mutex;
+
+/// A task and the per-task state of the criteria decided outside the tiles (M2PO's rule,
+/// CPPO's sequences).
+type Host<'t, 'o> = (&'t mut Task<'o>, Option<M2poTask>, Option<&'t mut CppoTask>);
 
 /// Runs the lean pass: this shard's decisions (metrics left empty), its metric partial (to be
 /// exchanged and finished by the caller) and, where `plan.analyze`, `trmask analyze`'s table
@@ -33,7 +39,7 @@ pub(crate) fn run(
     let Some(ranges) = inp.ranges() else {
         return Ok(None);
     };
-    if (plan.opsm() || plan.m2po().is_some()) && inp.adv.is_none() {
+    if (plan.opsm() || plan.m2po().is_some() || plan.cppo().is_some()) && inp.adv.is_none() {
         return Ok(None); // the full path names the missing advantages
     }
     let slots = ranges.last().map_or(0, |r| r.1);
@@ -75,19 +81,23 @@ pub(crate) fn run(
     let chunks = run_tasks(work, |(mut t, mp)| {
         let mut diag = plan.diag.then(DiagAcc::default);
         let mut st = plan.analyze.then(TableAcc::default);
+        let mut cp = plan.cppo().map(|c| CppoTask::new(c, plan.cfg.cppo));
         let acc = (diag.as_mut(), st.as_mut());
-        let recs = kernel(plan, inp, &ranges, (&mut t, mp), deferred, &feeds, acc);
+        let host = (&mut t, mp, cp.as_mut());
+        let recs = kernel(plan, inp, &ranges, host, deferred, &feeds, acc);
         st.iter_mut().for_each(|s| s.shed(&certs));
-        recs.map(|r| (r, diag, st))
+        recs.map(|r| (r, diag, st, cp.map_or((0, 0), |c| c.drops)))
     });
     let mut recs = Vec::with_capacity(ranges.len());
     let mut diag = plan.diag.then(DiagAcc::default);
     let mut table = plan.analyze.then(TableAcc::default);
+    let mut cppo_drops = (0, 0);
     for c in chunks {
-        let Some(Some((r, d, st))) = c else {
+        let Some(Some((r, d, st, drops))) = c else {
             return Ok(None);
         };
         recs.extend(r);
+        cppo_drops = (cppo_drops.0 + drops.0, cppo_drops.1 + drops.1);
         if let (Some(all), Some(d)) = (diag.as_mut(), d) {
             all.merge(&d);
         }
@@ -104,6 +114,10 @@ pub(crate) fn run(
     if let (Some((_, summary)), Some((ci, _))) = (&m2po, plan.m2po()) {
         let pre = format!("rollout_corr/rollout_rs_{}", plan.names[ci]);
         summary.metrics(n_tok as usize, &pre, &mut merged);
+    }
+    if let Some((ci, _)) = plan.cppo() {
+        let pre = format!("rollout_corr/rollout_rs_{}", plan.names[ci]);
+        cppo::metrics(cppo_drops, n_tok as usize, &pre, &mut merged);
     }
     if n_tok == 0 && ex.size() <= 1 {
         return Ok(None); // the full path's "no valid token" error
@@ -134,7 +148,7 @@ fn kernel(
     plan: &Plan,
     inp: &LeanInputs<'_>,
     ranges: &[(usize, usize)],
-    t: (&mut Task<'_>, Option<M2poTask>),
+    t: Host<'_, '_>,
     deferred: bool,
     feeds: &Feeds,
     acc: Accs<'_>,
@@ -169,7 +183,7 @@ macro_rules! kernel_for {
             plan: &Plan,
             inp: &LeanInputs<'_>,
             ranges: &[(usize, usize)],
-            t: (&mut Task<'_>, Option<M2poTask>),
+            t: Host<'_, '_>,
             deferred: bool,
             cols: &mut Cols,
             feeds: &Feeds,
@@ -188,7 +202,7 @@ fn kernel_body(
     plan: &Plan,
     inp: &LeanInputs<'_>,
     ranges: &[(usize, usize)],
-    (t, mut m2po): (&mut Task<'_>, Option<M2poTask>),
+    (t, mut m2po, mut cppo): Host<'_, '_>,
     deferred: bool,
     cols: &mut Cols,
     feeds: &Feeds,
@@ -201,7 +215,8 @@ fn kernel_body(
     let nc = plan.criteria.len();
     let token_is = plan.is.filter(|is| is.level == IsLevel::Token);
     // the advantages: OPSM's sign, the diagnostics' breakdown
-    let read_adv = plan.opsm() || plan.m2po().is_some() || diag.is_some();
+    let host_cols = plan.m2po().is_some() || plan.cppo().is_some();
+    let read_adv = plan.opsm() || host_cols || diag.is_some();
     let mut recs = Vec::with_capacity(t.seqs.len());
     // the first slot of the tile whose mask `cols.m_next` holds, and that tile's used length
     let mut have_next: Option<(usize, usize)> = None;
@@ -219,6 +234,9 @@ fn kernel_body(
         lanes.start(plan, &mut rec);
         if plan.lntrm().is_some() {
             lanes.ln_len = valid_len(inp, (a, e));
+        }
+        if let Some(cp) = cppo.as_deref_mut() {
+            cp.start(inp, (a, e))?;
         }
         let mut sd = SeqDiag::default();
         let mut k = a;
@@ -293,7 +311,7 @@ fn kernel_body(
                 used8,
                 plan,
                 token_is.as_ref(),
-                m2po.as_mut(),
+                (m2po.as_mut(), cppo.as_deref_mut()),
                 &mut rec,
                 &mut lanes,
             )?;
@@ -544,7 +562,7 @@ mod tests {
                 &Plan,
                 &LeanInputs<'_>,
                 &[(usize, usize)],
-                (&mut Task<'_>, Option<M2poTask>),
+                Host<'_, '_>,
                 bool,
                 &mut Cols,
                 &Feeds,
@@ -582,7 +600,7 @@ mod tests {
                             &plan,
                             &inp,
                             &ranges,
-                            (&mut task, None),
+                            (&mut task, None, None),
                             false,
                             &mut cols,
                             &f,

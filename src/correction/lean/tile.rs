@@ -4,6 +4,7 @@
 //! sums run in [`LaneSum`] lanes by slot, as the CPU engine's segment sums do, so a sequence's
 //! statistic has the same bits on both paths.
 
+use super::cppo::CppoTask;
 use super::finish::SeqRec;
 use crate::bounds::lntrm_rank_weight;
 use crate::correction::m2po::M2poTask;
@@ -253,12 +254,13 @@ impl Cols {
     /// of [`TILE`]) added to `rec` / `lanes`; `keep` (and `w` for token IS) written. `None`
     /// on a mask value other than 0/1 or a valid slot's non-finite log-prob.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn tile(
         &mut self,
         len: usize,
         plan: &Plan,
         token_is: Option<&MaskIs>,
-        mut m2po: Option<&mut M2poTask>,
+        (mut m2po, mut cppo): (Option<&mut M2poTask>, Option<&mut CppoTask>),
         rec: &mut SeqRec,
         lanes: &mut SeqLanes,
     ) -> Option<()> {
@@ -301,6 +303,18 @@ impl Cols {
                 let metric = MaskCriterion {
                     lower: None,
                     upper: mp.tau,
+                    ..*cr
+                };
+                let (cc, cl) = (&mut rec.crit[ci], &mut lanes.crit[ci]);
+                token_criterion(&metric, v, x, cc, cl, keep, Some(d));
+                continue;
+            }
+            if let Some(cp) = cppo.as_deref_mut().filter(|cp| cp.ci == ci) {
+                let d = &mut self.y[..len];
+                cp.tile(v, x, d);
+                let metric = MaskCriterion {
+                    lower: None,
+                    upper: cp.delta,
                     ..*cr
                 };
                 let (cc, cl) = (&mut rec.crit[ci], &mut lanes.crit[ci]);

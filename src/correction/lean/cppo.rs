@@ -1,0 +1,93 @@
+//! CPPO in the fused pass: each sequence's decisions made before its tiles, from one read of
+//! its valid tokens, by the full path's function (`correction::cppo::sequence`: the P90
+//! budget needs the whole sequence); the tiles then read them by valid token.
+
+use super::inputs::LeanInputs;
+use crate::config::Cppo;
+use crate::correction::cppo::{divergence, outward, sequence};
+use crate::input::values::MASK_BAD;
+
+/// Slots the pre-scan reads at a time (its buffers on the stack).
+const CHUNK: usize = 512;
+
+/// A task's CPPO criterion: its index, δ, the config's `{w_min, delta_b}`, the current
+/// sequence's `Z_t` and drops by valid token, and the task's counts of drops by δ and by the
+/// prefix budget alone.
+#[derive(Debug)]
+pub(crate) struct CppoTask {
+    pub(crate) ci: usize,
+    pub(crate) delta: f64,
+    params: Cppo,
+    z: Vec<f64>,
+    drop: Vec<u8>,
+    /// The next valid token of the sequence.
+    t: usize,
+    d: Vec<f64>,
+    out: Vec<bool>,
+    pub(crate) drops: (usize, usize),
+}
+
+impl CppoTask {
+    pub(crate) fn new((ci, delta): (usize, f64), params: Cppo) -> Self {
+        CppoTask {
+            ci,
+            delta,
+            params,
+            z: Vec::new(),
+            drop: Vec::new(),
+            t: 0,
+            d: Vec::new(),
+            out: Vec::new(),
+            drops: (0, 0),
+        }
+    }
+
+    /// The sequence at `a..e`: its valid tokens' `D_t` and update directions read, its
+    /// decisions made. `None` where the pass steps aside (as its tiles would: a mask value
+    /// other than 0/1, a non-finite valid log-prob; no advantages, which the full path names).
+    pub(crate) fn start(&mut self, inp: &LeanInputs<'_>, (a, e): (usize, usize)) -> Option<()> {
+        let adv = inp.adv.as_ref()?;
+        let (mut m, mut o, mut r, mut av) =
+            ([1u8; CHUNK], [0f64; CHUNK], [0f64; CHUNK], [0f64; CHUNK]);
+        self.d.clear();
+        self.out.clear();
+        self.t = 0;
+        for k in (a..e).step_by(CHUNK) {
+            let len = CHUNK.min(e - k);
+            if let Some(mv) = &inp.mask {
+                mv.load(k, &mut m[..len]);
+            }
+            inp.roll.load(k, &mut r[..len]);
+            inp.train.load(k, &mut o[..len]);
+            adv.load(k, &mut av[..len]);
+            for j in 0..len {
+                match m[j] {
+                    MASK_BAD => return None,
+                    1 if !(o[j].is_finite() && r[j].is_finite()) => return None,
+                    1 => {
+                        self.d.push(divergence(o[j], r[j]));
+                        self.out.push(outward(av[j], o[j] - r[j]));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        (self.z, self.drop) = sequence(&self.d, &self.out, self.delta, self.params);
+        self.drops.0 += self.drop.iter().filter(|&&k| k == 1).count();
+        self.drops.1 += self.drop.iter().filter(|&&k| k == 2).count();
+        Some(())
+    }
+
+    /// The tile's values (`x`: `Z_t`, 0 at padding; `v` all ones at a valid slot) and drops
+    /// (`dd`: 1 dropped), the sequence's next valid tokens in order.
+    pub(crate) fn tile(&mut self, v: &[u64], x: &mut [f64], dd: &mut [f64]) {
+        for j in 0..x.len() {
+            (x[j], dd[j]) = (0.0, 0.0);
+            if v[j] != 0 {
+                x[j] = self.z.get(self.t).copied().unwrap_or(0.0);
+                dd[j] = f64::from(u8::from(self.drop.get(self.t).is_some_and(|&k| k > 0)));
+                self.t += 1;
+            }
+        }
+    }
+}
