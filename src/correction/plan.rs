@@ -54,6 +54,17 @@ pub(crate) struct Plan {
     pub(crate) veto: Option<f64>,
     /// Legacy mode or DPPO: finished on the host by the full path.
     host_finish: bool,
+    /// The criteria the fused pass treats apart, found once.
+    special: Special,
+}
+
+/// Where the plan's criteria that the fused pass treats apart are (see the accessors).
+#[derive(Clone, Copy, Debug, Default)]
+struct Special {
+    opsm: bool,
+    lntrm: Option<(Option<f64>, Option<f64>)>,
+    m2po: Option<(usize, f64)>,
+    cppo: Option<(usize, f64)>,
 }
 
 impl Plan {
@@ -137,7 +148,7 @@ impl Plan {
                 upper,
             });
         }
-        Plan {
+        let mut plan = Plan {
             criteria,
             names: r.criteria.iter().map(|c| c.name.clone()).collect(),
             columns,
@@ -149,7 +160,20 @@ impl Plan {
             host_finish: r.legacy.is_some() || r.dppo.is_some(),
             config,
             cfg: r,
-        }
+            special: Special::default(),
+        };
+        plan.special = Special {
+            opsm: plan
+                .criteria
+                .iter()
+                .any(|c| plan.reads(c, Column::OpsmValue)),
+            lntrm: (plan.criteria.iter())
+                .any(|c| matches!(c.source, MaskSource::SerWeighted(_)))
+                .then_some((plan.cfg.ln_trm.eps, plan.cfg.ln_trm.delta)),
+            m2po: plan.bound_of(Column::M2poDrop),
+            cppo: plan.bound_of(Column::CppoDrop),
+        };
+        plan
     }
 
     /// True where the fused lean pass serves the plan: at most [`MAX_LEAN_CRITERIA`] criteria
@@ -174,26 +198,23 @@ impl Plan {
 
     /// A criterion is OPSM: the sequences' advantage sums are needed.
     pub(crate) fn opsm(&self) -> bool {
-        self.criteria
-            .iter()
-            .any(|c| self.reads(c, Column::OpsmValue))
+        self.special.opsm
     }
 
     /// M2PO's criterion (its index) and its τ, when a criterion is M2PO.
     pub(crate) fn m2po(&self) -> Option<(usize, f64)> {
-        let ci = self
-            .criteria
-            .iter()
-            .position(|c| self.reads(c, Column::M2poDrop))?;
-        Some((ci, self.metric_bounds[ci].1))
+        self.special.m2po
     }
 
     /// CPPO's criterion (its index) and its δ, when a criterion is CPPO.
     pub(crate) fn cppo(&self) -> Option<(usize, f64)> {
-        let ci = self
-            .criteria
-            .iter()
-            .position(|c| self.reads(c, Column::CppoDrop))?;
+        self.special.cppo
+    }
+
+    /// The criterion whose statistic is the host column `col` (its index), and its metrics'
+    /// upper bound.
+    fn bound_of(&self, col: Column) -> Option<(usize, f64)> {
+        let ci = self.criteria.iter().position(|c| self.reads(c, col))?;
         Some((ci, self.metric_bounds[ci].1))
     }
 
@@ -205,10 +226,6 @@ impl Plan {
     /// LN-TRM's `(ε, δ)` when a criterion is LN-TRM (its token weights need each sequence's
     /// valid length before its first tile).
     pub(crate) fn lntrm(&self) -> Option<(Option<f64>, Option<f64>)> {
-        let on = self
-            .criteria
-            .iter()
-            .any(|c| matches!(c.source, MaskSource::SerWeighted(_)));
-        on.then_some((self.cfg.ln_trm.eps, self.cfg.ln_trm.delta))
+        self.special.lntrm
     }
 }
