@@ -37,6 +37,7 @@ use crate::stats::Corrections;
 use std::sync::Arc;
 
 /// Resolves a [`CorrectionConfig`] once and corrects one [`Step`] per training step.
+#[derive(Clone)]
 pub struct Corrector {
     engine: Arc<dyn Engine>,
     /// The config compiled once: what every executor reads.
@@ -45,6 +46,8 @@ pub struct Corrector {
     lean: bool,
     /// The executor is chosen by the work (`backend auto`), not only by the engine.
     by_work: bool,
+    /// Every step on the engine's full path (the fused pass's reference).
+    full_only: bool,
 }
 
 impl std::fmt::Debug for Corrector {
@@ -66,6 +69,7 @@ impl Corrector {
             plan: Plan::compile(config)?,
             lean: false,
             by_work: false,
+            full_only: false,
         };
         c.lean = c.serves_lean();
         Ok(c)
@@ -108,19 +112,39 @@ impl Corrector {
         self
     }
 
+    /// Runs every step on the engine's full path (`on`), also where the fused CPU pass serves
+    /// it: the reference the fused pass is tested against — the same weights, mask and
+    /// decisions, the metrics to rounding, more time and memory.
+    ///
+    /// ```
+    /// use trmask::{cpu::CpuEngine, CorrectionConfig, Corrector};
+    /// let cfg = CorrectionConfig::preset("decoupled_k3_rs")?;
+    /// let c = Corrector::new(CpuEngine::new(), &cfg)?;
+    /// assert!(c.has_lean_pass());
+    /// assert!(!c.full_path_only(true).has_lean_pass());
+    /// # Ok::<(), trmask::Error>(())
+    /// ```
+    pub fn full_path_only(mut self, on: bool) -> Self {
+        self.full_only = on;
+        self.lean = self.serves_lean();
+        self
+    }
+
     /// The lean pass runs on the CPU engines (the f64 reference's formulas), and on a GPU
     /// engine when the executor is chosen by the work.
     fn serves_lean(&self) -> bool {
         // a GPU engine chosen explicitly, and a truncated sampler's kept mass (read from the
         // raw top-K), take the full path
-        (!self.engine.is_gpu() || self.by_work)
+        !self.full_only
+            && (!self.engine.is_gpu() || self.by_work)
             && self.plan.config.sampling.is_off()
             && !self.plan.config.sampling_replay
             && self.plan.serves_lean()
     }
 
-    /// True when [`correct_into`](Self::correct_into) runs the fused lean pass for steps
-    /// holding only log-probs and a mask (else it runs [`correct`](Self::correct) and copies).
+    /// True when [`correct`](Self::correct) and [`correct_into`](Self::correct_into) run the
+    /// fused lean pass for steps holding only log-probs and a mask (else the engine's full
+    /// path).
     pub fn has_lean_pass(&self) -> bool {
         self.lean
     }
@@ -141,7 +165,10 @@ impl Corrector {
     }
 
     /// IS weights, the modified response mask, per-sequence decisions and verl's / trmask's
-    /// metrics for one step.
+    /// metrics for one step. A step of both policies' log-probs and a mask (and any advantages
+    /// and `uid`) runs the fused CPU pass where it serves the config (see
+    /// [`has_lean_pass`](Self::has_lean_pass)), into buffers of its own; anything else runs the
+    /// engine's full path.
     pub fn correct(&self, step: &Step<'_>) -> Result<Corrections> {
         // one process is the data-parallel path with nothing to exchange
         self.correct_shard(step, &mut SingleProcess)
@@ -152,8 +179,54 @@ impl Corrector {
     /// calls it collectively): this shard's weights and mask (IS weights normalised over the
     /// whole batch) and the whole batch's metrics, identical on every rank.
     pub fn correct_shard(&self, step: &Step<'_>, ex: &mut dyn Exchange) -> Result<Corrections> {
+        if let Some(inp) = self.lean_inputs(step) {
+            // the buffers sized by the given log-probs (a layout that disagrees steps aside)
+            let n = inp.roll.len();
+            let mut mask = vec![0.0f64; n];
+            let mut weights = self.has_weights().then(|| vec![0.0f64; n]);
+            let out = Outputs {
+                weights: weights.as_deref_mut().map(WeightsOut::F64),
+                mask: MaskOut::F64(&mut mask),
+            };
+            if let Some(mut c) = self.lean_shard(&inp, out, ex)? {
+                (c.mask, c.weights) = (mask, weights);
+                return Ok(c);
+            }
+        }
+        self.full_shard(step, ex)
+    }
+
+    /// The step on the engine's full path.
+    fn full_shard(&self, step: &Step<'_>, ex: &mut dyn Exchange) -> Result<Corrections> {
         let batch = step.to_batch()?;
         run::correct_shard(self.engine.as_ref(), &self.plan, &batch, ex)
+    }
+
+    /// The step's borrowed inputs where the fused pass serves this corrector and the step.
+    fn lean_inputs<'a>(&self, step: &Step<'a>) -> Option<lean::LeanInputs<'a>> {
+        step.lean_inputs(self.plan.config.bypass_mode)
+            .filter(|_| self.lean)
+    }
+
+    /// The fused pass into `out`, its partials exchanged and its metrics finished; `None`
+    /// where it steps aside (the caller runs the full path, which words any error).
+    fn lean_shard(
+        &self,
+        inp: &lean::LeanInputs<'_>,
+        mut out: Outputs<'_>,
+        ex: &mut dyn Exchange,
+    ) -> Result<Option<Corrections>> {
+        let Some((mut c, p, _)) = lean::run(&self.plan, inp, &mut out, ex)? else {
+            return Ok(None);
+        };
+        let merged = exchange(ex, p)?;
+        if merged.count("#valid_tokens") == 0 {
+            // no valid token on any rank: the full path words the error for the layout
+            return Ok(None);
+        }
+        c.metrics = merged.finish()?;
+        c.histograms = merged.histograms();
+        Ok(Some(c))
     }
 }
 
@@ -161,10 +234,11 @@ impl Corrector {
     /// [`correct`](Self::correct) writing the IS weights and the modified response mask into
     /// the caller's buffers (`out`, one value per slot, verl's dtypes): the trainer's hot path.
     /// For steps holding only both policies' log-probs and a mask, and the configs it serves
-    /// (verl's metrics only, sampled-token criteria, token or sequence IS), this is one fused
-    /// pass over each sequence that reads the inputs in their own dtype; anything else runs
-    /// [`correct`](Self::correct) and copies. The returned [`Corrections`] holds the decisions
-    /// and metrics; its `weights` and `mask` are left empty.
+    /// (sampled-token criteria, OPSM, LN-TRM, M2PO, CPPO, token or sequence IS, the token
+    /// veto), this is one fused pass over each sequence that reads the inputs in their own
+    /// dtype and writes `out` in place; anything else runs the engine's full path and copies.
+    /// The returned [`Corrections`] holds the decisions and metrics; its `weights` and `mask`
+    /// are left empty.
     ///
     /// ```
     /// use trmask::{cpu::CpuEngine, CorrectionConfig, Corrector, MaskOut, Outputs, Step, WeightsOut};
@@ -221,26 +295,16 @@ impl Corrector {
             }
             _ => {}
         }
-        let lean = step
-            .lean_inputs(self.plan.config.bypass_mode)
-            .filter(|_| self.lean);
-        if let Some(inp) = lean {
-            if let Some((mut c, p, _)) = lean::run(&self.plan, &inp, &mut out, ex)? {
-                let merged = exchange(ex, p)?;
-                if merged.count("#valid_tokens") == 0 {
-                    // the full path words the error for the layout
-                    return self.correct_shard(step, ex);
-                }
-                c.metrics = merged.finish()?;
-                c.histograms = merged.histograms();
+        if let Some(inp) = self.lean_inputs(step) {
+            let out = Outputs {
+                weights: out.weights.as_mut().map(|w| w.reborrow()),
+                mask: out.mask.reborrow(),
+            };
+            if let Some(c) = self.lean_shard(&inp, out, ex)? {
                 return Ok(c);
             }
         }
-        let mut c = if ex.size() <= 1 {
-            self.correct(step)?
-        } else {
-            self.correct_shard(step, ex)?
-        };
+        let mut c = self.full_shard(step, ex)?;
         let slots = c.mask.len();
         if out.mask.len() != slots {
             return Err(Error::input(

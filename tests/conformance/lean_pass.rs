@@ -258,10 +258,11 @@ fn want_weights(c: &Corrections, k: usize) -> Vec<f64> {
     }
 }
 
-/// Runs `step` through the full path (`correct`) and the lean pass (`correct_into`) and checks
+/// Runs `step` through the full path (`full_path_only`) and the lean pass (`correct_into`) and checks
 /// they agree: the same error, or masks equal, weights equal (within `ulps` last bits),
-/// decisions equal and metrics to 1e-12. Returns the full path's result (`None` when both
-/// failed) and whether the lean pass ran.
+/// decisions equal and metrics to 1e-12; `correct` (the fused pass into its own buffers where
+/// it serves) gives `correct_into`'s mask, weights, decisions and metrics. Returns the full
+/// path's result (`None` when both failed) and whether the lean pass ran.
 fn lean_against_full(
     corrector: &Corrector,
     step: &Step<'_>,
@@ -269,13 +270,19 @@ fn lean_against_full(
     ulps: u64,
     what: &str,
 ) -> Option<(Corrections, bool)> {
-    let full = corrector.correct(step);
+    let full = corrector.clone().full_path_only(true).correct(step);
     let mut bufs = Bufs::new(b * t);
     let lean = corrector.correct_into(step, bufs.outputs(corrector.has_weights(), k));
+    let owned = corrector.correct(step);
     let (full, lean) = match (full, lean) {
         (Ok(f), Ok(l)) => (f, l),
         (Err(f), Err(l)) => {
             assert_eq!(f.to_string(), l.to_string(), "{what}: errors");
+            assert_eq!(
+                owned.unwrap_err().to_string(),
+                f.to_string(),
+                "{what}: errors"
+            );
             return None;
         }
         (f, l) => panic!("{what}: full {:?} lean {:?}", f.err(), l.err()),
@@ -298,6 +305,16 @@ fn lean_against_full(
     }
     same_details(&lean, &full, what);
     same_metrics(&lean.metrics, &full.metrics, t, what);
+    // `correct`: the same pass into buffers of its own
+    let owned = owned.unwrap_or_else(|e| panic!("{what}: correct: {e}"));
+    assert!(owned.mask == full.mask, "{what}: correct's mask");
+    if corrector.has_weights() {
+        let (want, got) = (want_weights(&full, 0), want_weights(&owned, 0));
+        let bad = (0..got.len()).find(|&i| got[i].to_bits().abs_diff(want[i].to_bits()) > ulps);
+        assert!(bad.is_none(), "{what}: correct's weight {bad:?}");
+    }
+    same_details(&owned, &lean, what);
+    assert_eq!(owned.metrics, lean.metrics, "{what}: correct's metrics");
     // the diagnostics' per-token sums: one feed in lanes on both paths, so the same bits
     let lanes = [
         "trmask/by_prob/",
@@ -446,7 +463,7 @@ fn packed_steps_and_padding_values_do_not_change_results() {
             .rollout_log_prob(&roll[..])
             .old_log_prob(&old[..])
             .advantages(&adv[..]);
-        let full = c.correct(&step).unwrap();
+        let full = c.clone().full_path_only(true).correct(&step).unwrap();
         let mut bufs = Bufs::new(n);
         let lean = c
             .correct_into(&step, bufs.outputs(c.has_weights(), 3))
@@ -522,7 +539,17 @@ fn bad_inputs_give_the_full_paths_errors() {
             .old_log_prob(&roll[..]),
     ];
     for (i, step) in cases.iter().enumerate() {
-        let want = c.correct(step).unwrap_err().to_string();
+        let want = c
+            .clone()
+            .full_path_only(true)
+            .correct(step)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            c.correct(step).unwrap_err().to_string(),
+            want,
+            "case {i}: correct"
+        );
         let mut bufs = Bufs::new(step_slots(i));
         let got = c
             .correct_into(step, bufs.outputs(true, 0))

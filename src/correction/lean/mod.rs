@@ -1,6 +1,7 @@
 //! The fused lean pass: verl's corrections for log-prob-only batches in one pass over each
 //! sequence, reading the borrowed inputs in their own dtype and writing the weights and the
-//! modified mask into caller-owned buffers (`Corrector::correct_into`), and for `trmask
+//! modified mask into caller-owned buffers (`Corrector::correct_into`; `Corrector::correct`
+//! into buffers of its own), and for `trmask
 //! analyze` (`analysis::analyze_fused`) also the statistics table's reductions (`stats`).
 //!
 //! It runs the config's one plan (`correction::plan::Plan`) where `Plan::serves_lean` says
