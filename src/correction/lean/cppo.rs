@@ -2,13 +2,9 @@
 //! its valid tokens, by the full path's function (`correction::cppo::sequence`: the P90
 //! budget needs the whole sequence); the tiles then read them by valid token.
 
-use super::inputs::LeanInputs;
+use super::inputs::{Chunk, LeanInputs, CHUNK};
 use crate::config::Cppo;
 use crate::correction::cppo::{divergence, outward, sequence};
-use crate::input::values::MASK_BAD;
-
-/// Slots the pre-scan reads at a time (its buffers on the stack).
-const CHUNK: usize = 512;
 
 /// A task's CPPO criterion: its index, δ, the config's `{w_min, delta_b}`, the current
 /// sequence's `Z_t` and drops by valid token, and the task's counts of drops by δ and by the
@@ -47,28 +43,21 @@ impl CppoTask {
     /// other than 0/1, a non-finite valid log-prob; no advantages, which the full path names).
     pub(crate) fn start(&mut self, inp: &LeanInputs<'_>, (a, e): (usize, usize)) -> Option<()> {
         let adv = inp.adv.as_ref()?;
-        let (mut m, mut o, mut r, mut av) =
-            ([1u8; CHUNK], [0f64; CHUNK], [0f64; CHUNK], [0f64; CHUNK]);
+        let mut c = Chunk::new();
         self.d.clear();
         self.out.clear();
         self.t = 0;
         for k in (a..e).step_by(CHUNK) {
             let len = CHUNK.min(e - k);
-            if let Some(mv) = &inp.mask {
-                mv.load(k, &mut m[..len]);
-            }
-            inp.roll.load(k, &mut r[..len]);
-            inp.train.load(k, &mut o[..len]);
-            adv.load(k, &mut av[..len]);
+            c.load(inp, adv, k, len);
             for j in 0..len {
-                match m[j] {
-                    MASK_BAD => return None,
-                    1 if !(o[j].is_finite() && r[j].is_finite()) => return None,
-                    1 => {
-                        self.d.push(divergence(o[j], r[j]));
-                        self.out.push(outward(av[j], o[j] - r[j]));
+                match c.check(j) {
+                    (_, true) => return None,
+                    (true, false) => {
+                        self.d.push(divergence(c.o[j], c.r[j]));
+                        self.out.push(outward(c.a[j], c.o[j] - c.r[j]));
                     }
-                    _ => {}
+                    (false, false) => {}
                 }
             }
         }

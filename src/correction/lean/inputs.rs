@@ -1,6 +1,6 @@
 //! The borrowed inputs of one fused call and how its slots form sequences.
 
-use crate::input::values::{MaskValues, Values};
+use crate::input::values::{MaskValues, Values, MASK_BAD};
 
 /// How the lean pass's slots form sequences.
 #[derive(Clone, Copy, Debug)]
@@ -60,5 +60,50 @@ impl LeanInputs<'_> {
             && self.adv.is_none_or(|a| a.len() == slots)
             && self.uid.is_none_or(|u| u.len() == ranges.len());
         fits.then_some(ranges)
+    }
+}
+
+/// Slots a host pre-pass (M2PO's, CPPO's) reads at a time.
+pub(crate) const CHUNK: usize = 512;
+
+/// A chunk of slots as the host pre-passes read it: the mask (1 valid, 0 padding,
+/// [`MASK_BAD`]), both log-probs and the advantages.
+pub(crate) struct Chunk {
+    pub(crate) m: [u8; CHUNK],
+    pub(crate) o: [f64; CHUNK],
+    pub(crate) r: [f64; CHUNK],
+    pub(crate) a: [f64; CHUNK],
+}
+
+impl Chunk {
+    pub(crate) fn new() -> Self {
+        Chunk {
+            m: [1; CHUNK],
+            o: [0.0; CHUNK],
+            r: [0.0; CHUNK],
+            a: [0.0; CHUNK],
+        }
+    }
+
+    /// Slots `k..k + len` (`len` ≤ [`CHUNK`]) of `inp` (every slot valid without a mask) and
+    /// of the advantages `adv`.
+    #[inline]
+    pub(crate) fn load(&mut self, inp: &LeanInputs<'_>, adv: &Values<'_>, k: usize, len: usize) {
+        if let Some(mv) = &inp.mask {
+            mv.load(k, &mut self.m[..len]);
+        }
+        inp.roll.load(k, &mut self.r[..len]);
+        inp.train.load(k, &mut self.o[..len]);
+        adv.load(k, &mut self.a[..len]);
+    }
+
+    /// Slot `j` is valid, and whether the fused pass must step aside there (a mask value
+    /// other than 0/1, a non-finite valid log-prob: as its tiles would).
+    #[inline(always)]
+    pub(crate) fn check(&self, j: usize) -> (bool, bool) {
+        let valid = self.m[j] == 1;
+        let bad =
+            (self.m[j] == MASK_BAD) | (valid & !(self.o[j].is_finite() & self.r[j].is_finite()));
+        (valid, bad)
     }
 }

@@ -2,12 +2,10 @@
 //! batch-global decision made once from them (`correction::m2po::decide`, as the full path
 //! makes it); then the rule applied in every tile as a token criterion.
 
-use super::inputs::LeanInputs;
+use super::inputs::{Chunk, LeanInputs, CHUNK};
 use super::tasks::run_tasks;
-use super::tile::TILE;
 use crate::correction::m2po::{active_sign, decide, M2poTask, Summary};
 use crate::error::Result;
-use crate::input::values::MASK_BAD;
 use crate::partial::Exchange;
 use std::ops::Range;
 
@@ -55,26 +53,21 @@ fn task_values(
     seqs: Range<usize>,
 ) -> Option<Vec<f64>> {
     let adv = inp.adv.as_ref()?;
-    let (mut m, mut o, mut r, mut a) = ([1u8; TILE], [0f64; TILE], [0f64; TILE], [0f64; TILE]);
-    let mut kept = [0f64; TILE];
+    let mut c = Chunk::new();
+    let mut kept = [0f64; CHUNK];
     let mut out = Vec::new();
     for &(start, end) in &ranges[seqs] {
-        for k in (start..end).step_by(TILE) {
-            let len = TILE.min(end - k);
-            if let Some(mv) = &inp.mask {
-                mv.load(k, &mut m[..len]);
-            }
-            inp.roll.load(k, &mut r[..len]);
-            inp.train.load(k, &mut o[..len]);
-            adv.load(k, &mut a[..len]);
+        for k in (start..end).step_by(CHUNK) {
+            let len = CHUNK.min(end - k);
+            c.load(inp, adv, k, len);
             // the active values packed to the front of `kept`, branch-free
             let (mut n, mut bad) = (0, false);
             for j in 0..len {
-                let valid = m[j] == 1;
-                bad |= (m[j] == MASK_BAD) | (valid & !(o[j].is_finite() & r[j].is_finite()));
-                let lr = o[j] - r[j];
+                let (valid, b) = c.check(j);
+                bad |= b;
+                let lr = c.o[j] - c.r[j];
                 kept[n] = lr * lr;
-                n += usize::from(valid & active_sign(a[j], lr));
+                n += usize::from(valid & active_sign(c.a[j], lr));
             }
             if bad {
                 return None;

@@ -296,25 +296,23 @@ impl Cols {
             }
         }
         for (ci, cr) in plan.criteria.iter().enumerate() {
-            if let Some(mp) = m2po.as_deref_mut().filter(|mp| mp.ci == ci) {
+            // M2PO and CPPO: values and drops from the state decided before the tiles (`y` = 1
+            // dropped); their bound only for the metrics
+            let d = &mut self.y[..len];
+            let decided = if let Some(mp) = m2po.as_deref_mut().filter(|mp| mp.ci == ci) {
                 let lr = if self.wide { &self.lr[..len] } else { c };
-                let d = &mut self.y[..len];
                 mp.tile(v, &self.a[..len], lr, x, d);
-                let metric = MaskCriterion {
-                    lower: None,
-                    upper: mp.tau,
-                    ..*cr
-                };
-                let (cc, cl) = (&mut rec.crit[ci], &mut lanes.crit[ci]);
-                token_criterion(&metric, v, x, cc, cl, keep, Some(d));
-                continue;
-            }
-            if let Some(cp) = cppo.as_deref_mut().filter(|cp| cp.ci == ci) {
-                let d = &mut self.y[..len];
+                Some(mp.tau)
+            } else if let Some(cp) = cppo.as_deref_mut().filter(|cp| cp.ci == ci) {
                 cp.tile(v, x, d);
+                Some(cp.delta)
+            } else {
+                None
+            };
+            if let Some(upper) = decided {
                 let metric = MaskCriterion {
                     lower: None,
-                    upper: cp.delta,
+                    upper,
                     ..*cr
                 };
                 let (cc, cl) = (&mut rec.crit[ci], &mut lanes.crit[ci]);
