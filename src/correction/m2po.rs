@@ -19,6 +19,7 @@ use crate::metrics::ctx::Ctx;
 use crate::partial::{Acc, Empty, Exchange, FracMode, Partial};
 use crate::stats::StatTable;
 use rayon::slice::ParallelSliceMut;
+use std::borrow::Cow;
 
 /// M2PO's per-slot columns: `lr²` on active tokens (0 elsewhere) and the drop indicator
 /// (1 dropped, 0 kept), both empty when no criterion is `m2po`; plus the batch-global summary.
@@ -54,7 +55,7 @@ impl Cut {
     #[inline(always)]
     pub(crate) fn take(&self, v: f64, tie: &mut usize) -> bool {
         let at = v == self.cut;
-        let dropped = v > self.cut || (at && *tie < self.ties);
+        let dropped = self.above(v) || (at && *tie < self.ties);
         *tie += usize::from(at);
         dropped
     }
@@ -64,7 +65,8 @@ impl Cut {
         values.iter().filter(|&&v| v == self.cut).count()
     }
 
-    /// [`Cut::take`] of a value that does not equal the cut (no tie count to keep).
+    /// A value above the cut: dropped whatever the tie count ([`Cut::take`] of a value that
+    /// does not equal the cut).
     #[inline(always)]
     fn above(&self, v: f64) -> bool {
         v > self.cut
@@ -92,7 +94,8 @@ pub(crate) fn decide(local: &[f64], tau: f64, ex: &mut dyn Exchange) -> Result<D
         },
         k => {
             let c = all[sel.order[k - 1]];
-            let above = all.iter().filter(|&&v| v > c).count();
+            // the dropped values in descending order: those above the cut come first
+            let above = sel.order[..k].partition_point(|&i| all[i] > c);
             Cut {
                 cut: c,
                 ties: k - above,
@@ -281,9 +284,9 @@ impl Summary {
 }
 
 /// Every rank's `local` values concatenated in rank order, and this rank's offset in them.
-fn gather(ex: &mut dyn Exchange, local: &[f64]) -> Result<(Vec<f64>, usize)> {
+fn gather<'a>(ex: &mut dyn Exchange, local: &'a [f64]) -> Result<(Cow<'a, [f64]>, usize)> {
     if ex.size() <= 1 {
-        return Ok((local.to_vec(), 0));
+        return Ok((Cow::Borrowed(local), 0));
     }
     let bytes: Vec<u8> = local.iter().flat_map(|x| x.to_le_bytes()).collect();
     let parts = ex.all_gather(&bytes)?;
@@ -316,7 +319,7 @@ fn gather(ex: &mut dyn Exchange, local: &[f64]) -> Result<(Vec<f64>, usize)> {
             );
         }
     }
-    Ok((all, offset))
+    Ok((Cow::Owned(all), offset))
 }
 
 #[cfg(test)]

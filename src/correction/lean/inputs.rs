@@ -97,13 +97,21 @@ impl Chunk {
         adv.load(k, &mut self.a[..len]);
     }
 
-    /// Slot `j` is valid, and whether the fused pass must step aside there (a mask value
-    /// other than 0/1, a non-finite valid log-prob: as its tiles would).
+    /// [`check_slot`] of slot `j`.
     #[inline(always)]
     pub(crate) fn check(&self, j: usize) -> (bool, bool) {
-        let valid = self.m[j] == 1;
-        let bad =
-            (self.m[j] == MASK_BAD) | (valid & !(self.o[j].is_finite() & self.r[j].is_finite()));
-        (valid, bad)
+        check_slot(self.m[j], self.o[j], self.r[j])
     }
+}
+
+/// A slot of mask value `m` and log-probs `o`, `r` is valid, and the fused pass must step
+/// aside there (a mask value other than 0/1, a non-finite valid log-prob): the one test of
+/// the tiles and the host pre-passes (branch-free).
+#[inline(always)]
+pub(crate) fn check_slot(m: u8, o: f64, r: f64) -> (bool, bool) {
+    let valid = m == 1;
+    (
+        valid,
+        (m == MASK_BAD) | (valid & !(o.is_finite() & r.is_finite())),
+    )
 }

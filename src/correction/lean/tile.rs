@@ -6,11 +6,11 @@
 
 use super::cppo::CppoTask;
 use super::finish::SeqRec;
+use super::inputs::check_slot;
 use crate::bounds::lntrm_rank_weight;
 use crate::correction::m2po::M2poTask;
 use crate::correction::plan::{Plan, MAX_LEAN_CRITERIA};
 use crate::engine::plan::{MaskAgg, MaskCriterion, MaskIs, MaskSource};
-use crate::input::values::MASK_BAD;
 use crate::math::{exp_bounded, k3_from_log_ratio, k3_series, octet as oct, LaneSum, LANES};
 use crate::partial::Sum;
 use crate::stats::SAFETY_BOUND;
@@ -367,8 +367,8 @@ impl Cols {
             let (mut valid, mut c, mut rho) = ([0u64; LANES], [0f64; LANES], [0f64; LANES]);
             let mut keep = [false; LANES];
             for l in 0..LANES {
-                let v = m[l] == 1;
-                bad[l] |= (m[l] == MASK_BAD) | (v & !(r[l].is_finite() & o[l].is_finite()));
+                let (v, b) = check_slot(m[l], o[l], r[l]);
+                bad[l] |= b;
                 let lr = if v { o[l] - r[l] } else { 0.0 };
                 c[l] = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND);
                 wide[l] |= lr != c[l];
