@@ -48,41 +48,71 @@ pub(crate) fn outward(adv: f64, lr: f64) -> bool {
     active_sign(adv, lr)
 }
 
-/// numpy's / torch's default (linear) quantile of `v` (not empty) at `q`.
+/// numpy's / torch's default (linear) quantile of `v` (not empty) at `q`, the values sorted
+/// only as far as the two it reads (`v` is reordered).
 fn quantile(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
     let pos = q * (v.len() - 1) as f64;
-    let lo = pos.floor() as usize;
-    let hi = pos.ceil() as usize;
-    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    let (_, &mut x_lo, above) = v.select_nth_unstable_by(lo, f64::total_cmp);
+    // the next value in sorted order: the smallest of those after `lo`
+    let x_hi = match hi > lo {
+        true => above.iter().copied().min_by(f64::total_cmp).unwrap_or(x_lo),
+        false => x_lo,
+    };
+    x_lo + (x_hi - x_lo) * (pos - lo as f64)
 }
 
-/// One sequence's drop decisions (`d`: D_t, `outward`: A_t (ρ_t − 1) > 0, in token order) and
-/// `Z_t`; `drop[t]` is 0 (kept), 1 (dropped by δ) or 2 (dropped by the prefix budget only).
-pub(crate) fn sequence(d: &[f64], outward: &[bool], delta: f64, p: Cppo) -> (Vec<f64>, Vec<u8>) {
-    let n = d.len();
-    if n == 0 {
-        return (Vec::new(), Vec::new());
+/// One sequence's decisions, in buffers reused from sequence to sequence.
+#[derive(Debug, Default)]
+pub(crate) struct Decisions {
+    /// `Z_t` by valid token.
+    pub(crate) z: Vec<f64>,
+    /// By valid token: 0 kept, 1 dropped by δ, 2 dropped by the prefix budget only.
+    pub(crate) drop: Vec<u8>,
+    /// The quantile's copy of `D_t`.
+    sorted: Vec<f64>,
+}
+
+impl Decisions {
+    /// The sequence's decisions (`d`: D_t, `outward`: A_t (ρ_t − 1) > 0, in token order), and
+    /// its counts of drops by δ and by the prefix budget alone.
+    pub(crate) fn sequence(
+        &mut self,
+        d: &[f64],
+        outward: &[bool],
+        delta: f64,
+        p: Cppo,
+    ) -> (usize, usize) {
+        let n = d.len();
+        self.z.clear();
+        self.drop.clear();
+        if n == 0 {
+            return (0, 0);
+        }
+        self.sorted.clear();
+        self.sorted.extend_from_slice(d);
+        let budget = quantile(&mut self.sorted, 0.9).clamp(p.delta_b, 2.0 * p.delta_b);
+        let span = (n - 1).max(1) as f64;
+        let (mut s, mut w_sum) = (0.0f64, 0.0f64);
+        let mut drops = (0, 0);
+        for t in 0..n {
+            let w = 1.0 - (1.0 - p.w_min) * t as f64 / span;
+            let zt = w * d[t];
+            let c = delta.min(delta + budget * w_sum - s);
+            let k = match (outward[t], zt > c) {
+                (true, true) if zt > delta => 1,
+                (true, true) => 2,
+                _ => 0,
+            };
+            drops.0 += usize::from(k == 1);
+            drops.1 += usize::from(k == 2);
+            self.drop.push(k);
+            self.z.push(zt);
+            s += zt;
+            w_sum += w;
+        }
+        drops
     }
-    let budget = quantile(&mut d.to_vec(), 0.9).clamp(p.delta_b, 2.0 * p.delta_b);
-    let span = (n - 1).max(1) as f64;
-    let (mut s, mut w_sum) = (0.0f64, 0.0f64);
-    let mut z = Vec::with_capacity(n);
-    let mut drop = Vec::with_capacity(n);
-    for t in 0..n {
-        let w = 1.0 - (1.0 - p.w_min) * t as f64 / span;
-        let zt = w * d[t];
-        let c = delta.min(delta + budget * w_sum - s);
-        drop.push(match (outward[t], zt > c) {
-            (true, true) if zt > delta => 1,
-            (true, true) => 2,
-            _ => 0,
-        });
-        z.push(zt);
-        s += zt;
-        w_sum += w;
-    }
-    (z, drop)
 }
 
 impl CppoColumns {
@@ -111,19 +141,21 @@ impl CppoColumns {
             drop: vec![0.0; n_slots],
             ..Default::default()
         };
+        let (mut slots, mut d, mut out_) = (Vec::new(), Vec::new(), Vec::new());
+        let mut seq = Decisions::default();
         for &(start, end) in ctx.segs.ranges() {
-            let slots: Vec<usize> = (start..end).filter(|&i| ctx.mask[i]).collect();
-            let d: Vec<f64> = slots.iter().map(|&i| divergence(t[i], r[i])).collect();
-            let outward: Vec<bool> = slots
-                .iter()
-                .map(|&i| outward(adv[i], t[i] - r[i]))
-                .collect();
-            let (z, drop) = sequence(&d, &outward, delta, p);
+            slots.clear();
+            slots.extend((start..end).filter(|&i| ctx.mask[i]));
+            d.clear();
+            d.extend(slots.iter().map(|&i| divergence(t[i], r[i])));
+            out_.clear();
+            out_.extend(slots.iter().map(|&i| outward(adv[i], t[i] - r[i])));
+            let (token, prefix) = seq.sequence(&d, &out_, delta, p);
+            out.token_drops += token;
+            out.prefix_drops += prefix;
             for (k, &i) in slots.iter().enumerate() {
-                out.value[i] = z[k];
-                out.drop[i] = (drop[k] > 0) as u8 as f64;
-                out.token_drops += (drop[k] == 1) as usize;
-                out.prefix_drops += (drop[k] == 2) as usize;
+                out.value[i] = seq.z[k];
+                out.drop[i] = (seq.drop[k] > 0) as u8 as f64;
             }
         }
         Ok(out)
@@ -152,13 +184,33 @@ pub(crate) fn metrics((token, prefix): (usize, usize), n_valid: usize, pre: &str
 
 #[cfg(test)]
 mod tests {
-    use super::{quantile, sequence};
+    use super::{quantile, Decisions};
     use crate::config::Cppo;
 
     #[test]
     fn quantile_is_the_linear_one() {
         assert_eq!(quantile(&mut [3.0, 1.0, 2.0, 4.0, 5.0], 0.9), 4.6);
         assert_eq!(quantile(&mut [7.0], 0.9), 7.0);
+        // the partial selection reads the two values a full sort would, to the bit: random
+        // lengths, few levels (ties), a NaN now and then
+        let mut u = crate::math::test_uniform();
+        for n in 1..80 {
+            let v: Vec<f64> = (0..n)
+                .map(|_| match u() {
+                    x if x < 0.03 => f64::NAN,
+                    x => (x * 7.0).floor() * 0.125,
+                })
+                .collect();
+            for q in [0.0, 0.5, 0.9, 1.0] {
+                let mut s = v.clone();
+                s.sort_by(f64::total_cmp);
+                let pos = q * (n - 1) as f64;
+                let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+                let want = s[lo] + (s[hi] - s[lo]) * (pos - lo as f64);
+                let got = quantile(&mut v.clone(), q);
+                assert_eq!(got.to_bits(), want.to_bits(), "n {n}, q {q}");
+            }
+        }
     }
 
     #[test]
@@ -170,10 +222,13 @@ mod tests {
         // P90 of D = 0.1 + 0.8·(0.3 − 0.1) = 0.26 → budget clamp(0.26, 0.05, 0.1) = 0.1;
         // w = 1, 0.75, 0.5; c_1 = 0.2, c_2 = min(0.2, 0.2 + 0.1·1 − 0.3) = 0
         let d = [0.3, 0.1, 0.1];
-        let (z, drop) = sequence(&d, &[true, true, false], 0.2, p);
-        assert_eq!(z, vec![0.3, 0.07500000000000001, 0.05]);
+        let mut seq = Decisions::default();
+        assert_eq!(seq.sequence(&d, &[true, true, false], 0.2, p), (1, 1));
+        assert_eq!(seq.z, vec![0.3, 0.07500000000000001, 0.05]);
         // token 1 over δ; token 2 over its prefix-tightened threshold; token 3 moves back
-        assert_eq!(drop, vec![1, 2, 0]);
-        assert_eq!(sequence(&[], &[], 0.2, p).1, Vec::<u8>::new());
+        assert_eq!(seq.drop, vec![1, 2, 0]);
+        // the buffers are reused: an empty sequence leaves none of the last one's
+        assert_eq!(seq.sequence(&[], &[], 0.2, p), (0, 0));
+        assert!(seq.z.is_empty() && seq.drop.is_empty());
     }
 }

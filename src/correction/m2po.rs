@@ -93,9 +93,9 @@ pub(crate) fn decide(local: &[f64], tau: f64, ex: &mut dyn Exchange) -> Result<D
             ties: 0,
         },
         k => {
-            let c = all[sel.order[k - 1]];
+            let c = sel.at(k - 1);
             // the dropped values in descending order: those above the cut come first
-            let above = sel.order[..k].partition_point(|&i| all[i] > c);
+            let above = sel.keys[..k].partition_point(|&key| value(key) > c);
             Cut {
                 cut: c,
                 ties: k - above,
@@ -126,14 +126,46 @@ pub(crate) fn active_sign(adv: f64, lr: f64) -> bool {
     ((adv > 0.0) & (lr > 0.0)) | ((adv < 0.0) & (lr < 0.0))
 }
 
-/// Selection over the whole batch's active values `v` (batch order): how many the
-/// largest-first drop removes under `tau`, the mean before and after, in the order of a
-/// stable descending sort (`order[..k]` are dropped).
+/// Selection over the whole batch's active values (batch order): their sort keys in the order
+/// of a stable descending sort (`keys[..k]` are dropped), how many the largest-first drop
+/// removes under τ, the mean before and after.
 pub(crate) struct Selection {
-    pub order: Vec<usize>,
+    keys: Vec<u128>,
     pub k: usize,
     pub m2_before: f64,
     pub m2_after: f64,
+}
+
+/// A value's sort key: descending (`total_cmp`'s order, reversed), equal values in batch order
+/// (a stable sort's order: the earliest of a tie is dropped first), its index `i` in the low
+/// bits; distinct keys, so any sort gives the one order.
+#[inline(always)]
+fn key(x: f64, i: u64) -> u128 {
+    let b = x.to_bits();
+    (u128::from(!(if b >> 63 == 1 { !b } else { b | 1 << 63 })) << 64) | u128::from(i)
+}
+
+/// The value of a [`key`].
+#[inline(always)]
+fn value(k: u128) -> f64 {
+    let u = !((k >> 64) as u64);
+    f64::from_bits(if u >> 63 == 1 { u & !(1 << 63) } else { !u })
+}
+
+impl Selection {
+    /// The `j`-th value in selection order.
+    fn at(&self, j: usize) -> f64 {
+        value(self.keys[j])
+    }
+
+    /// The dropped values' indices in batch order, in the order they are dropped.
+    #[cfg(test)]
+    fn dropped(&self) -> Vec<usize> {
+        self.keys[..self.k]
+            .iter()
+            .map(|&k| k as u64 as usize)
+            .collect()
+    }
 }
 
 /// The rule as the fused pass applies it to a task's slots (`correction::lean`): M2PO's
@@ -175,21 +207,7 @@ impl M2poTask {
 /// M2PO Algorithm 1 on the batch's active values (`v[i] = lr²`, batch order).
 pub(crate) fn select(v: &[f64], tau: f64) -> Selection {
     let n = v.len();
-    // descending (`total_cmp`'s order, reversed), equal values in batch order (a stable
-    // sort's order: the earliest of a tie is dropped first): one integer key per value, its
-    // index in the low bits
-    let key = |x: f64| {
-        let b = x.to_bits();
-        !(if b >> 63 == 1 { !b } else { b | 1 << 63 })
-    };
-    let value = |k: u128| {
-        let u = !((k >> 64) as u64);
-        f64::from_bits(if u >> 63 == 1 { u & !(1 << 63) } else { !u })
-    };
-    let mut keys: Vec<u128> = (v.iter().zip(0u64..))
-        .map(|(&x, i)| (u128::from(key(x)) << 64) | u128::from(i))
-        .collect();
-    // distinct keys: any sort gives the one order
+    let mut keys: Vec<u128> = (v.iter().zip(0u64..)).map(|(&x, i)| key(x, i)).collect();
     keys.par_sort_unstable();
     let mut suffix = vec![0.0f64; n + 1];
     let mut s = 0.0f64;
@@ -197,13 +215,12 @@ pub(crate) fn select(v: &[f64], tau: f64) -> Selection {
         s += value(keys[j]);
         suffix[j] = s;
     }
-    let order: Vec<usize> = keys.iter().map(|&k| k as u64 as usize).collect();
     let mean = |j: usize| suffix[j] / (n - j) as f64;
     let k = (0..n).find(|&j| mean(j) <= tau).unwrap_or(n);
     Selection {
         m2_before: if n > 0 { mean(0) } else { 0.0 },
         m2_after: if k < n { mean(k) } else { 0.0 },
-        order,
+        keys,
         k,
     }
 }
@@ -343,7 +360,7 @@ mod tests {
             for tau in [0.0, 0.1, 0.3, 0.6, 0.9, 1.2, 3.0] {
                 let sel = select(&v, tau);
                 let mut want = vec![false; n];
-                sel.order[..sel.k].iter().for_each(|&i| want[i] = true);
+                sel.dropped().into_iter().for_each(|i| want[i] = true);
                 let d = decide(&v, tau, &mut SingleProcess).unwrap();
                 let mut tie = d.ties_before;
                 let got: Vec<bool> = v.iter().map(|&x| d.cut.take(x, &mut tie)).collect();
@@ -356,7 +373,7 @@ mod tests {
     fn drops_the_largest_until_the_mean_of_the_rest_is_at_most_tau() {
         // means of the suffixes: [9,4,1] 14/3, [4,1] 2.5, [1] 1
         let s = select(&[1.0, 9.0, 4.0], 2.5);
-        assert_eq!((s.k, &s.order[..1]), (1, &[1][..]));
+        assert_eq!((s.k, s.dropped()), (1, vec![1]));
         assert_eq!((s.m2_before, s.m2_after), (14.0 / 3.0, 2.5));
         assert_eq!(select(&[1.0, 9.0, 4.0], 2.4).k, 2);
         assert_eq!(select(&[1.0, 9.0, 4.0], 5.0).k, 0);
@@ -370,6 +387,6 @@ mod tests {
         // [4,4,4,0]: dropping one leaves 8/3 > 2, two leave 4/2 = 2
         let s = select(&[4.0, 0.0, 4.0, 4.0], 2.0);
         assert_eq!(s.k, 2);
-        assert_eq!(&s.order[..2], &[0, 2]);
+        assert_eq!(s.dropped(), vec![0, 2]);
     }
 }

@@ -1,10 +1,10 @@
 //! CPPO in the fused pass: each sequence's decisions made before its tiles, from one read of
-//! its valid tokens, by the full path's function (`correction::cppo::sequence`: the P90
-//! budget needs the whole sequence); the tiles then read them by valid token.
+//! its valid tokens, by the full path's function (`correction::cppo::Decisions::sequence`: the
+//! P90 budget needs the whole sequence); the tiles then read them by valid token.
 
 use super::inputs::{Chunk, LeanInputs, CHUNK};
 use crate::config::Cppo;
-use crate::correction::cppo::{divergence, outward, sequence};
+use crate::correction::cppo::{divergence, outward, Decisions};
 
 /// A task's CPPO criterion: its index, δ, the config's `{w_min, delta_b}`, the current
 /// sequence's `Z_t` and drops by valid token, and the task's counts of drops by δ and by the
@@ -14,8 +14,7 @@ pub(crate) struct CppoTask {
     pub(crate) ci: usize,
     pub(crate) delta: f64,
     params: Cppo,
-    z: Vec<f64>,
-    drop: Vec<u8>,
+    seq: Decisions,
     /// The next valid token of the sequence.
     t: usize,
     d: Vec<f64>,
@@ -29,8 +28,7 @@ impl CppoTask {
             ci,
             delta,
             params,
-            z: Vec::new(),
-            drop: Vec::new(),
+            seq: Decisions::default(),
             t: 0,
             d: Vec::new(),
             out: Vec::new(),
@@ -61,9 +59,11 @@ impl CppoTask {
                 }
             }
         }
-        (self.z, self.drop) = sequence(&self.d, &self.out, self.delta, self.params);
-        self.drops.0 += self.drop.iter().filter(|&&k| k == 1).count();
-        self.drops.1 += self.drop.iter().filter(|&&k| k == 2).count();
+        let (token, prefix) = self
+            .seq
+            .sequence(&self.d, &self.out, self.delta, self.params);
+        self.drops.0 += token;
+        self.drops.1 += prefix;
         Some(())
     }
 
@@ -73,8 +73,8 @@ impl CppoTask {
         for j in 0..x.len() {
             (x[j], dd[j]) = (0.0, 0.0);
             if v[j] != 0 {
-                x[j] = self.z.get(self.t).copied().unwrap_or(0.0);
-                dd[j] = f64::from(u8::from(self.drop.get(self.t).is_some_and(|&k| k > 0)));
+                x[j] = self.seq.z.get(self.t).copied().unwrap_or(0.0);
+                dd[j] = f64::from(u8::from(self.seq.drop.get(self.t).is_some_and(|&k| k > 0)));
                 self.t += 1;
             }
         }
