@@ -619,8 +619,29 @@ fn data_warnings<'py>(
     let cfg = config(config_json)?;
     let (eng, _) = engine(py, backend)?;
     let (batch, _) = batch::from_dict(tensors, false)?;
+    // on the CPU the fused pass where it serves (the warnings read no sweep), on the arrays
+    // borrowed in place, as `trmask analyze` without --output; else the engine's full path
+    let (mut arrs, mut logit_objs, mut logits) = (BTreeMap::new(), Vec::new(), Vec::new());
+    let step = match eng.is_gpu() || batch::needs_whole(tensors)? {
+        true => None,
+        false => Some(borrowed_step(
+            tensors,
+            &mut arrs,
+            &mut logit_objs,
+            &mut logits,
+        )?),
+    };
     let a = py
-        .detach(|| trmask::analysis::analyze(eng.as_ref(), &batch, &cfg))
+        .detach(|| {
+            let fused = match &step {
+                Some(s) => trmask::analysis::analyze_fused_unswept(s, batch.layout(), &cfg)?,
+                None => None,
+            };
+            match fused {
+                Some(a) => Ok(a),
+                None => trmask::analysis::analyze(eng.as_ref(), &batch, &cfg),
+            }
+        })
         .map_err(to_py)?;
     let lines = trmask::report::warnings(&trmask::report::WarningInputs {
         batch: &batch,

@@ -25,10 +25,45 @@ pub fn analyze_fused(
     layout: &Layout,
     config: &CorrectionConfig,
 ) -> Result<Option<Analysis>> {
+    fused(step, layout, config, true)
+}
+
+/// [`analyze_fused`] without the threshold sweeps (`sweeps` is empty), so also for configs
+/// with a token criterion: what the warnings ([`crate::report::warnings`]) read, the metrics
+/// and the findings, without the sorted copy of every token's value a token sweep needs.
+///
+/// ```
+/// use trmask::{analysis::analyze_fused_unswept, CorrectionConfig, Layout, Step};
+/// let cfg = CorrectionConfig::from_json_str(r#"{"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"}"#)?;
+/// let rollout = [-1.0f32, -0.5, -0.2, -2.0];
+/// let old = [-1.0f32, -0.5, -0.1, -1.0];
+/// let mask = [1.0f32, 1.0, 1.0, 1.0];
+/// let step = Step::padded(2, 2).response_mask(&mask[..])
+///     .rollout_log_prob(&rollout[..]).old_log_prob(&old[..]);
+/// let a = analyze_fused_unswept(&step, &Layout::Padded { batch: 2, seq_len: 2 }, &cfg)?
+///     .expect("the fused pass serves a token criterion without its sweep");
+/// assert!(a.sweeps.is_empty() && a.findings.valid == 4);
+/// assert!(a.metrics.contains_key("trmask/k3_mean"));
+/// # Ok::<(), trmask::Error>(())
+/// ```
+pub fn analyze_fused_unswept(
+    step: &Step<'_>,
+    layout: &Layout,
+    config: &CorrectionConfig,
+) -> Result<Option<Analysis>> {
+    fused(step, layout, config, false)
+}
+
+fn fused(
+    step: &Step<'_>,
+    layout: &Layout,
+    config: &CorrectionConfig,
+    swept: bool,
+) -> Result<Option<Analysis>> {
     let mut plan = Plan::compile(config)?;
     if !config.sampling.is_off()
         || config.sampling_replay
-        || plan.cfg.criteria.iter().any(|c| c.agg == Agg::Token)
+        || (swept && plan.cfg.criteria.iter().any(|c| c.agg == Agg::Token))
     {
         return Ok(None);
     }
@@ -71,7 +106,10 @@ pub fn analyze_fused(
     if let Some(c) = &certificate {
         metrics.extend(c.metrics());
     }
-    let sweeps = super::sweep::sweeps(None, None, &plan.cfg, &corrections)?;
+    let sweeps = match swept {
+        true => super::sweep::sweeps(None, None, &plan.cfg, &corrections)?,
+        false => Vec::new(),
+    };
     let findings = table.findings(["rollout_log_prob", step.lean_train_name()]);
     Ok(Some(Analysis {
         outputs: Vec::new(),

@@ -11,4 +11,4 @@ mod analyze;
 mod findings;
 mod fused;
 pub use analyze::*;
-pub use fused::{analyze_file_fused, analyze_fused};
+pub use fused::{analyze_file_fused, analyze_fused, analyze_fused_unswept};

@@ -162,3 +162,60 @@ fn fused_analyze_serves_the_veto_opsm_and_lntrm() {
         same_with(&p, &cfg, &["--config", &c.display().to_string()], tag);
     }
 }
+
+/// Without its sweeps the fused pass also serves token criteria (what the Python package's
+/// data warnings read): the same metrics, findings and warning lines as the full path, which
+/// `analyze_fused` (with the sweeps) still leaves them to.
+#[test]
+fn unswept_fused_analysis_serves_token_criteria() {
+    let p = common::scratch("fused", "token.safetensors");
+    step(&p, 37, 900, safetensors::Dtype::F32, 13);
+    let opts = Default::default();
+    let input = trmask::io::read_input(&p, &opts).unwrap();
+    for json in [
+        r#"{"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"}"#,
+        r#"{"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "token_k3,seq_max_k2", "rollout_rs_threshold": "0.02,2.5"}"#,
+    ] {
+        let cfg = trmask::CorrectionConfig::from_json_str(json).unwrap();
+        let mapped = trmask::io::map_step(&p, &opts).unwrap().unwrap();
+        let (step, layout) = mapped.step().unwrap();
+        assert!(trmask::analysis::analyze_fused(&step, &layout, &cfg)
+            .unwrap()
+            .is_none());
+        let fused = trmask::analysis::analyze_fused_unswept(&step, &layout, &cfg)
+            .unwrap()
+            .expect("the fused pass serves it without the sweeps");
+        let engine = trmask::cpu::CpuEngine::new();
+        let full = trmask::analysis::analyze(&engine, &input.batch, &cfg).unwrap();
+        assert!(fused.sweeps.is_empty() && !full.sweeps.is_empty(), "{json}");
+        let keys = |a: &trmask::analysis::Analysis| a.metrics.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&fused), keys(&full), "{json}: metric keys");
+        for (k, v) in &full.metrics {
+            let f = fused.metrics[k];
+            assert!(common::close12(f, *v), "{json}: {k}: fused {f} vs full {v}");
+        }
+        // the log-ratio's mean and spread to rounding (sums in another order), the rest equal
+        let (mut ff, fl) = (fused.findings.clone(), &full.findings);
+        let ((m1, s1), (m2, s2)) = (ff.log_ratio.unwrap(), fl.log_ratio.unwrap());
+        assert!(
+            common::close12(m1, m2) && common::close12(s1, s2),
+            "{json}: log-ratio"
+        );
+        ff.log_ratio = fl.log_ratio;
+        assert_eq!(&ff, fl, "{json}: findings");
+        let lines = |a: &trmask::analysis::Analysis| {
+            trmask::report::warnings(&trmask::report::WarningInputs {
+                batch: &input.batch,
+                analysis: a,
+                config: &cfg,
+                temperature_flag: false,
+            })
+        };
+        let warned = lines(&fused);
+        assert!(
+            !warned.is_empty(),
+            "{json}: the step's positive log-prob is warned of"
+        );
+        assert_eq!(warned, lines(&full), "{json}: warnings");
+    }
+}
