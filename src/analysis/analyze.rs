@@ -91,7 +91,8 @@ pub fn analyze_shard(
     } = crate::correction::run::shard(engine, &plan, batch, true, ex)?;
     let batch: &Batch = &batch;
     let sweeps = if ex.size() <= 1 {
-        crate::analysis::sweep::sweeps(Some(batch), Some(&table), &plan.cfg, &corrections)?
+        let tokens = crate::analysis::sweep::table_token_values(batch, &table, &plan.cfg)?;
+        crate::analysis::sweep::sweeps(Some(tokens), &plan.cfg, &corrections)?
     } else {
         Vec::new()
     };

@@ -5,7 +5,7 @@
 
 use super::Analysis;
 use crate::bounds::certificate::certificate_finish;
-use crate::config::{Agg, CorrectionConfig};
+use crate::config::CorrectionConfig;
 use crate::correction::plan::Plan;
 use crate::correction::step::Step;
 use crate::correction::{check_valid_tokens, lean};
@@ -16,10 +16,10 @@ use crate::io::{Input, ReadOptions};
 use crate::partial::{exchange, SingleProcess};
 
 /// The analysis of `step` (laid out as `layout`) in the fused pass, `None` where the full path
-/// must run instead: a config the pass does not serve (or with a token criterion, whose sweep
-/// needs every token's value), a truncated sampler, inputs beyond both policies' log-probs, the
-/// mask, advantages and `uid`, or inputs the pass does not vouch for (the full path then words
-/// the error).
+/// must run instead: a config the pass does not serve, a truncated sampler, inputs beyond both
+/// policies' log-probs, the mask, advantages and `uid`, or inputs the pass does not vouch for
+/// (the full path then words the error). A token criterion's sweep keeps one f64 per valid
+/// token (the full path's sweep reads the same values from its table).
 pub fn analyze_fused(
     step: &Step<'_>,
     layout: &Layout,
@@ -28,9 +28,9 @@ pub fn analyze_fused(
     fused(step, layout, config, true)
 }
 
-/// [`analyze_fused`] without the threshold sweeps (`sweeps` is empty), so also for configs
-/// with a token criterion: what the warnings ([`crate::report::warnings`]) read, the metrics
-/// and the findings, without the sorted copy of every token's value a token sweep needs.
+/// [`analyze_fused`] without the threshold sweeps (`sweeps` is empty): what the warnings
+/// ([`crate::report::warnings`]) read, the metrics and the findings, without the copy of every
+/// token's value a token criterion's sweep needs.
 ///
 /// ```
 /// use trmask::{analysis::analyze_fused_unswept, CorrectionConfig, Layout, Step};
@@ -41,7 +41,7 @@ pub fn analyze_fused(
 /// let step = Step::padded(2, 2).response_mask(&mask[..])
 ///     .rollout_log_prob(&rollout[..]).old_log_prob(&old[..]);
 /// let a = analyze_fused_unswept(&step, &Layout::Padded { batch: 2, seq_len: 2 }, &cfg)?
-///     .expect("the fused pass serves a token criterion without its sweep");
+///     .expect("the fused pass serves it");
 /// assert!(a.sweeps.is_empty() && a.findings.valid == 4);
 /// assert!(a.metrics.contains_key("trmask/k3_mean"));
 /// # Ok::<(), trmask::Error>(())
@@ -61,11 +61,14 @@ fn fused(
     swept: bool,
 ) -> Result<Option<Analysis>> {
     let mut plan = Plan::compile(config)?;
-    if !config.sampling.is_off()
-        || config.sampling_replay
-        || (swept && plan.cfg.criteria.iter().any(|c| c.agg == Agg::Token))
-    {
+    if !config.sampling.is_off() || config.sampling_replay {
         return Ok(None);
+    }
+    if swept {
+        let Some(columns) = lean::sweep_columns(&plan.cfg) else {
+            return Ok(None);
+        };
+        plan.token_sweeps = columns;
     }
     if !plan.serves_lean() {
         return Ok(None);
@@ -87,7 +90,8 @@ fn fused(
         mask: MaskOut::Bool(&mut mask),
     };
     let mut ex = SingleProcess;
-    let Some((mut corrections, partial, Some(table))) = lean::run(&plan, &inp, &mut out, &mut ex)?
+    let Some((mut corrections, partial, Some(mut table))) =
+        lean::run(&plan, &inp, &mut out, &mut ex)?
     else {
         return Ok(None);
     };
@@ -107,7 +111,7 @@ fn fused(
         metrics.extend(c.metrics());
     }
     let sweeps = match swept {
-        true => super::sweep::sweeps(None, None, &plan.cfg, &corrections)?,
+        true => super::sweep::sweeps(Some(table.token_values()), &plan.cfg, &corrections)?,
         false => Vec::new(),
     };
     let findings = table.findings(["rollout_log_prob", step.lean_train_name()]);

@@ -91,82 +91,158 @@ impl Sweep {
     }
 }
 
-/// The per-token statistic a token criterion tests. verl's k3 (`exp(c) − 1 − c`) is read as
-/// the table's `k3` (`expm1(c) − c`): the same number to rounding on the CPU, and what the
-/// GPU's mask kernel evaluates (in f32, without the cancellation of `ρ − 1`).
-fn token_values<'a>(c: &Criterion, table: &'a StatTable) -> Result<&'a [f64]> {
-    table.get(c.stat.name())
+/// A token criterion's values as its sweep counts them, fed valid token by valid token,
+/// sequence by sequence in order ([`TokenValues::add`], [`TokenValues::end_seq`]): by the
+/// full path from the statistics table ([`table_token_values`]), by the fused pass from its
+/// tiles' columns (`correction::lean::stats`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TokenValues {
+    /// The lower bound in the statistic's space ([`token_lower`]).
+    lower: Option<f64>,
+    /// Per sequence with a valid token: its largest value, `None` when one of its values is
+    /// below the lower bound or NaN (rejected whatever the upper threshold).
+    seq: Vec<Option<f64>>,
+    /// The valid values neither below the lower bound nor NaN, and how many were.
+    tok: Vec<f64>,
+    low: u64,
+    /// The sequence being fed: one of its values low, its largest.
+    cur: Option<(bool, f64)>,
+}
+
+impl TokenValues {
+    pub(crate) fn new(lower: Option<f64>) -> Self {
+        TokenValues {
+            lower,
+            ..TokenValues::default()
+        }
+    }
+
+    /// One valid token's value.
+    #[inline(always)]
+    pub(crate) fn add(&mut self, x: f64) {
+        let low = x.is_nan() || self.lower.is_some_and(|l| x < l);
+        match low {
+            true => self.low += 1,
+            false => self.tok.push(x),
+        }
+        let (any, m) = self.cur.get_or_insert((false, f64::NEG_INFINITY));
+        *any |= low;
+        *m = m.max(x);
+    }
+
+    /// The sequence ends (one without a valid token leaves no entry).
+    pub(crate) fn end_seq(&mut self) {
+        if let Some((any_low, m)) = self.cur.take() {
+            self.seq.push((!any_low).then_some(m));
+        }
+    }
+
+    /// The next shard's sequences after this one's.
+    pub(crate) fn append(&mut self, o: TokenValues) {
+        self.seq.extend(o.seq);
+        self.tok.extend(o.tok);
+        self.low += o.low;
+    }
+}
+
+/// The criteria whose sweep counts tokens: the swept criteria (see the module docs) that test
+/// each token.
+pub(crate) fn swept_token_criteria(cfg: &Resolved) -> impl Iterator<Item = &Criterion> {
+    cfg.criteria
+        .iter()
+        .filter(move |c| cfg.legacy.is_none() && c.agg == Agg::Token && swept(c))
+}
+
+/// The criterion has a sweep.
+fn swept(c: &Criterion) -> bool {
+    !matches!(c.stat, Stat::M2po | Stat::Cppo)
+}
+
+/// A swept criterion's lower bound in its statistic's space (k1's in log space).
+pub(crate) fn token_lower(c: &Criterion) -> Option<f64> {
+    match c.is_k1() {
+        true => c.lower.map(f64::ln),
+        false => None,
+    }
+}
+
+/// Each of [`swept_token_criteria`]'s values from the batch's statistics table (the full
+/// path). verl's k3 (`exp(c) − 1 − c`) is read as the table's `k3` (`expm1(c) − c`): the same
+/// number to rounding on the CPU, and what the GPU's mask kernel evaluates (in f32, without
+/// the cancellation of `ρ − 1`).
+pub(crate) fn table_token_values(
+    batch: &Batch,
+    table: &StatTable,
+    cfg: &Resolved,
+) -> Result<Vec<TokenValues>> {
+    let mask = batch.mask();
+    let mut out = Vec::new();
+    for c in swept_token_criteria(cfg) {
+        let v = table.get(c.stat.name())?;
+        let mut t = TokenValues::new(token_lower(c));
+        for &(start, end) in batch.segments().ranges() {
+            (start..end).filter(|&j| mask[j]).for_each(|j| t.add(v[j]));
+            t.end_seq();
+        }
+        out.push(t);
+    }
+    Ok(out)
 }
 
 /// The sweep of every swept criterion of `cfg` (see the module docs), from the corrections
 /// (sequence criteria: each sequence's statistic and valid tokens) and, for token criteria,
-/// the batch's statistics table (without one a token criterion is not swept).
+/// `tokens`: the values of each of [`swept_token_criteria`] in order (without them a token
+/// criterion is not swept).
 pub(crate) fn sweeps(
-    batch: Option<&Batch>,
-    table: Option<&StatTable>,
+    tokens: Option<Vec<TokenValues>>,
     cfg: &Resolved,
     corrections: &Corrections,
 ) -> Result<Vec<Sweep>> {
     if cfg.legacy.is_some() {
         return Ok(Vec::new());
     }
+    let mut tokens = tokens.map(Vec::into_iter);
     let mut out = Vec::new();
     for (c, r) in cfg.criteria.iter().zip(&corrections.criteria) {
-        if c.name != r.name || matches!(c.stat, Stat::M2po | Stat::Cppo) {
+        // taken in [`swept_token_criteria`]'s order whatever is skipped below
+        let tv = match c.agg == Agg::Token && swept(c) {
+            true => Some(tokens.as_mut().and_then(Iterator::next)),
+            false => None,
+        };
+        if c.name != r.name || !swept(c) {
             continue;
         }
         let log = c.is_k1();
-        let (lower, upper) = if log {
-            (c.lower.map(f64::ln), c.upper.ln())
-        } else {
-            (None, c.upper)
-        };
+        let (lower, upper) = (token_lower(c), if log { c.upper.ln() } else { c.upper });
         let low = |x: f64| x.is_nan() || lower.is_some_and(|l| x < l);
         let mut k = Counter {
             log,
             ..Counter::default()
         };
-        let tokens = match (c.agg == Agg::Token, batch.zip(table)) {
-            (false, _) => None,
-            (true, Some((b, t))) => Some((b, token_values(c, t)?)),
-            (true, None) => continue,
+        let mut tv = match tv {
+            None => None,
+            Some(None) => continue,
+            Some(Some(t)) => Some(t),
         };
-        let mut tok = Vec::new();
+        let mut seqs = tv.as_ref().map(|t| t.seq.iter());
         for (i, &len) in corrections.seq_len.iter().enumerate() {
             if len == 0 {
                 continue;
             }
             k.n_seqs += 1;
             k.n_tokens += len as u64;
-            let score = match &tokens {
+            let score = match seqs.as_mut() {
                 None => {
                     let s = r.seq_stat[i];
                     (!low(s)).then_some(s)
                 }
-                Some((b, v)) => {
-                    let (start, end) = b.segments().ranges()[i];
-                    let mask = b.mask();
-                    let valid: Vec<usize> = (start..end).filter(|&j| mask[j]).collect();
-                    for &j in &valid {
-                        if low(v[j]) {
-                            k.fixed_tokens += 1;
-                        } else {
-                            tok.push(v[j]);
-                        }
-                    }
-                    let any_low = valid.iter().any(|&j| low(v[j]));
-                    let max = valid
-                        .iter()
-                        .map(|&j| v[j])
-                        .fold(f64::NEG_INFINITY, f64::max);
-                    (!any_low).then_some(max)
-                }
+                Some(it) => it.next().copied().flatten(),
             };
             match score {
                 Some(s) => k.seq.push((s, len as u64)),
                 None => {
                     k.fixed_seqs += 1;
-                    if tokens.is_none() {
+                    if seqs.is_none() {
                         k.fixed_tokens += len as u64;
                     }
                 }
@@ -177,8 +253,10 @@ pub(crate) fn sweeps(
         for j in (0..k.seq.len()).rev() {
             k.seq_tokens[j] = k.seq_tokens[j + 1] + k.seq[j].1;
         }
-        if tokens.is_some() {
+        if let Some(t) = tv.as_mut() {
+            let mut tok = std::mem::take(&mut t.tok);
             tok.sort_by(f64::total_cmp);
+            k.fixed_tokens += t.low;
             k.tok = Some(tok);
         }
         let grid = grid(k.seq.iter().map(|p| p.0), upper);

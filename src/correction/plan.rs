@@ -50,6 +50,10 @@ pub(crate) struct Plan {
     /// `trmask analyze`'s table reductions too (the fused pass's `stats::TableAcc`; needs
     /// `diag`).
     pub(crate) analyze: bool,
+    /// With `analyze`: the table column (`stats::COLUMNS`) and the lower bound of each token
+    /// criterion whose sweep the fused pass feeds (`analysis::sweep::TokenValues`), in config
+    /// order.
+    pub(crate) token_sweeps: Vec<(usize, Option<f64>)>,
     /// The token veto's τ (legacy verl semantics: a sequence with any ρ_t < τ is rejected).
     pub(crate) veto: Option<f64>,
     /// Legacy mode or DPPO: finished on the host by the full path.
@@ -156,6 +160,7 @@ impl Plan {
             is: r.is,
             diag: !r.verl_metrics_only,
             analyze: false,
+            token_sweeps: Vec::new(),
             veto: r.token_veto,
             host_finish: r.legacy.is_some() || r.dppo.is_some(),
             config,

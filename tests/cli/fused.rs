@@ -136,10 +136,11 @@ fn fused_analyze_matches_the_full_path() {
     same_as_full_path(&causal, "decoupled_k3_rs_token_tis", "causal");
 }
 
-/// The token veto, OPSM and LN-TRM in the fused pass: the same metrics, sweeps, summary and
-/// warnings as the full path.
+/// The token veto, OPSM, M2PO, CPPO, LN-TRM and token criteria (their sweeps from every valid
+/// token's value) in the fused pass: the same metrics, sweeps, summary and warnings as the full
+/// path.
 #[test]
-fn fused_analyze_serves_the_veto_opsm_and_lntrm() {
+fn fused_analyze_serves_the_other_criteria() {
     let p = common::scratch("fused", "more.safetensors");
     step(&p, 41, 700, safetensors::Dtype::F32, 11);
     for (tag, json) in [
@@ -150,6 +151,18 @@ fn fused_analyze_serves_the_veto_opsm_and_lntrm() {
         (
             "opsm",
             r#"{"rollout_rs": "opsm,seq_max_k2", "rollout_rs_threshold": "0.01,2.5"}"#,
+        ),
+        (
+            "token-k1",
+            r#"{"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"}"#,
+        ),
+        (
+            "token-k3-k2",
+            r#"{"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "token_k3,token_k2,seq_max_k2", "rollout_rs_threshold": "0.02,0.5,2.5"}"#,
+        ),
+        (
+            "m2po-cppo",
+            r#"{"rollout_rs": "m2po,cppo,seq_max_k2", "rollout_rs_threshold": "0.001,0.02,2.5"}"#,
         ),
         (
             "lntrm",
@@ -163,11 +176,10 @@ fn fused_analyze_serves_the_veto_opsm_and_lntrm() {
     }
 }
 
-/// Without its sweeps the fused pass also serves token criteria (what the Python package's
-/// data warnings read): the same metrics, findings and warning lines as the full path, which
-/// `analyze_fused` (with the sweeps) still leaves them to.
+/// Without its sweeps (what the Python package's data warnings read) the fused pass gives the
+/// same metrics, findings and warning lines as the full path, and no sweep.
 #[test]
-fn unswept_fused_analysis_serves_token_criteria() {
+fn unswept_fused_analysis_gives_the_warnings_inputs() {
     let p = common::scratch("fused", "token.safetensors");
     step(&p, 37, 900, safetensors::Dtype::F32, 13);
     let opts = Default::default();
@@ -179,9 +191,6 @@ fn unswept_fused_analysis_serves_token_criteria() {
         let cfg = trmask::CorrectionConfig::from_json_str(json).unwrap();
         let mapped = trmask::io::map_step(&p, &opts).unwrap().unwrap();
         let (step, layout) = mapped.step().unwrap();
-        assert!(trmask::analysis::analyze_fused(&step, &layout, &cfg)
-            .unwrap()
-            .is_none());
         let fused = trmask::analysis::analyze_fused_unswept(&step, &layout, &cfg)
             .unwrap()
             .expect("the fused pass serves it without the sweeps");

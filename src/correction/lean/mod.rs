@@ -32,3 +32,4 @@ pub(crate) use finish::{
 pub(crate) use inputs::{LeanInputs, LeanLayout};
 pub(crate) use outputs::{corrections, criterion_result, seq_output_name, veto_result};
 pub(crate) use pass::run;
+pub(crate) use stats::sweep_columns;

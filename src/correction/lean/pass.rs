@@ -80,7 +80,7 @@ pub(crate) fn run(
     let work = tasks.into_iter().zip(per_task).collect();
     let chunks = run_tasks(work, |(mut t, mp)| {
         let mut diag = plan.diag.then(DiagAcc::default);
-        let mut st = plan.analyze.then(TableAcc::default);
+        let mut st = plan.analyze.then(|| TableAcc::new(&plan.token_sweeps));
         let mut cp = plan.cppo().map(|c| CppoTask::new(c, plan.cfg.cppo));
         let acc = (diag.as_mut(), st.as_mut());
         let host = (&mut t, mp, cp.as_mut());
@@ -90,7 +90,7 @@ pub(crate) fn run(
     });
     let mut recs = Vec::with_capacity(ranges.len());
     let mut diag = plan.diag.then(DiagAcc::default);
-    let mut table = plan.analyze.then(TableAcc::default);
+    let mut table = plan.analyze.then(|| TableAcc::new(&plan.token_sweeps));
     let mut cppo_drops = (0, 0);
     for c in chunks {
         let Some(Some((r, d, st, drops))) = c else {

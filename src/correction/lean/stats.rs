@@ -7,7 +7,9 @@
 //! positive log-probs, log-probs that are bf16 / f16 values).
 
 use super::tile::{statistic, Cols, TILE};
+use crate::analysis::sweep::{swept_token_criteria, token_lower, TokenValues};
 use crate::bounds::certificate::{CERT_ACCEPTED, CERT_ALL};
+use crate::config::Resolved;
 use crate::engine::plan::MaskSource;
 use crate::math::{binary_kl, binary_kl_given8, half_exact, ulp, LaneSum, LANES};
 use crate::metrics::diag::DiagAcc;
@@ -52,7 +54,8 @@ impl Cols {
     }
 }
 
-/// The table's columns of a log-prob-only batch, as `trmask/<name>_mean` / `_max` name them.
+/// The table's columns of a log-prob-only batch, as `trmask/<name>_mean` / `_max` name them
+/// (and as a token criterion's statistic names its column).
 pub(crate) const COLUMNS: [&str; 8] = [
     "abs",
     "binary_kl",
@@ -64,6 +67,18 @@ pub(crate) const COLUMNS: [&str; 8] = [
     "ser",
 ];
 const NC: usize = COLUMNS.len();
+
+/// The column and lower bound of each of the config's swept token criteria
+/// (`analysis::sweep::swept_token_criteria`: what `Plan::token_sweeps` holds), `None` when one
+/// tests a statistic the table of a log-prob-only batch lacks.
+pub(crate) fn sweep_columns(cfg: &Resolved) -> Option<Vec<(usize, Option<f64>)>> {
+    swept_token_criteria(cfg)
+        .map(|c| {
+            let col = COLUMNS.iter().position(|&n| n == c.stat.name())?;
+            Some((col, token_lower(c)))
+        })
+        .collect()
+}
 const K3: usize = 4;
 const LOG_RATIO: usize = 5;
 
@@ -149,6 +164,15 @@ fn column(x: &mut [f64], v: &[u64], f: impl Fn(usize) -> f64, max: &mut f64, lan
     lanes.add(x);
 }
 
+/// The first `used` slots' valid values of column `i` (in `x`) to the token sweeps that read
+/// it.
+#[inline(always)]
+fn to_sweeps(sweeps: &mut [(usize, TokenValues)], i: usize, x: &[f64], v: &[u64], used: usize) {
+    for (_, t) in sweeps.iter_mut().filter(|(c, _)| *c == i) {
+        (0..used).filter(|&j| v[j] != 0).for_each(|j| t.add(x[j]));
+    }
+}
+
 /// A lean task's accumulators: the diagnostics (`plan.diag`), `trmask analyze`'s table
 /// reductions (`plan.analyze`).
 pub(crate) type Accs<'a> = (Option<&'a mut DiagAcc>, Option<&'a mut TableAcc>);
@@ -197,6 +221,8 @@ pub(crate) struct TableAcc {
     train: LpCheck,
     /// A valid slot's advantage is not finite (the full path reports it).
     pub(crate) bad: bool,
+    /// The token criteria's sweep values: each one's column and values (`Plan::token_sweeps`).
+    sweeps: Vec<(usize, TokenValues)>,
 }
 
 impl Default for TableAcc {
@@ -223,11 +249,32 @@ impl Default for TableAcc {
             roll: LpCheck::default(),
             train: LpCheck::default(),
             bad: false,
+            sweeps: Vec::new(),
         }
     }
 }
 
 impl TableAcc {
+    /// A shard's reductions, feeding the token sweeps `sweeps` (each criterion's column and
+    /// lower bound).
+    pub(crate) fn new(sweeps: &[(usize, Option<f64>)]) -> Self {
+        TableAcc {
+            sweeps: sweeps
+                .iter()
+                .map(|&(c, lower)| (c, TokenValues::new(lower)))
+                .collect(),
+            ..TableAcc::default()
+        }
+    }
+
+    /// The token sweeps' values, in `Plan::token_sweeps`' order.
+    pub(crate) fn token_values(&mut self) -> Vec<TokenValues> {
+        std::mem::take(&mut self.sweeps)
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
+    }
+
     /// The first `used` slots of a tile starting at slot `k` (after [`Cols::feed_diag`], which
     /// fills `k3`), a multiple of [`LANES`] from its sequence's start; `adv` when the tile's
     /// advantages are loaded.
@@ -248,6 +295,7 @@ impl TableAcc {
             lanes,
             max,
             lr2,
+            sweeps,
             ..
         } = self;
         let x = &mut x[..n8];
@@ -259,6 +307,7 @@ impl TableAcc {
             e[j] = if v[j] != 0 { c[j].exp_m1() } else { 0.0 };
         }
         column(x, v, |j| c[j].abs(), &mut max[0], &mut lanes[0]);
+        to_sweeps(sweeps, 0, x, v, used);
         if cols.wide {
             column(
                 x,
@@ -267,6 +316,7 @@ impl TableAcc {
                 &mut max[1],
                 &mut lanes[1],
             );
+            to_sweeps(sweeps, 1, x, v, used);
         } else {
             // the log-ratio is `c`: its expm1 and k3 are this tile's; eight slots at a time
             let oct = |s: &[f64], j0: usize| -> [f64; LANES] {
@@ -279,13 +329,20 @@ impl TableAcc {
                 y[j0..j0 + LANES].copy_from_slice(&b);
             }
             column(x, v, |j| y[j], &mut max[1], &mut lanes[1]);
+            to_sweeps(sweeps, 1, x, v, used);
         }
         column(x, v, |j| -c[j], &mut max[2], &mut lanes[2]);
+        to_sweeps(sweeps, 2, x, v, used);
         column(x, v, |j| 0.5 * c[j] * c[j], &mut max[3], &mut lanes[3]);
+        to_sweeps(sweeps, 3, x, v, used);
         column(x, v, |j| k3[j], &mut max[K3], &mut lanes[K3]);
+        to_sweeps(sweeps, K3, x, v, used);
         column(x, v, |j| lr[j], &mut max[LOG_RATIO], &mut lanes[LOG_RATIO]);
+        to_sweeps(sweeps, LOG_RATIO, x, v, used);
         column(x, v, |j| rho[j], &mut max[6], &mut lanes[6]);
+        to_sweeps(sweeps, 6, x, v, used);
         column(x, v, |j| e[j].abs(), &mut max[7], &mut lanes[7]);
+        to_sweeps(sweeps, 7, x, v, used);
         // the certificate's D̄_t: min(½ ser, 1) of each valid token
         let dbar = &mut self.dbar;
         dbar.extend(
@@ -339,6 +396,7 @@ impl TableAcc {
             }
         }
         self.worst_by_seq.push(self.worst);
+        self.sweeps.iter_mut().for_each(|(_, t)| t.end_seq());
         self.lanes = [LaneSum::default(); NC];
         self.lr2 = LaneSum::default();
         self.max = [f64::NEG_INFINITY; NC];
@@ -382,6 +440,9 @@ impl TableAcc {
         self.roll.merge(&o.roll);
         self.train.merge(&o.train);
         self.bad |= o.bad;
+        for ((_, a), (_, b)) in self.sweeps.iter_mut().zip(o.sweeps) {
+            a.append(b);
+        }
     }
 
     /// `trmask/<column>_mean` and `_max` of every column, and the certificate's inputs.
