@@ -13,10 +13,11 @@ as safetensors, then alternates, --repeat times each:
 Each round runs trmask (and --base, another binary, when given) then verl; wall clock and CPU
 time (user + system) of each, peak RSS of trmask's process.
 
-    RAYON_NUM_THREADS=2 python python/bench/analyze_cost.py --threads 2 --repeat 7 [--base OLD]
+    RAYON_NUM_THREADS=2 python python/bench/analyze_cost.py --threads 2 --repeat 7 [--base OLD] [--config 2]
 """
 
 import argparse
+import json
 import os
 import pathlib
 import re
@@ -64,9 +65,9 @@ def write(tensors, path):
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
 
 
-def timed_analyze(exe, path, metrics):
-    cmd = ["/usr/bin/time", "-v", str(exe), "analyze", str(path), "--preset",
-           "decoupled_k3_rs_token_tis", "--backend", "cpu", "--metrics", str(metrics)]
+def timed_analyze(exe, path, metrics, how):
+    cmd = ["/usr/bin/time", "-v", str(exe), "analyze", str(path), *how, "--backend", "cpu",
+           "--metrics", str(metrics)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr}")
@@ -86,12 +87,22 @@ def main():
     ap.add_argument("--trmask", default=str(ROOT / "target" / "release" / "trmask"))
     ap.add_argument("--base", help="another trmask binary timed in the same rounds (a baseline)")
     ap.add_argument("--keep", help="also write the step to this path")
+    ap.add_argument("--config", type=int, default=0,
+                    help="which of verl_real's configs (0: token TIS 2.0 + seq_mean_k3 0.01, as "
+                         "--preset decoupled_k3_rs_token_tis; 1: TRM-max; 2: token_k1), given "
+                         "to trmask as --config JSON of verl's arguments")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     verl_fn, version = load_verl()
-    cfg = CONFIGS[0][1]  # token TIS 2.0 + seq_mean_k3 0.01 = decoupled_k3_rs_token_tis
+    label, cfg = CONFIGS[a.config]
+    print(f"config: {label}")
     tensors = step(a.batch, a.seq)
     with tempfile.TemporaryDirectory() as d:
+        how = ["--preset", "decoupled_k3_rs_token_tis"]
+        if a.config != 0:
+            cfg_path = pathlib.Path(d) / "config.json"
+            cfg_path.write_text(json.dumps(cfg))
+            how = ["--config", str(cfg_path)]
         path = pathlib.Path(d) / "step.safetensors"
         write(tensors, path)
         if a.keep:
@@ -103,7 +114,7 @@ def main():
         out = ""
         for _ in range(a.repeat):
             for exe, (tt, rss, cpu) in runs.items():
-                s, r, c, o = timed_analyze(exe, path, pathlib.Path(d) / "m.json")
+                s, r, c, o = timed_analyze(exe, path, pathlib.Path(d) / "m.json", how)
                 out = out or o
                 tt.append(s)
                 rss.append(r)
