@@ -38,6 +38,36 @@ pub fn exp_bounded(x: f64) -> f64 {
     (1.0 + em1) * scale
 }
 
+/// `x`'s place in [`f64::total_cmp`]'s order as an unsigned integer (integer keys sort faster
+/// than a comparator); [`from_order_bits`] inverts it.
+#[inline(always)]
+pub(crate) fn order_bits(x: f64) -> u64 {
+    let b = x.to_bits();
+    if b >> 63 == 1 {
+        !b
+    } else {
+        b | 1 << 63
+    }
+}
+
+/// The f64 of [`order_bits`].
+#[inline(always)]
+pub(crate) fn from_order_bits(u: u64) -> f64 {
+    f64::from_bits(if u >> 63 == 1 { u & !(1 << 63) } else { !u })
+}
+
+/// `v` sorted by [`f64::total_cmp`] (equal values in any order), in parallel on integer keys,
+/// in place.
+pub(crate) fn par_sort_total(v: &mut [f64]) {
+    use rayon::slice::ParallelSliceMut;
+    let keys: &mut [u64] = bytemuck::cast_slice_mut(v);
+    keys.iter_mut()
+        .for_each(|k| *k = order_bits(f64::from_bits(*k)));
+    keys.par_sort_unstable();
+    keys.iter_mut()
+        .for_each(|k| *k = from_order_bits(*k).to_bits());
+}
+
 /// Lanes of a [`LaneSum`]: slot `i` of a sequence adds into lane `i mod LANES`.
 pub const LANES: usize = 8;
 
@@ -423,6 +453,39 @@ pub(crate) fn test_uniform() -> impl FnMut() -> f64 {
 
 #[cfg(test)]
 mod tests {
+
+    /// The integer keys keep `total_cmp`'s order and invert to the same bits; the parallel
+    /// sort gives the comparator sort's bits (−0 before +0, NaN last, both signs, ±∞).
+    #[test]
+    fn total_order_keys_sort_as_total_cmp() {
+        let mut u = super::test_uniform();
+        let mut v: Vec<f64> = (0..20_000)
+            .map(|i| match i % 9 {
+                0 => -0.0,
+                1 => 0.0,
+                2 => f64::NAN,
+                3 => f64::INFINITY,
+                4 => f64::NEG_INFINITY,
+                _ => (u() - 0.5) * 10f64.powi((u() * 20.0) as i32 - 10),
+            })
+            .collect();
+        for w in v.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            assert_eq!(
+                super::from_order_bits(super::order_bits(a)).to_bits(),
+                a.to_bits()
+            );
+            assert_eq!(
+                super::order_bits(a).cmp(&super::order_bits(b)),
+                a.total_cmp(&b)
+            );
+        }
+        let mut want = v.clone();
+        want.sort_by(f64::total_cmp);
+        super::par_sort_total(&mut v);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&v), bits(&want));
+    }
 
     #[test]
     fn lane_sum_is_order_free_and_plain_up_to_lanes() {

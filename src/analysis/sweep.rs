@@ -13,7 +13,6 @@ use crate::config::{Agg, Criterion, Resolved, Stat};
 use crate::error::Result;
 use crate::input::batch::Batch;
 use crate::stats::{Corrections, StatTable};
-use rayon::slice::ParallelSliceMut;
 use serde::Serialize;
 
 /// Number of thresholds in a sweep.
@@ -257,7 +256,7 @@ pub(crate) fn sweeps(
         if let Some(t) = tv.as_mut() {
             let mut tok = std::mem::take(&mut t.tok);
             // the counts read only where a threshold falls: any order of equal values
-            tok.par_sort_unstable_by(f64::total_cmp);
+            crate::math::par_sort_total(&mut tok);
             k.fixed_tokens += t.low;
             k.tok = Some(tok);
         }

@@ -15,6 +15,7 @@
 
 use crate::error::{Error, Result};
 use crate::input::batch::Batch;
+use crate::math::{from_order_bits, order_bits};
 use crate::metrics::ctx::Ctx;
 use crate::partial::{Acc, Empty, Exchange, FracMode, Partial};
 use crate::stats::StatTable;
@@ -141,15 +142,13 @@ pub(crate) struct Selection {
 /// bits; distinct keys, so any sort gives the one order.
 #[inline(always)]
 fn key(x: f64, i: u64) -> u128 {
-    let b = x.to_bits();
-    (u128::from(!(if b >> 63 == 1 { !b } else { b | 1 << 63 })) << 64) | u128::from(i)
+    (u128::from(!order_bits(x)) << 64) | u128::from(i)
 }
 
 /// The value of a [`key`].
 #[inline(always)]
 fn value(k: u128) -> f64 {
-    let u = !((k >> 64) as u64);
-    f64::from_bits(if u >> 63 == 1 { u & !(1 << 63) } else { !u })
+    from_order_bits(!((k >> 64) as u64))
 }
 
 impl Selection {

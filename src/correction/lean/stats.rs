@@ -149,27 +149,35 @@ impl LpCheck {
     }
 }
 
-/// One column of a tile: `f` at the valid slots (0 at padding) into `x`, added to `lanes`,
-/// its largest valid value into `max`.
-#[inline(always)]
-fn column(x: &mut [f64], v: &[u64], f: impl Fn(usize) -> f64, max: &mut f64, lanes: &mut LaneSum) {
-    let mut m = *max;
-    for j in 0..x.len() {
-        x[j] = if v[j] != 0 { f(j) } else { 0.0 };
-        if v[j] != 0 && x[j] > m {
-            m = x[j];
-        }
-    }
-    *max = m;
-    lanes.add(x);
+/// Where a tile's columns go: each column's lanes and largest valid value, and the token
+/// sweeps that read it, over the tile's first `used` slots.
+struct Sink<'a> {
+    lanes: &'a mut [LaneSum; NC],
+    max: &'a mut [f64; NC],
+    sweeps: &'a mut [(usize, TokenValues)],
+    used: usize,
 }
 
-/// The first `used` slots' valid values of column `i` (in `x`) to the token sweeps that read
-/// it.
-#[inline(always)]
-fn to_sweeps(sweeps: &mut [(usize, TokenValues)], i: usize, x: &[f64], v: &[u64], used: usize) {
-    for (_, t) in sweeps.iter_mut().filter(|(c, _)| *c == i) {
-        (0..used).filter(|&j| v[j] != 0).for_each(|j| t.add(x[j]));
+impl Sink<'_> {
+    /// Column `i` of the tile: `f` at the valid slots (0 at padding) into `x`, added to the
+    /// column's lanes, its largest valid value into its maximum, its valid values to the
+    /// sweeps that read it.
+    #[inline(always)]
+    fn column(&mut self, i: usize, x: &mut [f64], v: &[u64], f: impl Fn(usize) -> f64) {
+        let mut m = self.max[i];
+        for j in 0..x.len() {
+            x[j] = if v[j] != 0 { f(j) } else { 0.0 };
+            if v[j] != 0 && x[j] > m {
+                m = x[j];
+            }
+        }
+        self.max[i] = m;
+        self.lanes[i].add(x);
+        for (_, t) in self.sweeps.iter_mut().filter(|(c, _)| *c == i) {
+            (0..self.used)
+                .filter(|&j| v[j] != 0)
+                .for_each(|j| t.add(x[j]));
+        }
     }
 }
 
@@ -306,17 +314,15 @@ impl TableAcc {
         for j in 0..n8 {
             e[j] = if v[j] != 0 { c[j].exp_m1() } else { 0.0 };
         }
-        column(x, v, |j| c[j].abs(), &mut max[0], &mut lanes[0]);
-        to_sweeps(sweeps, 0, x, v, used);
+        let mut out = Sink {
+            lanes,
+            max,
+            sweeps,
+            used,
+        };
+        out.column(0, x, v, |j| c[j].abs());
         if cols.wide {
-            column(
-                x,
-                v,
-                |j| binary_kl(o[j], r[j], o[j] - r[j]),
-                &mut max[1],
-                &mut lanes[1],
-            );
-            to_sweeps(sweeps, 1, x, v, used);
+            out.column(1, x, v, |j| binary_kl(o[j], r[j], o[j] - r[j]));
         } else {
             // the log-ratio is `c`: its expm1 and k3 are this tile's; eight slots at a time
             let oct = |s: &[f64], j0: usize| -> [f64; LANES] {
@@ -328,21 +334,14 @@ impl TableAcc {
                 let b = binary_kl_given8(&o8, &r8, &c8, &e8, &k8);
                 y[j0..j0 + LANES].copy_from_slice(&b);
             }
-            column(x, v, |j| y[j], &mut max[1], &mut lanes[1]);
-            to_sweeps(sweeps, 1, x, v, used);
+            out.column(1, x, v, |j| y[j]);
         }
-        column(x, v, |j| -c[j], &mut max[2], &mut lanes[2]);
-        to_sweeps(sweeps, 2, x, v, used);
-        column(x, v, |j| 0.5 * c[j] * c[j], &mut max[3], &mut lanes[3]);
-        to_sweeps(sweeps, 3, x, v, used);
-        column(x, v, |j| k3[j], &mut max[K3], &mut lanes[K3]);
-        to_sweeps(sweeps, K3, x, v, used);
-        column(x, v, |j| lr[j], &mut max[LOG_RATIO], &mut lanes[LOG_RATIO]);
-        to_sweeps(sweeps, LOG_RATIO, x, v, used);
-        column(x, v, |j| rho[j], &mut max[6], &mut lanes[6]);
-        to_sweeps(sweeps, 6, x, v, used);
-        column(x, v, |j| e[j].abs(), &mut max[7], &mut lanes[7]);
-        to_sweeps(sweeps, 7, x, v, used);
+        out.column(2, x, v, |j| -c[j]);
+        out.column(3, x, v, |j| 0.5 * c[j] * c[j]);
+        out.column(K3, x, v, |j| k3[j]);
+        out.column(LOG_RATIO, x, v, |j| lr[j]);
+        out.column(6, x, v, |j| rho[j]);
+        out.column(7, x, v, |j| e[j].abs());
         // the certificate's D̄_t: min(½ ser, 1) of each valid token
         let dbar = &mut self.dbar;
         dbar.extend(
