@@ -618,9 +618,9 @@ fn data_warnings<'py>(
     arrays::reset_borrows();
     let cfg = config(config_json)?;
     let (eng, _) = engine(py, backend)?;
-    let (batch, _) = batch::from_dict(tensors, false)?;
     // on the CPU the fused pass where it serves (the warnings read no sweep), on the arrays
-    // borrowed in place, as `trmask analyze` without --output; else the engine's full path
+    // borrowed in place and the step's shape (layout and mask), as `trmask analyze` without
+    // --output; else the engine's full path on the batch copied
     let (mut arrs, mut logit_objs, mut logits) = (BTreeMap::new(), Vec::new(), Vec::new());
     let step = match eng.is_gpu() || batch::needs_whole(tensors)? {
         true => None,
@@ -631,18 +631,24 @@ fn data_warnings<'py>(
             &mut logits,
         )?),
     };
-    let a = py
-        .detach(|| {
-            let fused = match &step {
-                Some(s) => trmask::analysis::analyze_fused_unswept(s, batch.layout(), &cfg)?,
-                None => None,
-            };
-            match fused {
-                Some(a) => Ok(a),
-                None => trmask::analysis::analyze(eng.as_ref(), &batch, &cfg),
-            }
-        })
-        .map_err(to_py)?;
+    let shape = step.as_ref().and_then(|s| s.shape());
+    let fused = match (&step, shape) {
+        (Some(s), Some(shape)) => py
+            .detach(|| trmask::analysis::analyze_fused_unswept(s, shape.layout(), &cfg))
+            .map_err(to_py)?
+            .map(|a| (shape, a)),
+        _ => None,
+    };
+    let (batch, a) = match fused {
+        Some(done) => done,
+        None => {
+            let (batch, _) = batch::from_dict(tensors, false)?;
+            let a = py
+                .detach(|| trmask::analysis::analyze(eng.as_ref(), &batch, &cfg))
+                .map_err(to_py)?;
+            (batch, a)
+        }
+    };
     let lines = trmask::report::warnings(&trmask::report::WarningInputs {
         batch: &batch,
         analysis: &a,

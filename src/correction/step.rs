@@ -236,6 +236,16 @@ impl<'a> Step<'a> {
         })
     }
 
+    /// The step as the summary and the warnings see it: its layout and response mask as a
+    /// [`Batch`] without tensors. `None` for a packed step, one without a mask or given as a
+    /// whole batch, or a mask value other than 0 / 1.
+    pub fn shape(&self) -> Option<Batch> {
+        let StepLayout::Padded { batch, seq_len } = self.layout else {
+            return None;
+        };
+        Batch::from_mask(batch, seq_len, self.response_mask?.to_bools()?)
+    }
+
     /// The training policy's tensor [`lean_inputs`](Self::lean_inputs) reads.
     pub(crate) fn lean_train_name(&self) -> &'static str {
         if self.old_log_prob.is_some() {

@@ -154,6 +154,24 @@ impl MaskValues<'_> {
             MaskValues::F64(m) => prefetch(m, start, end),
         }
     }
+    /// Every value as valid (1) or not (0), read a tile at a time; `None` on any other value.
+    pub(crate) fn to_bools(self) -> Option<Vec<bool>> {
+        let n = self.len();
+        let mut mask = Vec::with_capacity(n);
+        let mut tile = [0u8; 4096];
+        let mut k = 0;
+        while k < n {
+            let len = tile.len().min(n - k);
+            self.load(k, &mut tile[..len]);
+            if tile[..len].iter().any(|&x| x > 1) {
+                return None;
+            }
+            mask.extend(tile[..len].iter().map(|&x| x == 1));
+            k += len;
+        }
+        Some(mask)
+    }
+
     /// Values `start..start + out.len()` as 1 (valid), 0 (padding) or [`MASK_BAD`].
     #[inline(always)]
     pub(crate) fn load(&self, start: usize, out: &mut [u8]) {

@@ -219,21 +219,7 @@ impl MappedStep {
     pub(super) fn into_parts(
         self,
     ) -> Option<(Batch, Renames, Vec<(String, String, String)>, Option<f64>)> {
-        let m = self.mask()?;
-        let n = self.batch * self.seq_len;
-        let mut mask = Vec::with_capacity(n);
-        let mut tile = [0u8; 4096];
-        let mut k = 0;
-        while k < n {
-            let len = tile.len().min(n - k);
-            m.load(k, &mut tile[..len]);
-            if tile[..len].iter().any(|&x| x > 1) {
-                return None;
-            }
-            mask.extend(tile[..len].iter().map(|&x| x == 1));
-            k += len;
-        }
-        let batch = Batch::from_mask(self.batch, self.seq_len, mask)?;
+        let batch = Batch::from_mask(self.batch, self.seq_len, self.mask()?.to_bools()?)?;
         Some((batch, self.renames, self.sources, self.step))
     }
 }

@@ -177,7 +177,8 @@ fn fused_analyze_serves_the_other_criteria() {
 }
 
 /// Without its sweeps (what the Python package's data warnings read) the fused pass gives the
-/// same metrics, findings and warning lines as the full path, and no sweep.
+/// same metrics, findings and warning lines as the full path, and no sweep; the warnings need
+/// of the step only its shape (`Step::shape`).
 #[test]
 fn unswept_fused_analysis_gives_the_warnings_inputs() {
     let p = common::scratch("fused", "token.safetensors");
@@ -226,5 +227,15 @@ fn unswept_fused_analysis_gives_the_warnings_inputs() {
             "{json}: the step's positive log-prob is warned of"
         );
         assert_eq!(warned, lines(&full), "{json}: warnings");
+        // the step's shape (its layout and mask, no tensor) is all the warnings read of it
+        let shape = step.shape().expect("a padded step with a 0/1 mask");
+        assert_eq!(shape.layout(), &layout, "{json}: layout");
+        let on_shape = trmask::report::warnings(&trmask::report::WarningInputs {
+            batch: &shape,
+            analysis: &fused,
+            config: &cfg,
+            temperature_flag: false,
+        });
+        assert_eq!(on_shape, warned, "{json}: warnings on the step's shape");
     }
 }
