@@ -123,7 +123,7 @@ def test_torch_outputs_in_use_are_never_reused():
     assert torch.equal(w1, keep[0]) and torch.equal(m1, keep[1])
 
 
-def test_torch_inputs_read_as_they_are_after_the_first_call():
+def test_torch_inputs_read_as_they_are_after_the_first_call(monkeypatch):
     """After a first call of a (dtype, role) pair, a contiguous CPU tensor is read in place
     without the full conversion: the same borrowed addresses and the same results, and tensors
     that cannot be read as they are (a transposed view, one requiring grad, a bfloat16 one)
@@ -135,8 +135,15 @@ def test_torch_inputs_read_as_they_are_after_the_first_call():
     mask = (torch.arange(64)[None, :] < torch.randint(1, 65, (8, 1), generator=g)).float()
     cfg = dict(rollout_is="token", rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01, backend="cpu")
     first = trmask.compute_rollout_correction_and_rejection_mask(old, roll, mask, **cfg)
-    assert ("torch.float32", "values") in {(str(d), r) for d, r in trmask._convert._AS_IS}
+    conv = trmask._convert
+    assert conv._AS_IS[(np.dtype(np.float32), "values")].dtype == torch.float32
+    # the second call reads each tensor by its one `Tensor.numpy()`: the full conversion, which
+    # starts by recognising a tensor, is not entered
+    full = []
+    is_torch = conv.is_torch
+    monkeypatch.setattr(conv, "is_torch", lambda x: full.append(x) or is_torch(x))
     again = trmask.compute_rollout_correction_and_rejection_mask(old, roll, mask, **cfg)
+    assert full == []
     b = borrowed()
     assert b["old_log_prob"] == (old.data_ptr(), old.numel() * 4)
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
