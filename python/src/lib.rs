@@ -70,8 +70,8 @@ fn engine(py: Python<'_>, backend: PyBackend) -> PyResult<(Arc<dyn Engine>, Vec<
 /// Correctors built so far, by `(config JSON, backend)`, most recently used last: a trainer
 /// calls with one or two configs, so the config is parsed and resolved once, not per step.
 static CORRECTORS: Mutex<Vec<CachedCorrector>> = Mutex::new(Vec::new());
-/// `(config JSON, backend, verl metrics only, corrector)`.
-type CachedCorrector = (String, PyBackend, bool, Arc<Corrector>);
+/// `(config JSON, backend, (verl metrics only, histograms), corrector)`.
+type CachedCorrector = (String, PyBackend, (bool, bool), Arc<Corrector>);
 /// Correctors kept (least recently used dropped first).
 const CORRECTOR_CACHE: usize = 8;
 
@@ -79,15 +79,14 @@ fn corrector(
     py: Python<'_>,
     config_json: &str,
     backend: PyBackend,
-    verl_only: bool,
+    (verl_only, histograms): (bool, bool),
 ) -> PyResult<Arc<Corrector>> {
     let poisoned = || PyRuntimeError::new_err("corrector cache poisoned");
     {
         let mut cache = CORRECTORS.lock().map_err(|_| poisoned())?;
-        if let Some(i) = cache
-            .iter()
-            .position(|(c, b, v, _)| c == config_json && *b == backend && *v == verl_only)
-        {
+        if let Some(i) = cache.iter().position(|(c, b, v, _)| {
+            c == config_json && *b == backend && *v == (verl_only, histograms)
+        }) {
             let hit = cache.remove(i);
             let c = hit.3.clone();
             cache.push(hit);
@@ -100,13 +99,19 @@ fn corrector(
         Corrector::new(eng, &cfg)
             .map_err(to_py)?
             .verl_metrics_only(verl_only)
+            .histograms(histograms)
             .choose_executor_by_work(backend.0 == Backend::Auto),
     );
     let mut cache = CORRECTORS.lock().map_err(|_| poisoned())?;
     if cache.len() >= CORRECTOR_CACHE {
         cache.remove(0);
     }
-    cache.push((config_json.to_string(), backend, verl_only, c.clone()));
+    cache.push((
+        config_json.to_string(),
+        backend,
+        (verl_only, histograms),
+        c.clone(),
+    ));
     Ok(c)
 }
 
@@ -149,7 +154,8 @@ fn config_info(
     backend: PyBackend,
     verl_only: bool,
 ) -> PyResult<(bool, Vec<String>)> {
-    let c = corrector(py, config_json, backend, verl_only)?;
+    // the hot path's corrector (no details, so no histograms): its first call finds it here
+    let c = corrector(py, config_json, backend, (verl_only, false))?;
     Ok((c.has_weights(), c.config().warnings()))
 }
 
@@ -209,7 +215,9 @@ fn correct_with<'py>(
     outs: Option<(Option<Bound<'py, PyAny>>, Bound<'py, PyAny>, bool)>,
 ) -> PyResult<Bound<'py, PyDict>> {
     arrays::reset_borrows();
-    let corrector = corrector(py, config_json, backend, verl_only)?;
+    // the histograms are read only with the details (a shard's call always returns them)
+    let histograms = outs.as_ref().is_none_or(|o| o.2);
+    let corrector = corrector(py, config_json, backend, (verl_only, histograms))?;
     // the rollout's top-K or per-sequence advantages: the step as `analyze` reads it
     let whole = if batch::needs_whole(tensors)? {
         Some(batch::from_dict(tensors, false)?.0)
@@ -356,7 +364,9 @@ fn finish<'py>(
             }
         }
         out.set_item("metrics", d)?;
-        histograms(py, &c, &out)?;
+        if with_details {
+            histograms(py, &c, &out)?;
+        }
         return Ok(out);
     }
     let c = match ex {

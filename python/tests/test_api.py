@@ -86,6 +86,23 @@ def test_trmask_options_and_details():
     assert set(det["criteria"]) >= {"seq_max_k2", "seq_lntrm", "token_veto"}
 
 
+def test_histograms_come_with_the_details_and_change_no_metric():
+    """The histograms are counted only for a call that returns the details (the call without
+    them skips the per-token count): log ρ of every valid token and each criterion's
+    per-sequence statistic, and the same metrics either way."""
+    kw = dict(rollout_is="token", rollout_rs="seq_max_k2", rollout_rs_threshold=2.5,
+              trmask_metrics=True, backend="cpu")
+    _, _, met, det = trmask.compute_rollout_correction_and_rejection_mask(
+        OLD, ROLLOUT, MASK, **kw, return_details=True
+    )
+    _, _, plain = trmask.compute_rollout_correction_and_rejection_mask(OLD, ROLLOUT, MASK, **kw)
+    assert plain == met
+    h = det["histograms"]
+    assert set(h) == {"log_ratio", "seq_max_k2"}
+    assert int(h["log_ratio"].sum()) == int(np.asarray(MASK).sum())
+    assert int(h["seq_max_k2"].sum()) == 2
+
+
 def test_exact_kl_criterion_from_logits():
     rng = np.random.default_rng(2)
     b, t, v = 3, 4, 11

@@ -90,6 +90,7 @@ impl CorrectionConfig {
         }
         Ok(Resolved {
             verl_metrics_only: false,
+            histograms: true,
             is,
             criteria,
             ln_trm: self.ln_trm.unwrap_or_default(),
@@ -208,6 +209,7 @@ impl CorrectionConfig {
         }
         Ok(Resolved {
             verl_metrics_only: false,
+            histograms: true,
             is,
             criteria: Vec::new(),
             ln_trm: LnTrm::default(),
@@ -428,4 +430,7 @@ pub struct Resolved {
     /// Only verl's `rollout_corr/*` metrics are wanted (the trainer's hot path): trmask's
     /// diagnostics (`trmask/*`, length and group buckets) are not computed.
     pub verl_metrics_only: bool,
+    /// The histograms (`#hist/*`: log ρ per valid token, each criterion's per-sequence
+    /// statistic) are counted with trmask's diagnostics; off where nobody reads them.
+    pub histograms: bool,
 }

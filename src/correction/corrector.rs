@@ -93,6 +93,28 @@ impl Corrector {
         self
     }
 
+    /// Counts the histograms ([`Corrections::histograms`]: log ρ over every valid token, each
+    /// criterion's per-sequence statistic) with trmask's diagnostics (`on`, the default). A
+    /// caller that logs the metrics but never reads the histograms turns them off: the metrics
+    /// are the same, and the per-token count (a tenth of the diagnostics' time) is skipped.
+    ///
+    /// ```
+    /// use trmask::{cpu::CpuEngine, CorrectionConfig, Corrector, Step};
+    /// let cfg = CorrectionConfig::preset("decoupled_k3_rs")?;
+    /// let (lp, mask) = ([-1.0f32, -0.5], [true, true]);
+    /// let step = Step::padded(1, 2).response_mask(&mask[..])
+    ///     .rollout_log_prob(&lp[..]).old_log_prob(&lp[..]);
+    /// let with = Corrector::new(CpuEngine::new(), &cfg)?.correct(&step)?;
+    /// let without = Corrector::new(CpuEngine::new(), &cfg)?.histograms(false).correct(&step)?;
+    /// assert!(with.histograms.contains_key("log_ratio") && without.histograms.is_empty());
+    /// assert_eq!(with.metrics, without.metrics);
+    /// # Ok::<(), trmask::Error>(())
+    /// ```
+    pub fn histograms(mut self, on: bool) -> Self {
+        self.plan.histograms(on);
+        self
+    }
+
     /// Chooses the executor by the work, as `backend auto` does (docs/BACKENDS.md): a step of
     /// host-resident log-probs runs the fused CPU pass even on a GPU engine (uploading two
     /// log-probs per token, dispatching and reading back costs more than reading them once on

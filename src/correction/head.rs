@@ -164,7 +164,7 @@ pub(crate) fn compute_partial(
             adv: batch.advantages(),
             weights: c.weights.as_deref(),
         };
-        let (feeds, diag) = from_columns(segs, &cols, &c.mask, &c.seq_accept);
+        let (feeds, diag) = from_columns(segs, &cols, &c.mask, &c.seq_accept, cfg.histograms);
         let counts = (ctx.n as u64, kept_tokens(ctx.mask, &c.mask));
         diag_partial(&c, counts, &diag, &feeds, batch.uid(), &mut metrics);
         if let Some(r) = &table.routing {

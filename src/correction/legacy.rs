@@ -269,7 +269,7 @@ pub(crate) fn compute(
             adv: None,
             weights: Some(w),
         };
-        from_columns(ctx.segs, &cols, &c.mask, &c.seq_accept)
+        from_columns(ctx.segs, &cols, &c.mask, &c.seq_accept, false)
             .1
             .put_ess(m);
     }

@@ -83,6 +83,10 @@ impl Plan {
         self.diag = !on;
     }
 
+    pub(crate) fn histograms(&mut self, on: bool) {
+        self.cfg.histograms = on;
+    }
+
     fn new(config: CorrectionConfig, r: Resolved) -> Plan {
         let mut columns = Vec::new();
         let mut col = |c: Column| match columns.iter().position(|&k| k == c) {

@@ -478,7 +478,9 @@ pub(crate) fn diag_partial(
         .map(|k| (k.name.as_str(), k.seq_stat.as_slice()))
         .collect();
     length_metrics(&c.seq_len, &c.seq_accept, &stats, m);
-    seq_histograms(&stats, &c.seq_len, m);
+    if diag.histograms() {
+        seq_histograms(&stats, &c.seq_len, m);
+    }
     diag.put(feeds, m);
     if let Some(u) = uid {
         group_metrics(u, &c.seq_accept, m);

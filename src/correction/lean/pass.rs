@@ -79,7 +79,7 @@ pub(crate) fn run(
     let certs = Mutex::default();
     let work = tasks.into_iter().zip(per_task).collect();
     let chunks = run_tasks(work, |(mut t, mp)| {
-        let mut diag = plan.diag.then(DiagAcc::default);
+        let mut diag = plan.diag.then(|| DiagAcc::new(plan.cfg.histograms));
         let mut st = plan.analyze.then(|| TableAcc::new(&plan.token_sweeps));
         let mut cp = plan.cppo().map(|c| CppoTask::new(c, plan.cfg.cppo));
         let acc = (diag.as_mut(), st.as_mut());
@@ -89,7 +89,7 @@ pub(crate) fn run(
         recs.map(|r| (r, diag, st, cp.map_or((0, 0), |c| c.drops)))
     });
     let mut recs = Vec::with_capacity(ranges.len());
-    let mut diag = plan.diag.then(DiagAcc::default);
+    let mut diag = plan.diag.then(|| DiagAcc::new(plan.cfg.histograms));
     let mut table = plan.analyze.then(|| TableAcc::new(&plan.token_sweeps));
     let mut cppo_drops = (0, 0);
     for c in chunks {

@@ -139,8 +139,9 @@ pub(crate) struct DiagAcc {
     ess_tok: (Sum, Sum, u64),
     ess_seq: (Sum, Sum, u64),
     valid: u64,
-    /// log ρ over valid tokens (`#hist/log_ratio`), counted as the slots are fed.
-    pub(super) hist: LaneHist,
+    /// log ρ over valid tokens (`#hist/log_ratio`), counted as the slots are fed; `None`
+    /// when no histogram is wanted ([`DiagAcc::new`]).
+    pub(super) hist: Option<LaneHist>,
     pub(super) scratch: Gathered,
     /// The factor the folded weights take: 1/the batch normaliser when it was applied after
     /// them (the fused pass), none when they were final.
@@ -148,6 +149,20 @@ pub(crate) struct DiagAcc {
 }
 
 impl DiagAcc {
+    /// An empty accumulator; `histograms`: it also counts log ρ into `#hist/log_ratio` (only
+    /// the histogram readers want it: the Python details, the monitor, `trmask analyze`).
+    pub(crate) fn new(histograms: bool) -> Self {
+        DiagAcc {
+            hist: histograms.then(LaneHist::default),
+            ..DiagAcc::default()
+        }
+    }
+
+    /// Whether it counts the histograms ([`DiagAcc::new`]).
+    pub(crate) fn histograms(&self) -> bool {
+        self.hist.is_some()
+    }
+
     /// Folds one finished sequence: `dropped` when a sequence criterion dropped all its tokens
     /// (else the slots' `keep` is the final mask), `rejected` when any criterion rejected it
     /// (the sequence is not accepted).
@@ -212,9 +227,11 @@ impl DiagAcc {
         self.ess_seq.1.merge(o.ess_seq.1);
         self.ess_seq.2 += o.ess_seq.2;
         self.valid += o.valid;
-        for (a, b) in self.hist.0.iter_mut().zip(o.hist.0.iter()) {
-            for (c, &n) in a.iter_mut().zip(b) {
-                *c += n;
+        if let (Some(h), Some(oh)) = (self.hist.as_mut(), o.hist.as_ref()) {
+            for (a, b) in h.0.iter_mut().zip(oh.0.iter()) {
+                for (c, &n) in a.iter_mut().zip(b) {
+                    *c += n;
+                }
             }
         }
     }
@@ -283,8 +300,10 @@ impl DiagAcc {
         if f.weights {
             self.put_ess(m);
         }
-        let counts = self.hist.counts();
-        m.put("#hist/log_ratio", Acc::Hist(Hist { counts }));
+        if let Some(h) = &self.hist {
+            let counts = h.counts();
+            m.put("#hist/log_ratio", Acc::Hist(Hist { counts }));
+        }
     }
 
     /// `trmask/ess_token` (the weights of the tokens the final mask keeps) and
@@ -325,6 +344,7 @@ pub(crate) fn from_columns<'a>(
     cols: &Columns<'a>,
     keep: &[f64],
     seq_accept: &[bool],
+    histograms: bool,
 ) -> (Feeds, DiagAcc) {
     let f = Feeds {
         prob: cols.roll_lp.is_some(),
@@ -333,7 +353,7 @@ pub(crate) fn from_columns<'a>(
         weights: cols.weights.is_some(),
     };
     let mask = segments.mask();
-    let mut acc = DiagAcc::default();
+    let mut acc = DiagAcc::new(histograms);
     const RUN: usize = 512;
     let (mut valid, mut c, mut kp) = ([0u64; RUN], [0f64; RUN], [false; RUN]);
     for (s, &(a, b)) in segments.ranges().iter().enumerate() {

@@ -398,8 +398,10 @@ impl SeqDiag {
             self.adv.add_masked(g, b);
         }
         self.turn.add_runs(octs, g, |o| o.turn);
-        for lr in &g.lr {
-            acc.hist.add8(lr);
+        if let Some(h) = acc.hist.as_mut() {
+            for lr in &g.lr {
+                h.add8(lr);
+            }
         }
         let mut dropped = [0f64; LANES];
         for d in &g.dropped {
@@ -459,7 +461,9 @@ impl SeqDiag {
             self.adv_sum.add_at(l, s.adv);
         }
         self.turn.add((self.turns as usize - 1).min(TURNS), l, &s);
-        h.hist.add(l, s.lr);
+        if let Some(h) = h.hist.as_mut() {
+            h.add(l, s.lr);
+        }
         if s.keep {
             self.w1.add_at(l, s.weight);
             self.w2.add_at(l, s.weight * s.weight);
@@ -500,7 +504,7 @@ mod tests {
             adv: Some(&adv),
             weights: None,
         };
-        let (f, acc) = from_columns(&segs, &cols, &keep, &[true, false]);
+        let (f, acc) = from_columns(&segs, &cols, &keep, &[true, false], true);
         let mut p = Partial::new();
         acc.put(&f, &mut p);
         let m = p.finish().unwrap();
