@@ -364,9 +364,8 @@ fn finish<'py>(
             }
         }
         out.set_item("metrics", d)?;
-        if with_details {
-            histograms(py, &c, &out)?;
-        }
+        // none without the details: the corrector above counted none
+        histograms(py, &c, &out)?;
         return Ok(out);
     }
     let c = match ex {
